@@ -1,0 +1,271 @@
+//! The seam between policy and protocol: the [`Backend`] trait.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::lease::{Lease, Owner};
+use crate::notices::ReleaseListener;
+
+/// What a backend can promise; the [`Locker`](crate::Locker) and the conformance suite
+/// decide behaviour from these, never from the backend's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Short name used in errors, logs and metrics (`memory`, `redis`, `redlock`, `etcd`).
+    pub name: &'static str,
+    /// The shortest TTL the server supports; shorter requests are rounded up to it.
+    pub min_ttl: Duration,
+    /// TTLs are rounded up to a multiple of this (etcd leases: whole seconds).
+    pub ttl_granularity: Duration,
+    /// The longest TTL the backend can represent; longer requests are refused.
+    pub max_ttl: Duration,
+    /// Whether fencing tokens strictly increase across successive holders of a key.
+    pub monotonic_fencing: bool,
+    /// Whether the backend announces releases ([`Backend::listen`]), so waiters never poll.
+    pub release_notices: bool,
+    /// Whether the lock excludes other processes (false for the in-process backend).
+    pub cross_process: bool,
+}
+
+impl Capabilities {
+    /// Applies the TTL rules: zero and TTLs above `max_ttl` are refused; TTLs below
+    /// `min_ttl` are rounded up to it; every TTL is rounded up to the granularity.
+    pub fn effective_ttl(&self, ttl: Duration) -> Result<Duration> {
+        let refuse = |reason: String| crate::Error::InvalidTtl {
+            ttl,
+            backend: self.name,
+            reason,
+        };
+        if ttl.is_zero() {
+            return Err(refuse("a lock TTL must be greater than zero".into()));
+        }
+        if ttl > self.max_ttl {
+            return Err(refuse(format!(
+                "longer than the backend's maximum of {:?}",
+                self.max_ttl
+            )));
+        }
+        let mut ttl = ttl.max(self.min_ttl);
+        let g = self.ttl_granularity.as_nanos();
+        if g > 1 {
+            let n = ttl.as_nanos();
+            let rounded = n.div_ceil(g) * g;
+            if rounded != n {
+                let secs = u64::try_from(rounded / 1_000_000_000)
+                    .map_err(|_| refuse("does not fit the backend's representation".into()))?;
+                ttl = Duration::new(secs, (rounded % 1_000_000_000) as u32);
+            }
+        }
+        if ttl > self.max_ttl {
+            return Err(refuse(format!(
+                "longer than the backend's maximum of {:?} after rounding",
+                self.max_ttl
+            )));
+        }
+        Ok(ttl)
+    }
+}
+
+/// The outcome of one acquisition attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attempt {
+    /// The lock is ours.
+    Granted {
+        /// The fencing token of this grant.
+        fence: u64,
+        /// Until when it is ours, computed from the moment before the request was sent.
+        valid_until: Instant,
+    },
+    /// Another owner holds the lock.
+    Taken {
+        /// How long the holder has left, when the server tells; a waiter wakes then even
+        /// without a release notice.
+        expires_in: Option<Duration>,
+    },
+}
+
+/// What [`Backend::inspect`] knows of a key's current holder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The holder's owner token, when the server stores it readably.
+    pub owner: Option<Owner>,
+    /// The holder's fencing token, when known.
+    pub fence: Option<u64>,
+    /// Time left before the lock expires, when the server tells.
+    pub expires_in: Option<Duration>,
+}
+
+/// Everything a [`Backend::wait`] needs to decide how long to wait before the next attempt.
+#[derive(Debug)]
+pub struct Pause {
+    /// How long the holder has left according to the refused attempt.
+    pub expires_in: Option<Duration>,
+    /// The jittered exponential backoff the Locker computed for this round.
+    pub backoff: Duration,
+    /// The release listener registered before the refused attempt, if the backend has one.
+    pub listener: Option<ReleaseListener>,
+}
+
+impl Pause {
+    /// The default wait: with a release listener, until a release notice or the holder's
+    /// expiry (the backoff when the expiry is unknown); without one, the backoff cut short
+    /// at the holder's expiry.
+    pub async fn wait(mut self) {
+        let timer = match (&self.listener, self.expires_in) {
+            (Some(_), Some(exp)) => exp,
+            (Some(_), None) => self.backoff,
+            (None, Some(exp)) => self.backoff.min(exp),
+            (None, None) => self.backoff,
+        };
+        match self.listener.as_mut() {
+            Some(listener) => {
+                tokio::select! {
+                    _ = listener.released() => {}
+                    _ = tokio::time::sleep(timer) => {}
+                }
+            }
+            None => tokio::time::sleep(timer).await,
+        }
+    }
+}
+
+/// One lock server's protocol: each method is ONE attempt, with no retry, wait or renewal
+/// policy (that lives once in [`Locker`](crate::Locker) and [`LockGuard`](crate::LockGuard)).
+///
+/// Implementations must keep these rules, which the conformance suite checks:
+/// - `try_acquire` grants only when nobody else holds an unexpired lock on the key, and
+///   stores `owner` as the lock's value;
+/// - `extend` and `release` act only when the stored value is the lease's owner, and
+///   return [`Error::NotHeld`](crate::Error::NotHeld) otherwise; they never touch another
+///   owner's lock;
+/// - every network call is bounded by a timeout and fails with a transient
+///   [`Error::Unavailable`](crate::Error::Unavailable) rather than hanging.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// What this backend can promise.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// One attempt to take `key` for `owner` for `ttl` (already validated and rounded).
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt>;
+
+    /// Pushes the lease's expiry to `ttl` from now if it is still ours; returns the new
+    /// `valid_until`.
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant>;
+
+    /// Deletes the lock if it is still ours; `NotHeld` if it was not.
+    async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// Registers for the next release notice of `key` (called before an attempt). The
+    /// default is `None`: the backend cannot announce releases.
+    fn listen(&self, key: &str) -> Option<ReleaseListener> {
+        let _ = key;
+        None
+    }
+
+    /// Who holds `key` now, for inspection tools; `None` when it is free. The default
+    /// reports [`Error::Unsupported`](crate::Error::Unsupported).
+    async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
+        let _ = key;
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().name,
+            operation: "inspect",
+        })
+    }
+
+    /// Deletes `key`'s lock whoever holds it (an administrative override: the holder finds
+    /// its lock lost at its next renewal) and announces the release; true if a lock was
+    /// there. The default reports [`Error::Unsupported`](crate::Error::Unsupported).
+    async fn force_release(&self, key: &str) -> Result<bool> {
+        let _ = key;
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().name,
+            operation: "force_release",
+        })
+    }
+
+    /// Waits before the next attempt on `key` after a refused one. The default is
+    /// [`Pause::wait`]; a backend overrides it only when its server offers a better signal.
+    async fn wait(&self, key: &str, pause: Pause) {
+        let _ = key;
+        pause.wait().await
+    }
+}
+
+macro_rules! forward_backend {
+    ($ty:ty) => {
+        #[async_trait]
+        impl<B: Backend + ?Sized> Backend for $ty {
+            fn capabilities(&self) -> &Capabilities {
+                (**self).capabilities()
+            }
+            async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
+                (**self).try_acquire(key, owner, ttl).await
+            }
+            async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
+                (**self).extend(lease, ttl).await
+            }
+            async fn release(&self, lease: &Lease) -> Result<()> {
+                (**self).release(lease).await
+            }
+            fn listen(&self, key: &str) -> Option<ReleaseListener> {
+                (**self).listen(key)
+            }
+            async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
+                (**self).inspect(key).await
+            }
+            async fn force_release(&self, key: &str) -> Result<bool> {
+                (**self).force_release(key).await
+            }
+            async fn wait(&self, key: &str, pause: Pause) {
+                (**self).wait(key, pause).await
+            }
+        }
+    };
+}
+
+forward_backend!(Arc<B>);
+forward_backend!(Box<B>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps(min: Duration, gran: Duration) -> Capabilities {
+        Capabilities {
+            name: "test",
+            min_ttl: min,
+            ttl_granularity: gran,
+            max_ttl: Duration::from_secs(3600),
+            monotonic_fencing: true,
+            release_notices: false,
+            cross_process: false,
+        }
+    }
+
+    #[test]
+    fn ttl_rules() {
+        let c = caps(Duration::from_millis(10), Duration::from_millis(1));
+        assert!(c.effective_ttl(Duration::ZERO).is_err());
+        assert!(c.effective_ttl(Duration::from_secs(3601)).is_err());
+        assert!(c.effective_ttl(Duration::MAX).is_err());
+        assert_eq!(
+            c.effective_ttl(Duration::from_millis(3)).unwrap(),
+            Duration::from_millis(10)
+        );
+        assert_eq!(
+            c.effective_ttl(Duration::from_micros(10_500)).unwrap(),
+            Duration::from_millis(11)
+        );
+        let s = caps(Duration::from_secs(2), Duration::from_secs(1));
+        assert_eq!(
+            s.effective_ttl(Duration::from_millis(2100)).unwrap(),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            s.effective_ttl(Duration::from_millis(100)).unwrap(),
+            Duration::from_secs(2)
+        );
+    }
+}

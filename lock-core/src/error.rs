@@ -1,0 +1,164 @@
+//! The one error type of distlock.
+
+use std::time::Duration;
+
+/// A boxed error from a backend's client library, kept as the `source` of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Every error distlock returns; each variant is something a caller can act on.
+///
+/// The enum is `#[non_exhaustive]`: match the variants you act on and keep a wildcard arm.
+/// [`Error::is_transient`] tells whether trying again later can succeed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The key is empty or longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
+    #[error("invalid lock key {key:?}: {reason}")]
+    InvalidKey {
+        /// The offending key (cut to 64 bytes so an oversized key does not flood logs).
+        key: String,
+        /// Why it was refused.
+        reason: &'static str,
+    },
+
+    /// The TTL is zero or too large for the backend's representation.
+    #[error("invalid TTL {ttl:?} for backend {backend}: {reason}")]
+    InvalidTtl {
+        /// The TTL the caller asked for.
+        ttl: Duration,
+        /// The backend that refused it.
+        backend: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+
+    /// The connection URL could not be parsed or names options the backend does not know.
+    #[error("invalid lock URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL with any password replaced by `***`.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The URL names a backend whose Cargo feature is not compiled in.
+    #[error(
+        "the {scheme}:// backend is not compiled in; enable the `{feature}` feature of distlock"
+    )]
+    FeatureDisabled {
+        /// The URL scheme.
+        scheme: String,
+        /// The Cargo feature that provides it.
+        feature: &'static str,
+    },
+
+    /// The lock is held by someone else and the wait strategy was [`Wait::Skip`](crate::Wait::Skip).
+    #[error("lock {key:?} is held by another owner")]
+    Locked {
+        /// The key that was taken.
+        key: String,
+    },
+
+    /// The wait strategy's timeout passed before the lock was granted.
+    #[error("timed out after {waited:?} waiting for lock {key:?}")]
+    Timeout {
+        /// The key waited for.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+
+    /// The lease is no longer ours: it expired, was released, or another owner holds the key.
+    #[error("lock {key:?} is not held by this owner (expired, released or taken over)")]
+    NotHeld {
+        /// The key of the lease.
+        key: String,
+    },
+
+    /// Fewer nodes than a majority granted the request (Redlock).
+    #[error("quorum not reached: {granted} of {needed} needed nodes granted")]
+    QuorumNotReached {
+        /// Nodes that granted.
+        granted: usize,
+        /// Nodes needed for a majority.
+        needed: usize,
+        /// The errors of the nodes that failed, for diagnosis (nodes that were merely taken
+        /// by another owner are not listed).
+        node_errors: Vec<Error>,
+    },
+
+    /// The server could not be reached or did not answer in time.
+    #[error("{backend} backend unavailable: {source}")]
+    Unavailable {
+        /// The backend's name.
+        backend: &'static str,
+        /// The client library's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The server answered something the protocol does not allow (wrong password, not a
+    /// lock server, unexpected reply). Retrying does not help.
+    #[error("{backend} backend error: {source}")]
+    Backend {
+        /// The backend's name.
+        backend: &'static str,
+        /// The client library's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The backend does not offer this operation.
+    #[error("the {backend} backend does not support {operation}")]
+    Unsupported {
+        /// The backend's name.
+        backend: &'static str,
+        /// The operation asked for.
+        operation: &'static str,
+    },
+
+    /// The [`Locker`](crate::Locker) was shut down; it grants no more locks.
+    #[error("the locker has been shut down")]
+    Shutdown,
+}
+
+impl Error {
+    /// Whether trying again later may succeed: the server was unreachable, a quorum was
+    /// missed, or the lock was busy. The waiting policy retries these until its deadline.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Unavailable { .. }
+                | Error::QuorumNotReached { .. }
+                | Error::Locked { .. }
+                | Error::Timeout { .. }
+        )
+    }
+
+    /// Wraps a client error as [`Error::Unavailable`] (transient) for `backend`.
+    pub fn unavailable(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Unavailable {
+            backend,
+            source: source.into(),
+        }
+    }
+
+    /// Wraps a client error as [`Error::Backend`] (not transient) for `backend`.
+    pub fn backend(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Backend {
+            backend,
+            source: source.into(),
+        }
+    }
+
+    /// Builds [`Error::InvalidUrl`] for `url`, hiding any password in it.
+    pub fn invalid_url(url: &str, reason: impl Into<String>) -> Self {
+        Error::InvalidUrl {
+            url: crate::url::redact(url),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// `Result` with distlock's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

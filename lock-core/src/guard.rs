@@ -1,0 +1,332 @@
+//! The held lock: [`LockGuard`], its watchdog and its lost signal.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use crate::error::{Error, Result};
+use crate::lease::Lease;
+use crate::locker::Inner;
+use crate::notices::lock;
+
+#[derive(Clone, Copy, Debug)]
+struct State {
+    valid_until: Instant,
+    lost: bool,
+}
+
+pub(crate) struct GuardShared {
+    id: u64,
+    locker: Arc<Inner>,
+    lease: Mutex<Lease>,
+    ttl: Mutex<Duration>,
+    state: watch::Sender<State>,
+    /// Set once by whoever ends the hold: `release`, `Drop` or `Locker::shutdown`.
+    done: AtomicBool,
+    watchdog: Mutex<Option<AbortHandle>>,
+}
+
+impl GuardShared {
+    fn lease(&self) -> Lease {
+        lock(&self.lease).clone()
+    }
+
+    fn renewed(&self, valid_until: Instant) {
+        lock(&self.lease).set_valid_until(valid_until);
+        self.state.send_modify(|s| s.valid_until = valid_until);
+    }
+
+    fn mark_lost(&self, why: &str) {
+        let mut was_lost = true;
+        self.state.send_modify(|s| {
+            was_lost = s.lost;
+            s.lost = true;
+        });
+        if !was_lost && !self.done.load(Ordering::SeqCst) {
+            let lease = self.lease();
+            tracing::warn!(
+                key = lease.key(),
+                fence = lease.fence(),
+                backend = self.locker.caps.name,
+                why,
+                "lock lost"
+            );
+        }
+    }
+
+    /// Claims the end of the hold; false when someone else already ended it.
+    fn finish(&self) -> bool {
+        if self.done.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        if let Some(handle) = lock(&self.watchdog).take() {
+            handle.abort();
+        }
+        lock(&self.locker.held).remove(&self.id);
+        true
+    }
+
+    async fn release_on_backend(&self) -> Result<()> {
+        let lease = self.lease();
+        let result = self.locker.backend.release(&lease).await;
+        self.state.send_modify(|s| s.lost = true);
+        match &result {
+            Ok(()) => tracing::debug!(key = lease.key(), fence = lease.fence(), "lock released"),
+            Err(e) => tracing::debug!(key = lease.key(), error = %e, "release found the lock gone"),
+        }
+        result
+    }
+
+    fn release_in_background(self: &Arc<Self>) {
+        let me = self.clone();
+        let spawned = self.locker.tasks.spawn(async move {
+            let _ = me.release_on_backend().await;
+        });
+        if !spawned {
+            tracing::debug!(
+                key = self.lease().key(),
+                "guard dropped outside a tokio runtime; the lock expires at its TTL"
+            );
+        }
+    }
+
+    pub(crate) async fn release_for_shutdown(self: &Arc<Self>) {
+        if self.finish() {
+            if let Err(e) = self.release_on_backend().await {
+                tracing::debug!(error = %e, "shutdown release failed");
+            }
+        }
+    }
+}
+
+/// A held lock. Dropping it releases the lock in the background on the current tokio
+/// runtime (tracked by [`Locker::shutdown`](crate::Locker::shutdown)); outside a runtime
+/// the lock simply expires at its TTL. [`release`](Self::release) releases and reports.
+///
+/// With the watchdog on (the default) the lock is renewed every `ttl / 3` until released;
+/// if a renewal is refused, or the validity passes while the server does not answer,
+/// [`lost`](Self::lost) resolves and [`is_lost`](Self::is_lost) turns true.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    shared: Arc<GuardShared>,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let lease = self.shared.lease();
+        f.debug_struct("LockGuard")
+            .field("key", &lease.key())
+            .field("fence", &lease.fence())
+            .field("valid_until", &lease.valid_until())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    pub(crate) fn new(
+        locker: Arc<Inner>,
+        id: u64,
+        lease: Lease,
+        ttl: Duration,
+        watchdog: bool,
+    ) -> Self {
+        let (state, _) = watch::channel(State {
+            valid_until: lease.valid_until(),
+            lost: false,
+        });
+        let shared = Arc::new(GuardShared {
+            id,
+            locker: locker.clone(),
+            lease: Mutex::new(lease),
+            ttl: Mutex::new(ttl),
+            state,
+            done: AtomicBool::new(false),
+            watchdog: Mutex::new(None),
+        });
+        lock(&locker.held).insert(id, shared.clone());
+        if watchdog {
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                let task = handle.spawn(run_watchdog(shared.clone()));
+                *lock(&shared.watchdog) = Some(task.abort_handle());
+            }
+        }
+        LockGuard { shared }
+    }
+
+    /// The lock's key.
+    pub fn key(&self) -> String {
+        self.shared.lease().key().to_owned()
+    }
+
+    /// The fencing token of this grant: pass it to the protected resource, which refuses
+    /// writes carrying a token lower than one it has already seen.
+    pub fn fence(&self) -> u64 {
+        lock(&self.shared.lease).fence()
+    }
+
+    /// Until when the lock is ours unless renewed (monotonic clock of this process).
+    pub fn valid_until(&self) -> Instant {
+        lock(&self.shared.lease).valid_until()
+    }
+
+    /// The TTL the lock is renewed with (after the backend's rounding).
+    pub fn ttl(&self) -> Duration {
+        *lock(&self.shared.ttl)
+    }
+
+    /// A copy of the lease as the backend granted it.
+    pub fn lease(&self) -> Lease {
+        self.shared.lease()
+    }
+
+    /// Whether the lock is known gone: renewal refused, released by shutdown, or validity
+    /// passed.
+    pub fn is_lost(&self) -> bool {
+        let s = *self.shared.state.borrow();
+        s.lost || Instant::now() >= s.valid_until
+    }
+
+    /// A future that resolves as soon as the lock is known gone: a renewal was refused, the
+    /// validity passed without a successful renewal (server unreachable, or watchdog off),
+    /// the Locker was shut down, or the guard was dropped. It does not borrow the guard.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.shared.state.subscribe();
+        async move {
+            loop {
+                let s = *rx.borrow_and_update();
+                if s.lost {
+                    return;
+                }
+                tokio::select! {
+                    changed = rx.changed() => if changed.is_err() { return },
+                    _ = tokio::time::sleep_until(s.valid_until.into()) => {
+                        if rx.borrow().valid_until <= s.valid_until {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Renews the lock for `ttl` from now (also changing the watchdog's TTL).
+    ///
+    /// # Errors
+    /// [`Error::InvalidTtl`]; [`Error::NotHeld`] when the lock is no longer ours (the guard
+    /// is then lost); transient backend errors.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        let ttl = self.shared.locker.caps.effective_ttl(ttl)?;
+        if self.shared.done.load(Ordering::SeqCst) {
+            return Err(Error::NotHeld { key: self.key() });
+        }
+        let lease = self.shared.lease();
+        match self.shared.locker.backend.extend(&lease, ttl).await {
+            Ok(valid_until) => {
+                *lock(&self.shared.ttl) = ttl;
+                self.shared.renewed(valid_until);
+                tracing::debug!(key = lease.key(), ?ttl, "lock extended");
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, Error::NotHeld { .. }) {
+                    self.shared.mark_lost("extension refused");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases the lock and reports whether it was still ours (`Ok`) or already gone
+    /// ([`Error::NotHeld`]).
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`]; transient backend errors (the lock then expires at its TTL).
+    ///
+    /// # Cancel safety
+    /// If the future is dropped before completing, the release continues in the background.
+    pub async fn release(self) -> Result<()> {
+        let shared = self.shared.clone();
+        let claimed = shared.finish();
+        // `finish` has run, so the guard's Drop does nothing more.
+        drop(self);
+        if !claimed {
+            return Err(Error::NotHeld {
+                key: shared.lease().key().to_owned(),
+            });
+        }
+        let mut pending = PendingRelease {
+            shared: &shared,
+            armed: true,
+        };
+        let result = shared.release_on_backend().await;
+        pending.armed = false;
+        result
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.shared.finish() {
+            self.shared.release_in_background();
+        }
+    }
+}
+
+struct PendingRelease<'a> {
+    shared: &'a Arc<GuardShared>,
+    armed: bool,
+}
+
+impl Drop for PendingRelease<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.release_in_background();
+        }
+    }
+}
+
+async fn run_watchdog(shared: Arc<GuardShared>) {
+    let mut next = Instant::now() + *lock(&shared.ttl) / 3;
+    loop {
+        tokio::time::sleep_until(next.into()).await;
+        let ttl = *lock(&shared.ttl);
+        let period = ttl / 3;
+        let lease = shared.lease();
+        let valid_until = lease.valid_until();
+        let attempt = tokio::time::timeout_at(
+            valid_until.into(),
+            shared.locker.backend.extend(&lease, ttl),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(new_valid_until)) => {
+                shared.renewed(new_valid_until);
+                tracing::debug!(key = lease.key(), "lock renewed");
+                next = Instant::now() + period;
+            }
+            Ok(Err(Error::NotHeld { .. })) => {
+                shared.mark_lost("renewal refused: the lock is no longer ours");
+                return;
+            }
+            Ok(Err(e)) => {
+                let now = Instant::now();
+                if now >= valid_until {
+                    shared.mark_lost("validity passed while renewals failed");
+                    return;
+                }
+                tracing::debug!(key = lease.key(), error = %e, "renewal failed; retrying");
+                let left = valid_until - now;
+                next = now + (period / 4).min(left / 2).max(Duration::from_millis(1));
+            }
+            Err(_) => {
+                shared.mark_lost("validity passed while the server did not answer");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! # lock-core
+//!
+//! The core of distlock: one lock abstraction over many lock servers.
+//!
+//! - [`Backend`]: a lock server's protocol, one attempt per operation
+//!   (`try_acquire`, `extend`, `release`), a release-notice hook and [`Capabilities`].
+//! - [`Locker`]: the waiting policy, the same for every backend: wait strategies, jittered
+//!   backoff, local FIFO queues, cancellation safety, [`Locker::run`] for scheduled jobs,
+//!   [`Locker::acquire_many`] and [`Locker::shutdown`].
+//! - [`LockGuard`]: a held lock with a fencing token, a renewal watchdog, a `lost()` signal
+//!   and release on drop.
+//! - [`Error`]: one error type with actionable variants.
+//! - [`url`]: parsing of `memory://`, `redis://`, `rediss://`, `redlock://` and `etcd://`
+//!   URLs, independent of which backends are compiled.
+//! - `conformance` (feature `conformance`): the rules every backend must pass.
+#![deny(missing_docs)]
+
+mod backend;
+mod error;
+mod guard;
+mod lease;
+mod locker;
+mod notices;
+mod options;
+pub mod url;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use backend::{Attempt, Backend, Capabilities, Holder, Pause};
+pub use error::{BoxError, Error, Result};
+pub use guard::LockGuard;
+pub use lease::{Lease, Owner};
+pub use locker::{validate_key, Locker, LockerStats, Outcome, MAX_KEY_LEN};
+pub use notices::{ReleaseListener, ReleaseNotices};
+pub use options::{LockOptions, WaitStrategy};
+pub use url::{LockUrl, Scheme};

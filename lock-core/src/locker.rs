@@ -1,0 +1,573 @@
+//! The waiting policy: [`Locker`].
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::backend::{Attempt, Backend, Capabilities, Pause};
+use crate::error::{Error, Result};
+use crate::guard::{GuardShared, LockGuard};
+use crate::lease::{Lease, Owner};
+use crate::notices::lock;
+use crate::options::{Backoff, LockOptions, WaitStrategy};
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// Backoff between attempts when the backend cannot announce a release.
+const WAIT_BACKOFF: (Duration, Duration) = (Duration::from_millis(2), Duration::from_millis(500));
+/// Backoff between attempts after a transient error (server unreachable).
+const ERROR_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
+
+/// Checks a key: not empty, at most [`MAX_KEY_LEN`] bytes.
+pub fn validate_key(key: &str) -> Result<()> {
+    let reason = if key.is_empty() {
+        "a lock key must not be empty"
+    } else if key.len() > MAX_KEY_LEN {
+        "a lock key must be at most 1024 bytes"
+    } else {
+        return Ok(());
+    };
+    let mut shown = key.to_owned();
+    if shown.len() > 64 {
+        let mut cut = 64;
+        while !shown.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        shown.truncate(cut);
+        shown.push('…');
+    }
+    Err(Error::InvalidKey { key: shown, reason })
+}
+
+/// What [`Locker::run`] did with the job.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Outcome<T> {
+    /// The lock was won and the job ran to completion with this result.
+    Ran(T),
+    /// The lock was not won (taken, or the wait timed out); the job did not run.
+    Skipped,
+    /// The job's hard timeout passed; the job was cancelled and the lock released.
+    TimedOut,
+    /// The lock was lost while the job ran; the job was cancelled.
+    LockLost,
+}
+
+/// Counts of what a [`Locker`] holds in memory, for monitoring and leak tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockerStats {
+    /// Guards currently held through this Locker.
+    pub held: usize,
+    /// Keys with local waiters queued.
+    pub queued_keys: usize,
+    /// Background tasks (releases, cleanups) still running.
+    pub background_tasks: usize,
+}
+
+/// Background tasks a Locker waits for on shutdown.
+#[derive(Default)]
+pub(crate) struct Tracker {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+impl Tracker {
+    pub(crate) fn spawn<F>(self: &Arc<Self>, fut: F) -> bool
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        self.count.fetch_add(1, Ordering::SeqCst);
+        let me = self.clone();
+        handle.spawn(async move {
+            fut.await;
+            if me.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+                me.idle.notify_waiters();
+            }
+        });
+        true
+    }
+
+    async fn wait_idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+type Turn = Arc<tokio::sync::Mutex<()>>;
+
+pub(crate) struct Inner {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) caps: Capabilities,
+    /// Local FIFO queues: only the waiter holding a key's turn attempts on the backend.
+    queues: Mutex<HashMap<Arc<str>, Turn>>,
+    /// Guards held through this Locker, for `shutdown`.
+    pub(crate) held: Mutex<HashMap<u64, Arc<GuardShared>>>,
+    next_guard: AtomicU64,
+    pub(crate) tasks: Arc<Tracker>,
+    shut_down: AtomicBool,
+    defaults: LockOptions,
+}
+
+/// Hands out locks from one backend with one waiting policy, the same on every backend.
+///
+/// Waiters of one Locker for the same key line up in a local FIFO queue and only the head
+/// of the queue attempts on the backend: a networked server sees one contender per process
+/// and waiters inside a process are served in arrival order. A Locker is cheap to clone
+/// (all clones share the queues and the set of held guards).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+/// use std::time::Duration;
+/// use lock_core::LockOptions;
+///
+/// let guard = locker
+///     .acquire("jobs/nightly", &LockOptions::new().ttl(Duration::from_secs(10)))
+///     .await?;
+/// println!("fencing token {}", guard.fence());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locker {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Locker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locker")
+            .field("backend", &self.inner.caps.name)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Locker {
+    /// A Locker over `backend` with the default [`LockOptions`].
+    pub fn new(backend: impl Backend) -> Self {
+        Self::with_backend(Arc::new(backend))
+    }
+
+    /// A Locker over a shared backend handle.
+    pub fn with_backend(backend: Arc<dyn Backend>) -> Self {
+        Self::with_options(backend, LockOptions::default())
+    }
+
+    /// A Locker over a shared backend handle whose [`lock`](Self::lock) uses `defaults`.
+    pub fn with_options(backend: Arc<dyn Backend>, defaults: LockOptions) -> Self {
+        let caps = backend.capabilities().clone();
+        Locker {
+            inner: Arc::new(Inner {
+                backend,
+                caps,
+                queues: Mutex::new(HashMap::new()),
+                held: Mutex::new(HashMap::new()),
+                next_guard: AtomicU64::new(1),
+                tasks: Arc::new(Tracker::default()),
+                shut_down: AtomicBool::new(false),
+                defaults,
+            }),
+        }
+    }
+
+    /// The backend behind this Locker.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// The backend's capabilities.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    /// The options [`lock`](Self::lock) uses.
+    pub fn default_options(&self) -> &LockOptions {
+        &self.inner.defaults
+    }
+
+    /// What this Locker holds in memory now.
+    pub fn stats(&self) -> LockerStats {
+        LockerStats {
+            held: lock(&self.inner.held).len(),
+            queued_keys: lock(&self.inner.queues).len(),
+            background_tasks: self.inner.tasks.count.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Acquires `key` with the default options.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn lock(&self, key: &str) -> Result<LockGuard> {
+        let opts = self.inner.defaults.clone();
+        self.acquire(key, &opts).await
+    }
+
+    /// One attempt at `key` with the default TTL and watchdog setting: `Ok(None)` when the
+    /// lock is taken.
+    ///
+    /// # Errors
+    /// Invalid key or TTL, or the backend failed.
+    pub async fn try_acquire(&self, key: &str) -> Result<Option<LockGuard>> {
+        let opts = self.inner.defaults.clone().skip();
+        match self.acquire(key, &opts).await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(Error::Locked { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Acquires `key` following `opts`: attempts on the backend, waits for a release notice
+    /// (or the holder's expiry, or a jittered exponential backoff) between attempts, and
+    /// retries transient errors until the wait strategy's deadline.
+    ///
+    /// The guard releases the lock when dropped (in the background) or by
+    /// [`LockGuard::release`].
+    ///
+    /// # Errors
+    /// - [`Error::InvalidKey`] / [`Error::InvalidTtl`] for bad input, before any I/O;
+    /// - [`Error::Locked`] with [`WaitStrategy::Skip`] when the lock is taken;
+    /// - [`Error::Timeout`] when the wait deadline passed while the lock was taken;
+    /// - the last transient error (e.g. [`Error::Unavailable`]) when the deadline passed
+    ///   while the server failed; non-transient backend errors at once;
+    /// - [`Error::Shutdown`] after [`shutdown`](Self::shutdown).
+    ///
+    /// # Cancel safety
+    /// Dropping the future at any await leaves no lock held and no waiter queued: an attempt
+    /// in flight when the future is dropped is released in the background (tracked by
+    /// [`shutdown`](Self::shutdown)).
+    pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
+        validate_key(key)?;
+        let ttl = self.inner.caps.effective_ttl(opts.ttl)?;
+        if self.inner.shut_down.load(Ordering::SeqCst) {
+            return Err(Error::Shutdown);
+        }
+        let started = Instant::now();
+        let deadline = match opts.wait {
+            WaitStrategy::Skip => {
+                return match self.attempt(key, ttl, opts).await? {
+                    Ok(guard) => Ok(guard),
+                    Err(_) => Err(Error::Locked {
+                        key: key.to_owned(),
+                    }),
+                };
+            }
+            WaitStrategy::Wait(t) => Some(started.checked_add(t).unwrap_or(far_future())),
+            WaitStrategy::WaitForever => None,
+        };
+
+        // Fast path: nobody of ours is queued on this key, so trying first is fair.
+        if !lock(&self.inner.queues).contains_key(key) {
+            match self.attempt(key, ttl, opts).await {
+                Ok(Ok(guard)) => return Ok(guard),
+                Err(e) if !e.is_transient() => return Err(e),
+                Ok(Err(_)) | Err(_) => {}
+            }
+        }
+        self.queued(key, ttl, opts, started, deadline).await
+    }
+
+    /// The slow path: take this key's local turn (FIFO), then attempt and wait until
+    /// granted or the deadline passes.
+    async fn queued(
+        &self,
+        key: &str,
+        ttl: Duration,
+        opts: &LockOptions,
+        started: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<LockGuard> {
+        let queue = QueueSlot::join(&self.inner, key);
+        let _turn = match within(deadline, queue.turn.clone().lock_owned()).await {
+            Some(turn) => turn,
+            None => return Err(timeout_error(key, started)),
+        };
+        let mut wait_backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
+        let mut error_backoff = Backoff::new(ERROR_BACKOFF.0, ERROR_BACKOFF.1);
+        let mut last_error: Option<Error> = None;
+        loop {
+            // Listen before attempting, so a release right after a refusal is not missed.
+            let listener = self.inner.backend.listen(key);
+            let pause = match within(deadline, self.attempt(key, ttl, opts)).await {
+                None => break,
+                Some(Ok(Ok(guard))) => return Ok(guard),
+                Some(Ok(Err(expires_in))) => {
+                    last_error = None;
+                    error_backoff = Backoff::new(ERROR_BACKOFF.0, ERROR_BACKOFF.1);
+                    Pause {
+                        expires_in,
+                        backoff: wait_backoff.next_delay(),
+                        listener,
+                    }
+                }
+                Some(Err(e)) if e.is_transient() => {
+                    tracing::debug!(key, error = %e, "lock attempt failed; retrying");
+                    last_error = Some(e);
+                    Pause {
+                        expires_in: None,
+                        backoff: error_backoff.next_delay(),
+                        listener: None,
+                    }
+                }
+                Some(Err(e)) => return Err(e),
+            };
+            if within(deadline, self.inner.backend.wait(key, pause))
+                .await
+                .is_none()
+            {
+                break;
+            }
+        }
+        Err(last_error.unwrap_or_else(|| timeout_error(key, started)))
+    }
+
+    /// One attempt on the backend. `Ok(Err(expires_in))` means taken.
+    ///
+    /// Cancel safe: if dropped while the backend call is in flight, a background task
+    /// releases whatever that call may have granted.
+    async fn attempt(
+        &self,
+        key: &str,
+        ttl: Duration,
+        opts: &LockOptions,
+    ) -> Result<std::result::Result<LockGuard, Option<Duration>>> {
+        let owner = Owner::random();
+        let mut cleanup = CancelCleanup {
+            inner: &self.inner,
+            key,
+            owner,
+            armed: true,
+        };
+        let result = self.inner.backend.try_acquire(key, owner, ttl).await;
+        cleanup.armed = false;
+        match result? {
+            Attempt::Granted { fence, valid_until } => {
+                let lease = Lease::new(key, owner, fence, valid_until);
+                if self.inner.shut_down.load(Ordering::SeqCst) {
+                    let _ = self.inner.backend.release(&lease).await;
+                    return Err(Error::Shutdown);
+                }
+                let id = self.inner.next_guard.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(key, fence, backend = self.inner.caps.name, "lock granted");
+                Ok(Ok(LockGuard::new(
+                    self.inner.clone(),
+                    id,
+                    lease,
+                    ttl,
+                    opts.watchdog,
+                )))
+            }
+            Attempt::Taken { expires_in } => Ok(Err(expires_in)),
+        }
+    }
+
+    /// Runs `job` only if `key` is won, and says what happened.
+    ///
+    /// The job is cancelled (dropped) as soon as the lock is known lost or
+    /// `opts.job_timeout` passes; after it completes or times out the lock is released.
+    /// A lock not won (taken with `Skip`, or the wait deadline passed) is
+    /// [`Outcome::Skipped`].
+    ///
+    /// # Errors
+    /// Invalid input, and backend failures while acquiring (other than a wait timeout).
+    pub async fn run<F, T>(&self, key: &str, opts: &LockOptions, job: F) -> Result<Outcome<T>>
+    where
+        F: Future<Output = T>,
+    {
+        let guard = match self.acquire(key, opts).await {
+            Ok(guard) => guard,
+            Err(Error::Locked { .. } | Error::Timeout { .. }) => return Ok(Outcome::Skipped),
+            Err(e) => return Err(e),
+        };
+        let lost = guard.lost();
+        let hard_timeout = async {
+            match opts.job_timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let outcome = tokio::select! {
+            biased;
+            _ = lost => {
+                tracing::warn!(key, "lock lost while the job ran; job cancelled");
+                return Ok(Outcome::LockLost);
+            }
+            value = job => Outcome::Ran(value),
+            _ = hard_timeout => {
+                tracing::warn!(key, "job passed its hard timeout; job cancelled");
+                Outcome::TimedOut
+            }
+        };
+        if let Err(e) = guard.release().await {
+            tracing::warn!(key, error = %e, "release after the job failed");
+        }
+        Ok(outcome)
+    }
+
+    /// Acquires every key of `keys` or none: keys are deduplicated and taken in sorted
+    /// order, so two callers with overlapping sets can never deadlock. The wait deadline of
+    /// `opts` covers the whole set. Guards come back in sorted key order.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire); locks taken before the failure are released first.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the guards taken so far, which release in the background.
+    pub async fn acquire_many<S: AsRef<str>>(
+        &self,
+        keys: &[S],
+        opts: &LockOptions,
+    ) -> Result<Vec<LockGuard>> {
+        let mut sorted: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
+        for key in &sorted {
+            validate_key(key)?;
+        }
+        sorted.sort_unstable();
+        sorted.dedup();
+        let started = Instant::now();
+        let mut guards = Vec::with_capacity(sorted.len());
+        for key in sorted {
+            let mut each = opts.clone();
+            if let WaitStrategy::Wait(total) = opts.wait {
+                each.wait = WaitStrategy::Wait(total.saturating_sub(started.elapsed()));
+            }
+            match self.acquire(key, &each).await {
+                Ok(guard) => guards.push(guard),
+                Err(e) => {
+                    for guard in guards.drain(..).rev() {
+                        let _ = guard.release().await;
+                    }
+                    return Err(match e {
+                        Error::Timeout { key, .. } => Error::Timeout {
+                            key,
+                            waited: started.elapsed(),
+                        },
+                        other => other,
+                    });
+                }
+            }
+        }
+        Ok(guards)
+    }
+
+    /// Waits until the background work of this Locker (releases of dropped guards, cleanups
+    /// of cancelled attempts) has finished, without stopping it.
+    pub async fn settle(&self) {
+        self.inner.tasks.wait_idle().await;
+    }
+
+    /// Stops granting, releases every lock still held through this Locker (their guards'
+    /// `lost()` fires), and waits for background releases to finish. For a graceful stop.
+    pub async fn shutdown(&self) {
+        self.inner.shut_down.store(true, Ordering::SeqCst);
+        let held: Vec<Arc<GuardShared>> = lock(&self.inner.held).drain().map(|(_, g)| g).collect();
+        for guard in held {
+            guard.release_for_shutdown().await;
+        }
+        self.inner.tasks.wait_idle().await;
+    }
+}
+
+/// A Locker's FIFO queue entry for a key; removes the key's queue when the last member leaves.
+struct QueueSlot<'a> {
+    inner: &'a Inner,
+    key: &'a str,
+    turn: Turn,
+}
+
+impl<'a> QueueSlot<'a> {
+    fn join(inner: &'a Inner, key: &'a str) -> Self {
+        let turn = lock(&inner.queues)
+            .entry(Arc::from(key))
+            .or_default()
+            .clone();
+        QueueSlot { inner, key, turn }
+    }
+}
+
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        let mut queues = lock(&self.inner.queues);
+        // The map holds one reference and we hold one: nobody else is queued.
+        if Arc::strong_count(&self.turn) == 2 {
+            queues.remove(self.key);
+        }
+    }
+}
+
+/// Releases, in the background, what an attempt dropped mid-flight may have been granted.
+struct CancelCleanup<'a> {
+    inner: &'a Arc<Inner>,
+    key: &'a str,
+    owner: Owner,
+    armed: bool,
+}
+
+impl Drop for CancelCleanup<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let backend = self.inner.backend.clone();
+        let lease = Lease::new(self.key, self.owner, 0, Instant::now());
+        let key = self.key.to_owned();
+        self.inner.tasks.spawn(async move {
+            match backend.release(&lease).await {
+                Ok(()) => tracing::debug!(key, "released a lock granted to a cancelled acquire"),
+                Err(Error::NotHeld { .. }) => {}
+                Err(e) => tracing::warn!(key, error = %e, "cleanup of a cancelled acquire failed"),
+            }
+        });
+    }
+}
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86400 * 365 * 30)
+}
+
+fn timeout_error(key: &str, started: Instant) -> Error {
+    Error::Timeout {
+        key: key.to_owned(),
+        waited: started.elapsed(),
+    }
+}
+
+/// Runs `fut` until `deadline`; `None` when the deadline passed first.
+async fn within<F: Future>(deadline: Option<Instant>, fut: F) -> Option<F::Output> {
+    match deadline {
+        None => Some(fut.await),
+        Some(d) => tokio::time::timeout_at(d.into(), fut).await.ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_validated() {
+        assert!(matches!(validate_key(""), Err(Error::InvalidKey { .. })));
+        assert!(validate_key(&"k".repeat(MAX_KEY_LEN)).is_ok());
+        let err = validate_key(&"é".repeat(MAX_KEY_LEN)).unwrap_err();
+        match err {
+            Error::InvalidKey { key, .. } => assert!(key.len() <= 64 + '…'.len_utf8()),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! How to acquire: TTL, waiting strategy, watchdog, job timeout.
+
+use std::time::Duration;
+
+/// How long [`Locker::acquire`](crate::Locker::acquire) waits when the lock is taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitStrategy {
+    /// One attempt: fail with [`Error::Locked`](crate::Error::Locked) if the lock is taken.
+    Skip,
+    /// Wait up to this long, then fail with [`Error::Timeout`](crate::Error::Timeout) (or
+    /// with the last transient error when the server was unreachable).
+    Wait(Duration),
+    /// Wait until the lock is granted or the future is dropped.
+    WaitForever,
+}
+
+/// Options of one acquisition. Build with [`LockOptions::new`] and the setters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockOptions {
+    /// Time to live of the lock on the server (default 30 s); rounded up to the backend's
+    /// minimum and granularity, refused when zero or above its maximum.
+    pub ttl: Duration,
+    /// What to do when the lock is taken (default: wait up to 30 s).
+    pub wait: WaitStrategy,
+    /// Whether the guard renews the lock every `ttl / 3` while held (default on).
+    pub watchdog: bool,
+    /// Hard limit for the future given to [`Locker::run`](crate::Locker::run) (default none).
+    pub job_timeout: Option<Duration>,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: Duration::from_secs(30),
+            wait: WaitStrategy::Wait(Duration::from_secs(30)),
+            watchdog: true,
+            job_timeout: None,
+        }
+    }
+}
+
+impl LockOptions {
+    /// The defaults: 30 s TTL, wait up to 30 s, watchdog on, no job timeout.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the TTL.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets the wait strategy.
+    pub fn wait(mut self, wait: WaitStrategy) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// One attempt only.
+    pub fn skip(self) -> Self {
+        self.wait(WaitStrategy::Skip)
+    }
+
+    /// Wait up to `timeout`.
+    pub fn wait_for(self, timeout: Duration) -> Self {
+        self.wait(WaitStrategy::Wait(timeout))
+    }
+
+    /// Wait without limit.
+    pub fn wait_forever(self) -> Self {
+        self.wait(WaitStrategy::WaitForever)
+    }
+
+    /// Turns the renewal watchdog on or off.
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+
+    /// Sets the hard timeout of [`Locker::run`](crate::Locker::run).
+    pub fn job_timeout(mut self, timeout: Duration) -> Self {
+        self.job_timeout = Some(timeout);
+        self
+    }
+}
+
+/// Exponential backoff with full jitter: attempt `n` sleeps a uniform random time in
+/// `[0, min(cap, base * 2^n))`, so contenders spread out instead of retrying in step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Backoff {
+    base: Duration,
+    cap: Duration,
+    attempt: u32,
+}
+
+impl Backoff {
+    pub(crate) fn new(base: Duration, cap: Duration) -> Self {
+        Backoff {
+            base,
+            cap,
+            attempt: 0,
+        }
+    }
+
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let exp = self
+            .base
+            .saturating_mul(1u32.checked_shl(self.attempt).unwrap_or(u32::MAX))
+            .min(self.cap);
+        self.attempt = self.attempt.saturating_add(1);
+        let nanos = exp.as_nanos() as u64;
+        if nanos == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(rand::random::<u64>() % nanos)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_stays_under_its_cap_and_grows() {
+        let mut b = Backoff::new(Duration::from_millis(1), Duration::from_millis(100));
+        let mut max_seen = Duration::ZERO;
+        for i in 0..200 {
+            let d = b.next_delay();
+            let bound = Duration::from_millis(1u64 << i.min(7)).min(Duration::from_millis(100));
+            assert!(d < bound, "attempt {i}: {d:?} >= {bound:?}");
+            max_seen = max_seen.max(d);
+        }
+        assert!(
+            max_seen > Duration::from_millis(10),
+            "full jitter reaches high"
+        );
+    }
+}
