@@ -27,6 +27,12 @@ pub use lock_core::*;
 
 #[cfg(feature = "memory")]
 pub use lock_memory::MemoryBackend;
+#[cfg(feature = "redis")]
+pub use lock_redis as redis;
+#[cfg(feature = "redlock")]
+pub use lock_redlock as redlock;
+#[cfg(feature = "etcd")]
+pub use lock_etcd as etcd;
 
 /// The environment variable [`from_env`] reads.
 pub const URL_ENV: &str = "DISTLOCK_URL";
@@ -44,6 +50,17 @@ pub async fn connect(url: &str) -> Result<Locker> {
             parsed.check_params(&[])?;
             Ok(Locker::new(lock_memory::MemoryBackend::new()))
         }
+        #[cfg(feature = "redis")]
+        Scheme::Redis | Scheme::Rediss => Ok(Locker::new(
+            lock_redis::RedisBackend::connect(&parsed).await?,
+        )),
+        #[cfg(feature = "redlock")]
+        Scheme::Redlock => Ok(Locker::new(
+            lock_redlock::RedlockBackend::connect(&parsed).await?,
+        )),
+        #[cfg(feature = "etcd")]
+        Scheme::Etcd => Ok(Locker::new(lock_etcd::EtcdBackend::connect(&parsed).await?)),
+        #[allow(unreachable_patterns)]
         scheme => Err(Error::FeatureDisabled {
             scheme: scheme.as_str().to_owned(),
             feature: scheme.feature(),

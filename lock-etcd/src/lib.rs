@@ -1,0 +1,1 @@
+//! distlock backend crate (being written).
