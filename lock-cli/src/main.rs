@@ -1,0 +1,2 @@
+//! The distlock command (being written).
+fn main() {}
