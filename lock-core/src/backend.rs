@@ -50,8 +50,13 @@ impl Capabilities {
         let mut ttl = ttl.max(self.min_ttl);
         let g = self.ttl_granularity.as_nanos();
         if g > 1 {
+            // Below max_ttl, so the nanoseconds fit in u128 comfortably; u64 for the
+            // common case keeps this off the slow 128-bit division.
             let n = ttl.as_nanos();
-            let rounded = n.div_ceil(g) * g;
+            let rounded = match (u64::try_from(n), u64::try_from(g)) {
+                (Ok(n), Ok(g)) => u128::from(n.div_ceil(g) * g),
+                _ => n.div_ceil(g) * g,
+            };
             if rounded != n {
                 let secs = u64::try_from(rounded / 1_000_000_000)
                     .map_err(|_| refuse("does not fit the backend's representation".into()))?;

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use crate::error::{Error, Result};
@@ -13,18 +13,15 @@ use crate::lease::Lease;
 use crate::locker::Inner;
 use crate::notices::lock;
 
-#[derive(Clone, Copy, Debug)]
-struct State {
-    valid_until: Instant,
-    lost: bool,
-}
-
 pub(crate) struct GuardShared {
     id: u64,
     locker: Arc<Inner>,
     lease: Mutex<Lease>,
     ttl: Mutex<Duration>,
-    state: watch::Sender<State>,
+    /// Set when the lock is known gone (or the hold ended); never cleared.
+    lost: AtomicBool,
+    /// Wakes `lost()` futures on every change of `lost` or of the validity.
+    changed: Notify,
     /// Set once by whoever ends the hold: `release`, `Drop` or `Locker::shutdown`.
     done: AtomicBool,
     watchdog: Mutex<Option<AbortHandle>>,
@@ -37,15 +34,20 @@ impl GuardShared {
 
     fn renewed(&self, valid_until: Instant) {
         lock(&self.lease).set_valid_until(valid_until);
-        self.state.send_modify(|s| s.valid_until = valid_until);
+        self.changed.notify_waiters();
+    }
+
+    /// Marks the hold ended (released, dropped) so `lost()` futures resolve.
+    fn set_gone(&self) -> bool {
+        let was_lost = self.lost.swap(true, Ordering::SeqCst);
+        if !was_lost {
+            self.changed.notify_waiters();
+        }
+        was_lost
     }
 
     fn mark_lost(&self, why: &str) {
-        let mut was_lost = true;
-        self.state.send_modify(|s| {
-            was_lost = s.lost;
-            s.lost = true;
-        });
+        let was_lost = self.set_gone();
         if !was_lost && !self.done.load(Ordering::SeqCst) {
             let lease = self.lease();
             tracing::warn!(
@@ -73,7 +75,7 @@ impl GuardShared {
     async fn release_on_backend(&self) -> Result<()> {
         let lease = self.lease();
         let result = self.locker.backend.release(&lease).await;
-        self.state.send_modify(|s| s.lost = true);
+        self.set_gone();
         match &result {
             Ok(()) => tracing::debug!(key = lease.key(), fence = lease.fence(), "lock released"),
             Err(e) => tracing::debug!(key = lease.key(), error = %e, "release found the lock gone"),
@@ -135,16 +137,13 @@ impl LockGuard {
         ttl: Duration,
         watchdog: bool,
     ) -> Self {
-        let (state, _) = watch::channel(State {
-            valid_until: lease.valid_until(),
-            lost: false,
-        });
         let shared = Arc::new(GuardShared {
             id,
             locker: locker.clone(),
             lease: Mutex::new(lease),
             ttl: Mutex::new(ttl),
-            state,
+            lost: AtomicBool::new(false),
+            changed: Notify::new(),
             done: AtomicBool::new(false),
             watchdog: Mutex::new(None),
         });
@@ -187,25 +186,27 @@ impl LockGuard {
     /// Whether the lock is known gone: renewal refused, released by shutdown, or validity
     /// passed.
     pub fn is_lost(&self) -> bool {
-        let s = *self.shared.state.borrow();
-        s.lost || Instant::now() >= s.valid_until
+        self.shared.lost.load(Ordering::SeqCst) || Instant::now() >= self.valid_until()
     }
 
     /// A future that resolves as soon as the lock is known gone: a renewal was refused, the
     /// validity passed without a successful renewal (server unreachable, or watchdog off),
     /// the Locker was shut down, or the guard was dropped. It does not borrow the guard.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut rx = self.shared.state.subscribe();
+        let shared = self.shared.clone();
         async move {
             loop {
-                let s = *rx.borrow_and_update();
-                if s.lost {
+                let changed = shared.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if shared.lost.load(Ordering::SeqCst) {
                     return;
                 }
+                let valid_until = lock(&shared.lease).valid_until();
                 tokio::select! {
-                    changed = rx.changed() => if changed.is_err() { return },
-                    _ = tokio::time::sleep_until(s.valid_until.into()) => {
-                        if rx.borrow().valid_until <= s.valid_until {
+                    _ = changed => {}
+                    _ = tokio::time::sleep_until(valid_until.into()) => {
+                        if lock(&shared.lease).valid_until() <= valid_until {
                             return;
                         }
                     }
@@ -274,6 +275,7 @@ impl Drop for LockGuard {
         if self.shared.finish() {
             self.shared.release_in_background();
         }
+        self.shared.set_gone();
     }
 }
 

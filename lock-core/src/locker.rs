@@ -110,13 +110,36 @@ impl Tracker {
 
 type Turn = Arc<tokio::sync::Mutex<()>>;
 
+/// Guard ids are unique counters: hashing them is wasted work.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+pub(crate) type HeldMap =
+    HashMap<u64, Arc<GuardShared>, std::hash::BuildHasherDefault<IdHasher>>;
+
 pub(crate) struct Inner {
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) caps: Capabilities,
     /// Local FIFO queues: only the waiter holding a key's turn attempts on the backend.
     queues: Mutex<HashMap<Arc<str>, Turn>>,
+    /// Number of keys in `queues`, so the uncontended path skips the map.
+    queued: AtomicUsize,
     /// Guards held through this Locker, for `shutdown`.
-    pub(crate) held: Mutex<HashMap<u64, Arc<GuardShared>>>,
+    pub(crate) held: Mutex<HeldMap>,
     next_guard: AtomicU64,
     pub(crate) tasks: Arc<Tracker>,
     shut_down: AtomicBool,
@@ -177,7 +200,8 @@ impl Locker {
                 backend,
                 caps,
                 queues: Mutex::new(HashMap::new()),
-                held: Mutex::new(HashMap::new()),
+                queued: AtomicUsize::new(0),
+                held: Mutex::new(HeldMap::default()),
                 next_guard: AtomicU64::new(1),
                 tasks: Arc::new(Tracker::default()),
                 shut_down: AtomicBool::new(false),
@@ -258,8 +282,7 @@ impl Locker {
         if self.inner.shut_down.load(Ordering::SeqCst) {
             return Err(Error::Shutdown);
         }
-        let started = Instant::now();
-        let deadline = match opts.wait {
+        let (started, deadline) = match opts.wait {
             WaitStrategy::Skip => {
                 return match self.attempt(key, ttl, opts).await? {
                     Ok(guard) => Ok(guard),
@@ -268,12 +291,18 @@ impl Locker {
                     }),
                 };
             }
-            WaitStrategy::Wait(t) => Some(started.checked_add(t).unwrap_or(far_future())),
-            WaitStrategy::WaitForever => None,
+            WaitStrategy::Wait(t) => {
+                let now = Instant::now();
+                (Some(now), Some(now.checked_add(t).unwrap_or_else(far_future)))
+            }
+            // The start only matters for the error message of a bounded wait.
+            WaitStrategy::WaitForever => (None, None),
         };
 
         // Fast path: nobody of ours is queued on this key, so trying first is fair.
-        if !lock(&self.inner.queues).contains_key(key) {
+        if self.inner.queued.load(Ordering::SeqCst) == 0
+            || !lock(&self.inner.queues).contains_key(key)
+        {
             match self.attempt(key, ttl, opts).await {
                 Ok(Ok(guard)) => return Ok(guard),
                 Err(e) if !e.is_transient() => return Err(e),
@@ -290,7 +319,7 @@ impl Locker {
         key: &str,
         ttl: Duration,
         opts: &LockOptions,
-        started: Instant,
+        started: Option<Instant>,
         deadline: Option<Instant>,
     ) -> Result<LockGuard> {
         let queue = QueueSlot::join(&self.inner, key);
@@ -493,10 +522,16 @@ struct QueueSlot<'a> {
 
 impl<'a> QueueSlot<'a> {
     fn join(inner: &'a Inner, key: &'a str) -> Self {
-        let turn = lock(&inner.queues)
-            .entry(Arc::from(key))
-            .or_default()
-            .clone();
+        let mut queues = lock(&inner.queues);
+        let turn = match queues.get(key) {
+            Some(turn) => turn.clone(),
+            None => {
+                let turn = Turn::default();
+                queues.insert(Arc::from(key), turn.clone());
+                inner.queued.fetch_add(1, Ordering::SeqCst);
+                turn
+            }
+        };
         QueueSlot { inner, key, turn }
     }
 }
@@ -507,6 +542,7 @@ impl Drop for QueueSlot<'_> {
         // The map holds one reference and we hold one: nobody else is queued.
         if Arc::strong_count(&self.turn) == 2 {
             queues.remove(self.key);
+            self.inner.queued.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
@@ -541,10 +577,10 @@ fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86400 * 365 * 30)
 }
 
-fn timeout_error(key: &str, started: Instant) -> Error {
+fn timeout_error(key: &str, started: Option<Instant>) -> Error {
     Error::Timeout {
         key: key.to_owned(),
-        waited: started.elapsed(),
+        waited: started.map(|s| s.elapsed()).unwrap_or_default(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Release notices: how a waiter learns at once that a key was released.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -13,7 +14,14 @@ use tokio::sync::watch;
 /// listens on the key.
 #[derive(Default)]
 pub struct ReleaseNotices {
-    inner: Arc<Mutex<HashMap<Arc<str>, watch::Sender<u64>>>>,
+    inner: Arc<Hub>,
+}
+
+#[derive(Default)]
+struct Hub {
+    map: Mutex<HashMap<Arc<str>, watch::Sender<u64>>>,
+    /// Number of keys in `map`, so a release with no waiters skips the lock.
+    keys: std::sync::atomic::AtomicUsize,
 }
 
 impl ReleaseNotices {
@@ -24,12 +32,13 @@ impl ReleaseNotices {
 
     /// Starts listening for the next release of `key`.
     pub fn listen(&self, key: &str) -> ReleaseListener {
-        let mut map = lock(&self.inner);
+        let mut map = lock(&self.inner.map);
         let rx = match map.get(key) {
             Some(tx) => tx.subscribe(),
             None => {
                 let (tx, rx) = watch::channel(0);
                 map.insert(Arc::from(key), tx);
+                self.inner.keys.fetch_add(1, Ordering::SeqCst);
                 rx
             }
         };
@@ -42,7 +51,10 @@ impl ReleaseNotices {
 
     /// Wakes every listener of `key`; a no-op when nobody listens.
     pub fn notify(&self, key: &str) {
-        let map = lock(&self.inner);
+        if self.inner.keys.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let map = lock(&self.inner.map);
         if let Some(tx) = map.get(key) {
             tx.send_modify(|n| *n = n.wrapping_add(1));
         }
@@ -50,7 +62,7 @@ impl ReleaseNotices {
 
     /// Wakes every listener of every key (after a reconnect, when notices may have been lost).
     pub fn notify_all(&self) {
-        let map = lock(&self.inner);
+        let map = lock(&self.inner.map);
         for tx in map.values() {
             tx.send_modify(|n| *n = n.wrapping_add(1));
         }
@@ -58,7 +70,7 @@ impl ReleaseNotices {
 
     /// Number of keys with at least one listener.
     pub fn listened_keys(&self) -> usize {
-        lock(&self.inner).len()
+        self.inner.keys.load(Ordering::SeqCst)
     }
 }
 
@@ -74,7 +86,7 @@ impl std::fmt::Debug for ReleaseNotices {
 pub struct ReleaseListener {
     rx: Option<watch::Receiver<u64>>,
     key: Arc<str>,
-    hub: Arc<Mutex<HashMap<Arc<str>, watch::Sender<u64>>>>,
+    hub: Arc<Hub>,
 }
 
 impl ReleaseListener {
@@ -94,11 +106,12 @@ impl ReleaseListener {
 
 impl Drop for ReleaseListener {
     fn drop(&mut self) {
-        let mut map = lock(&self.hub);
+        let mut map = lock(&self.hub.map);
         drop(self.rx.take());
         if let Some(tx) = map.get(&*self.key) {
             if tx.receiver_count() == 0 {
                 map.remove(&*self.key);
+                self.hub.keys.fetch_sub(1, Ordering::SeqCst);
             }
         }
     }

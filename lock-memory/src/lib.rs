@@ -44,7 +44,8 @@ struct Entry {
 }
 
 struct Table {
-    entries: HashMap<Box<str>, Entry>,
+    /// Seeded fast hashing: keys may come from users, so the seed stays random.
+    entries: HashMap<Box<str>, Entry, foldhash::fast::RandomState>,
     /// Size after the last sweep of expired entries; the next sweep runs at twice that.
     swept_at: usize,
 }
@@ -77,7 +78,7 @@ impl MemoryBackend {
     pub fn new() -> Self {
         MemoryBackend {
             table: Mutex::new(Table {
-                entries: HashMap::new(),
+                entries: HashMap::default(),
                 swept_at: 0,
             }),
             next_fence: AtomicU64::new(1),
@@ -171,19 +172,22 @@ impl Backend for MemoryBackend {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let now = Instant::now();
         let mut table = self.table();
-        match table.entries.get(lease.key()) {
-            Some(e) if e.owner == lease.owner() => {
-                let was_valid = e.valid_until > now;
-                table.entries.remove(lease.key());
+        // One hash lookup on the common path: take the entry out, put it back if foreign.
+        match table.entries.remove_entry(lease.key()) {
+            Some((_, e)) if e.owner == lease.owner() => {
                 drop(table);
                 self.notices.notify(lease.key());
-                if was_valid {
+                if e.valid_until > now {
                     Ok(())
                 } else {
                     Err(not_held(lease))
                 }
             }
-            _ => Err(not_held(lease)),
+            Some((key, foreign)) => {
+                table.entries.insert(key, foreign);
+                Err(not_held(lease))
+            }
+            None => Err(not_held(lease)),
         }
     }
 

@@ -1,0 +1,79 @@
+//! Behaviour of the in-process table that the conformance suite does not cover: memory
+//! returning to baseline, FIFO hand-off inside a Locker, and expiry sweeping.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_core::{LockOptions, Locker};
+use lock_memory::MemoryBackend;
+
+/// After a million distinct keys are acquired and released, nothing is left in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_keys_leave_the_table_empty() {
+    let backend = Arc::new(MemoryBackend::new());
+    let locker = Locker::with_backend(backend.clone());
+    let opts = LockOptions::new().skip().watchdog(false);
+    for i in 0..1_000_000u32 {
+        let guard = locker.acquire(&format!("key-{i}"), &opts).await.unwrap();
+        guard.release().await.unwrap();
+    }
+    // Dropped guards (released in the background) leave nothing behind either.
+    for i in 0..10_000u32 {
+        drop(locker.acquire(&format!("dropped-{i}"), &opts).await.unwrap());
+    }
+    locker.settle().await;
+    assert_eq!(backend.held_keys(), 0);
+    assert_eq!(backend.listened_keys(), 0);
+    let stats = locker.stats();
+    assert_eq!((stats.held, stats.queued_keys, stats.background_tasks), (0, 0, 0));
+}
+
+/// Waiters of one Locker are granted the key in the order they arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_in_arrival_order() {
+    let locker = Locker::new(MemoryBackend::new());
+    let opts = LockOptions::new().wait_forever().watchdog(false);
+    let first = locker.acquire("fifo", &opts).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let (locker, order, opts) = (locker.clone(), order.clone(), opts.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = locker.acquire("fifo", &opts).await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            g.release().await.unwrap();
+        }));
+        // Let task i enqueue before task i + 1 starts.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..16).collect::<Vec<_>>());
+}
+
+/// Expired entries whose holders vanished (guards forgotten) are swept as the table grows.
+#[tokio::test]
+async fn expired_entries_are_swept() {
+    let backend = Arc::new(MemoryBackend::new());
+    let locker = Locker::with_backend(backend.clone());
+    let short = LockOptions::new()
+        .skip()
+        .watchdog(false)
+        .ttl(Duration::from_millis(5));
+    for i in 0..1000 {
+        std::mem::forget(locker.acquire(&format!("leak-{i}"), &short).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let long = short.clone().ttl(Duration::from_secs(60));
+    for i in 0..2000 {
+        std::mem::forget(locker.acquire(&format!("live-{i}"), &long).await.unwrap());
+    }
+    assert!(
+        backend.held_keys() <= 2000 + 64,
+        "expired entries were not swept: {}",
+        backend.held_keys()
+    );
+}

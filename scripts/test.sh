@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs every check and test of distlock on a fresh Debian machine: installs the real
+# servers the tests start (redis-server, etcd) and protoc (etcd-client's build) when they
+# are missing, then fmt, clippy, tests (all features) and docs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "==> installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy (all targets, all features)"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+echo "==> cargo test (all features)"
+cargo test --workspace --all-features
+echo "==> cargo doc"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
+echo "==> all checks passed"
