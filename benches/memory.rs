@@ -12,10 +12,12 @@ use common::{distinct_keys, one_key, rate, uncontended, Distlock, Subject};
 use criterion::{criterion_group, criterion_main, Criterion};
 use distlock::{Locker, MemoryBackend};
 
+type KeyedMutexes = HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>;
+
 /// The peer: a map of per-key tokio mutexes, entries removed when unused (like ours).
 #[derive(Clone, Default)]
 struct MutexMap {
-    map: Arc<Mutex<HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>>>,
+    map: Arc<Mutex<KeyedMutexes>>,
 }
 
 struct PeerGuard {
@@ -26,7 +28,13 @@ struct PeerGuard {
 impl Subject for MutexMap {
     type Guard = PeerGuard;
     async fn lock(&self, key: Arc<str>) -> PeerGuard {
-        let m = self.map.lock().unwrap().entry(key.clone()).or_default().clone();
+        let m = self
+            .map
+            .lock()
+            .unwrap()
+            .entry(key.clone())
+            .or_default()
+            .clone();
         PeerGuard {
             key,
             guard: m.lock_owned().await,

@@ -40,7 +40,10 @@ impl Distlock {
 impl Subject for Distlock {
     type Guard = LockGuard;
     async fn lock(&self, key: Arc<str>) -> LockGuard {
-        self.locker.acquire(&key, &self.opts).await.expect("acquire")
+        self.locker
+            .acquire(&key, &self.opts)
+            .await
+            .expect("acquire")
     }
     async fn unlock(&self, guard: LockGuard) {
         guard.release().await.expect("release");
@@ -116,7 +119,12 @@ impl Contention {
 }
 
 /// `tasks` tasks take one key in turn for `run_for`, each holding it for `hold`.
-pub async fn one_key<S: Subject>(s: &S, tasks: usize, hold: Duration, run_for: Duration) -> Contention {
+pub async fn one_key<S: Subject>(
+    s: &S,
+    tasks: usize,
+    hold: Duration,
+    run_for: Duration,
+) -> Contention {
     let key: Arc<str> = Arc::from(format!("bench/one/{:08x}", rand_u32()));
     let start = Instant::now();
     let deadline = start + run_for;

@@ -128,6 +128,7 @@ pub async fn run_all(t: &Target) {
         run_reports_outcomes_and_cancels_the_job,
         acquire_many_never_deadlocks,
         tasks_never_overlap,
+        shutdown_releases_every_held_lock,
         invalid_input_is_refused,
     );
 }
@@ -643,6 +644,47 @@ pub async fn tasks_never_overlap(t: &Target) {
             "fences in order of entry must strictly increase"
         );
     }
+}
+
+/// `shutdown` releases every lock still held through the Locker (their `lost()` fires),
+/// waits for background releases, and refuses later acquires.
+pub async fn shutdown_releases_every_held_lock(t: &Target) {
+    let (a, b) = (t.locker(), t.locker());
+    let keys: Vec<String> = (0..3).map(|i| t.key(&format!("shutdown{i}"))).collect();
+    let mut guards = Vec::new();
+    for key in &keys {
+        guards.push(
+            a.acquire(key, &opts(Duration::from_secs(10)))
+                .await
+                .unwrap(),
+        );
+    }
+    // One more dropped just before shutdown: its background release must be awaited too.
+    drop(
+        a.acquire(&t.key("shutdown-dropped"), &opts(Duration::from_secs(10)))
+            .await
+            .unwrap(),
+    );
+    let lost: Vec<_> = guards.iter().map(|g| g.lost()).collect();
+    a.shutdown().await;
+    assert_eq!(a.stats().held, 0);
+    assert_eq!(a.stats().background_tasks, 0);
+    tokio::time::timeout(Duration::from_secs(1), futures::future::join_all(lost))
+        .await
+        .expect("lost() fires for guards released by shutdown");
+    for key in &keys {
+        let g = b.try_acquire(key).await.unwrap();
+        assert!(g.is_some(), "shutdown released {key}");
+        g.unwrap().release().await.unwrap();
+    }
+    for g in guards {
+        assert!(g.is_lost());
+        assert!(matches!(g.release().await, Err(Error::NotHeld { .. })));
+    }
+    assert!(matches!(
+        a.acquire(&keys[0], &opts(Duration::from_secs(10))).await,
+        Err(Error::Shutdown)
+    ));
 }
 
 /// Invalid keys and TTLs are refused with typed errors before any I/O.

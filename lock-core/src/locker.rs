@@ -128,8 +128,7 @@ impl std::hash::Hasher for IdHasher {
     }
 }
 
-pub(crate) type HeldMap =
-    HashMap<u64, Arc<GuardShared>, std::hash::BuildHasherDefault<IdHasher>>;
+pub(crate) type HeldMap = HashMap<u64, Arc<GuardShared>, std::hash::BuildHasherDefault<IdHasher>>;
 
 pub(crate) struct Inner {
     pub(crate) backend: Arc<dyn Backend>,
@@ -293,7 +292,10 @@ impl Locker {
             }
             WaitStrategy::Wait(t) => {
                 let now = Instant::now();
-                (Some(now), Some(now.checked_add(t).unwrap_or_else(far_future)))
+                (
+                    Some(now),
+                    Some(now.checked_add(t).unwrap_or_else(far_future)),
+                )
             }
             // The start only matters for the error message of a bounded wait.
             WaitStrategy::WaitForever => (None, None),

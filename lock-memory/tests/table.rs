@@ -19,13 +19,21 @@ async fn a_million_keys_leave_the_table_empty() {
     }
     // Dropped guards (released in the background) leave nothing behind either.
     for i in 0..10_000u32 {
-        drop(locker.acquire(&format!("dropped-{i}"), &opts).await.unwrap());
+        drop(
+            locker
+                .acquire(&format!("dropped-{i}"), &opts)
+                .await
+                .unwrap(),
+        );
     }
     locker.settle().await;
     assert_eq!(backend.held_keys(), 0);
     assert_eq!(backend.listened_keys(), 0);
     let stats = locker.stats();
-    assert_eq!((stats.held, stats.queued_keys, stats.background_tasks), (0, 0, 0));
+    assert_eq!(
+        (stats.held, stats.queued_keys, stats.background_tasks),
+        (0, 0, 0)
+    );
 }
 
 /// Waiters of one Locker are granted the key in the order they arrived.
@@ -76,4 +84,24 @@ async fn expired_entries_are_swept() {
         "expired entries were not swept: {}",
         backend.held_keys()
     );
+}
+
+/// A guard dropped outside any tokio runtime does not panic; its lock expires at its TTL.
+#[test]
+fn a_guard_dropped_outside_a_runtime_does_not_panic() {
+    let backend = Arc::new(MemoryBackend::new());
+    let locker = Locker::with_backend(backend.clone());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let guard = rt
+        .block_on(locker.acquire(
+            "orphan",
+            &LockOptions::new().skip().ttl(Duration::from_millis(50)),
+        ))
+        .unwrap();
+    drop(rt);
+    drop(guard);
+    std::thread::sleep(Duration::from_millis(60));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let again = rt.block_on(locker.try_acquire("orphan")).unwrap();
+    assert!(again.is_some(), "the lock expired at its TTL");
 }
