@@ -52,7 +52,7 @@ pub enum Error {
         feature: &'static str,
     },
 
-    /// The lock is held by someone else and the wait strategy was [`Wait::Skip`](crate::Wait::Skip).
+    /// The lock is held by someone else and the wait strategy was [`WaitStrategy::Skip`](crate::WaitStrategy::Skip).
     #[error("lock {key:?} is held by another owner")]
     Locked {
         /// The key that was taken.
