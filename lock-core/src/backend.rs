@@ -49,19 +49,15 @@ impl Capabilities {
         }
         let mut ttl = ttl.max(self.min_ttl);
         let g = self.ttl_granularity.as_nanos();
-        if g > 1 {
-            // Below max_ttl, so the nanoseconds fit in u128 comfortably; u64 for the
-            // common case keeps this off the slow 128-bit division.
+        // Whole multiples (the usual case: ms or s TTLs) skip the 128-bit division.
+        let whole = u32::try_from(g)
+            .is_ok_and(|g| 1_000_000_000 % g == 0 && ttl.subsec_nanos() % g == 0);
+        if g > 1 && !whole {
             let n = ttl.as_nanos();
-            let rounded = match (u64::try_from(n), u64::try_from(g)) {
-                (Ok(n), Ok(g)) => u128::from(n.div_ceil(g) * g),
-                _ => n.div_ceil(g) * g,
-            };
-            if rounded != n {
-                let secs = u64::try_from(rounded / 1_000_000_000)
-                    .map_err(|_| refuse("does not fit the backend's representation".into()))?;
-                ttl = Duration::new(secs, (rounded % 1_000_000_000) as u32);
-            }
+            let rounded = n.div_ceil(g) * g;
+            let secs = u64::try_from(rounded / 1_000_000_000)
+                .map_err(|_| refuse("does not fit the backend's representation".into()))?;
+            ttl = Duration::new(secs, (rounded % 1_000_000_000) as u32);
         }
         if ttl > self.max_ttl {
             return Err(refuse(format!(

@@ -80,6 +80,7 @@ impl Target {
             Some(hook) => hook(key.to_owned()).await,
             None => {
                 self.backend
+                    .as_ref()
                     .force_release(key)
                     .await
                     .expect("force_release");
@@ -183,7 +184,7 @@ pub async fn different_keys_are_independent(t: &Target) {
 }
 
 async fn grant(t: &Target, key: &str, owner: Owner, ttl: Duration) -> Lease {
-    match t.backend.try_acquire(key, owner, ttl).await.unwrap() {
+    match t.backend.as_ref().try_acquire(key, owner, ttl).await.unwrap() {
         Attempt::Granted { fence, valid_until } => Lease::new(key, owner, fence, valid_until),
         Attempt::Taken { .. } => panic!("{key} should be free"),
     }
@@ -201,7 +202,7 @@ pub async fn stale_release_never_removes_new_holder(t: &Target) {
     wait_until_expired(t, &stale).await;
     let fresh = grant(t, &key, Owner::random(), Duration::from_secs(10)).await;
     assert!(matches!(
-        t.backend.release(&stale).await,
+        t.backend.as_ref().release(&stale).await,
         Err(Error::NotHeld { .. })
     ));
     let third = t
@@ -226,7 +227,7 @@ pub async fn extend_of_expired_or_foreign_lease_fails(t: &Target) {
     let expired = grant(t, &key, Owner::random(), ttl).await;
     wait_until_expired(t, &expired).await;
     assert!(matches!(
-        t.backend.extend(&expired, ttl).await,
+        t.backend.as_ref().extend(&expired, ttl).await,
         Err(Error::NotHeld { .. })
     ));
     let holder = grant(t, &key, Owner::random(), Duration::from_secs(10)).await;
@@ -237,19 +238,19 @@ pub async fn extend_of_expired_or_foreign_lease_fails(t: &Target) {
         Instant::now(),
     );
     assert!(matches!(
-        t.backend.extend(&foreign, Duration::from_secs(10)).await,
+        t.backend.as_ref().extend(&foreign, Duration::from_secs(10)).await,
         Err(Error::NotHeld { .. })
     ));
     assert!(matches!(
-        t.backend.release(&foreign).await,
+        t.backend.as_ref().release(&foreign).await,
         Err(Error::NotHeld { .. })
     ));
-    let extended = t.backend.extend(&holder, Duration::from_secs(20)).await;
+    let extended = t.backend.as_ref().extend(&holder, Duration::from_secs(20)).await;
     assert!(
         extended.is_ok(),
         "the real holder can still extend: {extended:?}"
     );
-    t.backend.release(&holder).await.unwrap();
+    t.backend.as_ref().release(&holder).await.unwrap();
 }
 
 /// Fencing tokens strictly increase across successive holders of a key (when the

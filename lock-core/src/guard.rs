@@ -74,7 +74,7 @@ impl GuardShared {
 
     async fn release_on_backend(&self) -> Result<()> {
         let lease = self.lease();
-        let result = self.locker.backend.release(&lease).await;
+        let result = self.locker.proto().release(&lease).await;
         self.set_gone();
         match &result {
             Ok(()) => tracing::debug!(key = lease.key(), fence = lease.fence(), "lock released"),
@@ -226,7 +226,7 @@ impl LockGuard {
             return Err(Error::NotHeld { key: self.key() });
         }
         let lease = self.shared.lease();
-        match self.shared.locker.backend.extend(&lease, ttl).await {
+        match self.shared.locker.proto().extend(&lease, ttl).await {
             Ok(valid_until) => {
                 *lock(&self.shared.ttl) = ttl;
                 self.shared.renewed(valid_until);
@@ -302,7 +302,7 @@ async fn run_watchdog(shared: Arc<GuardShared>) {
         let valid_until = lease.valid_until();
         let attempt = tokio::time::timeout_at(
             valid_until.into(),
-            shared.locker.backend.extend(&lease, ttl),
+            shared.locker.proto().extend(&lease, ttl),
         )
         .await;
         match attempt {

@@ -145,6 +145,14 @@ pub(crate) struct Inner {
     defaults: LockOptions,
 }
 
+impl Inner {
+    /// The backend as a trait object. Calling through `Arc<dyn Backend>` directly would
+    /// pick the forwarding `impl Backend for Arc<B>` and box every future twice.
+    pub(crate) fn proto(&self) -> &dyn Backend {
+        &*self.backend
+    }
+}
+
 /// Hands out locks from one backend with one waiting policy, the same on every backend.
 ///
 /// Waiters of one Locker for the same key line up in a local FIFO queue and only the head
@@ -334,7 +342,7 @@ impl Locker {
         let mut last_error: Option<Error> = None;
         loop {
             // Listen before attempting, so a release right after a refusal is not missed.
-            let listener = self.inner.backend.listen(key);
+            let listener = self.inner.proto().listen(key);
             let pause = match within(deadline, self.attempt(key, ttl, opts)).await {
                 None => break,
                 Some(Ok(Ok(guard))) => return Ok(guard),
@@ -358,7 +366,7 @@ impl Locker {
                 }
                 Some(Err(e)) => return Err(e),
             };
-            if within(deadline, self.inner.backend.wait(key, pause))
+            if within(deadline, self.inner.proto().wait(key, pause))
                 .await
                 .is_none()
             {
@@ -385,13 +393,13 @@ impl Locker {
             owner,
             armed: true,
         };
-        let result = self.inner.backend.try_acquire(key, owner, ttl).await;
+        let result = self.inner.proto().try_acquire(key, owner, ttl).await;
         cleanup.armed = false;
         match result? {
             Attempt::Granted { fence, valid_until } => {
                 let lease = Lease::new(key, owner, fence, valid_until);
                 if self.inner.shut_down.load(Ordering::SeqCst) {
-                    let _ = self.inner.backend.release(&lease).await;
+                    let _ = self.inner.proto().release(&lease).await;
                     return Err(Error::Shutdown);
                 }
                 let id = self.inner.next_guard.fetch_add(1, Ordering::Relaxed);
@@ -566,7 +574,7 @@ impl Drop for CancelCleanup<'_> {
         let lease = Lease::new(self.key, self.owner, 0, Instant::now());
         let key = self.key.to_owned();
         self.inner.tasks.spawn(async move {
-            match backend.release(&lease).await {
+            match backend.as_ref().release(&lease).await {
                 Ok(()) => tracing::debug!(key, "released a lock granted to a cancelled acquire"),
                 Err(Error::NotHeld { .. }) => {}
                 Err(e) => tracing::warn!(key, error = %e, "cleanup of a cancelled acquire failed"),
