@@ -16,6 +16,9 @@ use crate::notices::lock;
 pub(crate) struct GuardShared {
     id: u64,
     locker: Arc<Inner>,
+    /// The key and fence never change during a hold: kept outside the mutex.
+    key: Arc<str>,
+    fence: u64,
     lease: Mutex<Lease>,
     ttl: Mutex<Duration>,
     /// Set when the lock is known gone (or the hold ended); never cleared.
@@ -90,7 +93,7 @@ impl GuardShared {
         });
         if !spawned {
             tracing::debug!(
-                key = self.lease().key(),
+                key = &*self.key,
                 "guard dropped outside a tokio runtime; the lock expires at its TTL"
             );
         }
@@ -119,11 +122,10 @@ pub struct LockGuard {
 
 impl std::fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let lease = self.shared.lease();
         f.debug_struct("LockGuard")
-            .field("key", &lease.key())
-            .field("fence", &lease.fence())
-            .field("valid_until", &lease.valid_until())
+            .field("key", &self.key())
+            .field("fence", &self.fence())
+            .field("valid_until", &self.valid_until())
             .field("lost", &self.is_lost())
             .finish()
     }
@@ -140,6 +142,8 @@ impl LockGuard {
         let shared = Arc::new(GuardShared {
             id,
             locker: locker.clone(),
+            key: lease.key_arc().clone(),
+            fence: lease.fence(),
             lease: Mutex::new(lease),
             ttl: Mutex::new(ttl),
             lost: AtomicBool::new(false),
@@ -158,14 +162,14 @@ impl LockGuard {
     }
 
     /// The lock's key.
-    pub fn key(&self) -> String {
-        self.shared.lease().key().to_owned()
+    pub fn key(&self) -> &str {
+        &self.shared.key
     }
 
     /// The fencing token of this grant: pass it to the protected resource, which refuses
     /// writes carrying a token lower than one it has already seen.
     pub fn fence(&self) -> u64 {
-        lock(&self.shared.lease).fence()
+        self.shared.fence
     }
 
     /// Until when the lock is ours unless renewed (monotonic clock of this process).
@@ -223,7 +227,9 @@ impl LockGuard {
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let ttl = self.shared.locker.caps.effective_ttl(ttl)?;
         if self.shared.done.load(Ordering::SeqCst) {
-            return Err(Error::NotHeld { key: self.key() });
+            return Err(Error::NotHeld {
+                key: self.key().to_owned(),
+            });
         }
         let lease = self.shared.lease();
         match self.shared.locker.proto().extend(&lease, ttl).await {
@@ -257,7 +263,7 @@ impl LockGuard {
         drop(self);
         if !claimed {
             return Err(Error::NotHeld {
-                key: shared.lease().key().to_owned(),
+                key: shared.key.to_string(),
             });
         }
         let mut pending = PendingRelease {
