@@ -1,1 +1,228 @@
-//! distlock backend crate (being written).
+//! # lock-redis
+//!
+//! The single-Redis backend of distlock: locks on one Redis server (5.0 or newer; any server
+//! speaking its protocol with Lua scripting and pub/sub).
+//!
+//! ```no_run
+//! # async fn demo() -> lock_core::Result<()> {
+//! use lock_core::{LockOptions, Locker};
+//! use lock_redis::RedisBackend;
+//!
+//! let url = lock_core::LockUrl::parse("redis://127.0.0.1:6379/0?prefix=myapp:&timeout=500ms")?;
+//! let locker = Locker::new(RedisBackend::connect(&url).await?);
+//! let guard = locker.acquire("jobs/nightly", &LockOptions::new()).await?;
+//! println!("fencing token {}", guard.fence());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## Configuration
+//!
+//! `redis://[user[:password]@]host[:port][/db][?prefix=…&timeout=…]`, or `rediss://…` for
+//! TLS (feature `tls`, on by default: rustls with the ring provider and the system's root
+//! certificates), or the typed [`RedisBuilder`] from [`RedisBackend::builder`].
+//!
+//! - `prefix`: the namespace of every key and of the release channel (default `distlock:`).
+//! - `timeout`: the bound on every operation, connecting included (default `1s`). When it
+//!   passes, the operation fails with the transient [`Error::Unavailable`], which the
+//!   [`Locker`](lock_core::Locker) retries until its wait deadline.
+//!
+//! Any other parameter is refused with [`Error::InvalidUrl`]. `Debug` of every type here
+//! hides the password.
+//!
+//! ## Protocol
+//!
+//! Each operation is one Lua script (see [`RedisNode`] for the key layout):
+//!
+//! - acquire: `SET lock owner NX PX ttl`; when granted, the fencing token is computed and
+//!   stored in the key's fence counter; when taken, the holder's `PTTL` is returned, so a
+//!   waiter wakes when the holder expires even if nobody announces a release;
+//! - extend: `PEXPIRE` only if the value is still the caller's owner token;
+//! - release: `DEL` only if the value is still the caller's owner token, then `PUBLISH` a
+//!   release notice;
+//! - neither extend nor release ever touches another owner's lock.
+//!
+//! Scripts are sent with `EVALSHA` and re-sent with `EVAL` when the server answers
+//! `NOSCRIPT` (a restarted server has an empty script cache); callers never see `NOSCRIPT`.
+//!
+//! ## Connections
+//!
+//! A backend keeps one multiplexed command connection, opened (and checked with `PING`) by
+//! `connect`, and reopened by the next operation after it broke. Waiting uses one more
+//! connection, subscribed to the release channel, started the first time someone waits; it
+//! resubscribes by itself after a failure and then wakes every waiter, since releases may
+//! have been missed meanwhile. A release made through a backend also wakes that backend's
+//! own waiters directly, without the round trip through the server.
+//!
+//! ## Fencing tokens
+//!
+//! Each key has a fence counter next to its lock. A grant's token is the counter plus one
+//! while the counter lives; when it does not (never locked, expired, or lost), the token is
+//! the server's `TIME` in µs and starts a new counter, kept for the lock's TTL plus
+//! [`FENCE_RETENTION`] (10 minutes) from its creation. What this promises, for the grants
+//! of one key:
+//!
+//! - While a counter lives, every token is greater than the previous one, whatever the
+//!   server clock does.
+//! - A token that starts a new counter (after it expired, or was lost with a restart
+//!   without persistence or a failover to a replica that missed the write) is greater than
+//!   every earlier token as long as the server clock (of the new server, after a failover)
+//!   did not step back by more than the time since the key's previous grant. A counter that
+//!   started at time `t` and served `k` grants holds `t + k` µs, less than the time of its
+//!   last grant, since no two grants of a key happen within the same microsecond.
+//! - Tokens stay below 2^53 (server time in µs reaches it in the year 2255).
+//!
+//! Nothing is promised across different keys, nor when the server clock steps back by more
+//! than that (tokens may then repeat or decrease). The common path costs one `INCR` inside
+//! the acquire script; `TIME` is read only when a counter starts.
+//!
+//! ## Capabilities
+//!
+//! [`CAPABILITIES`]: TTLs from 10 ms (shorter ones are rounded up: Redis expires keys with
+//! about a millisecond of resolution, and a lease shorter than a few round trips is useless)
+//! to 30 days in 1 ms steps; monotonic fencing, release notices, cross-process exclusion.
+//!
+//! ## Building on a single node
+//!
+//! [`RedisNode`] exposes the single-node protocol (acquire, extend, release, force-release,
+//! inspect, raise a fence counter, subscribe to release notices) for backends that compose
+//! several servers, such as Redlock.
+#![deny(missing_docs)]
+
+mod config;
+mod node;
+mod scripts;
+mod watch;
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::{
+    Attempt, Backend, Capabilities, Error, Holder, Lease, LockUrl, Owner, ReleaseListener,
+    ReleaseNotices, Result,
+};
+
+pub use config::{RedisBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
+pub use node::{RedisNode, FENCE_RETENTION, MAX_FENCE};
+pub use watch::ReleaseWatch;
+
+/// What the Redis backend promises (see the crate documentation).
+pub const CAPABILITIES: Capabilities = Capabilities {
+    name: "redis",
+    min_ttl: Duration::from_millis(10),
+    ttl_granularity: Duration::from_millis(1),
+    max_ttl: Duration::from_secs(30 * 24 * 3600),
+    monotonic_fencing: true,
+    release_notices: true,
+    cross_process: true,
+};
+
+/// Locks on one Redis server: a [`Backend`] over one [`RedisNode`], with release notices
+/// from one pub/sub subscription.
+///
+/// Build it with [`RedisBackend::connect`] from a URL or [`RedisBackend::builder`], then
+/// hand it to a [`Locker`](lock_core::Locker). `Debug` hides the password.
+pub struct RedisBackend {
+    node: RedisNode,
+    notices: Arc<ReleaseNotices>,
+    /// The release subscription, started by the first `listen`.
+    watch: OnceLock<ReleaseWatch>,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("node", &self.node)
+            .field("listened_keys", &self.notices.listened_keys())
+            .field("subscribed", &self.watch.get().is_some())
+            .finish()
+    }
+}
+
+impl RedisBackend {
+    /// A builder for the server at `addr` (`host` or `host:port`); see [`RedisBuilder`].
+    pub fn builder(addr: impl Into<String>) -> RedisBuilder {
+        RedisBuilder::new(addr)
+    }
+
+    /// Connects to the server a `redis://` or `rediss://` URL names and checks it answers
+    /// like Redis (this is what `distlock::connect` calls).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for another scheme, unknown parameters or bad values;
+    /// [`Error::Unavailable`] when the server cannot be reached within the timeout;
+    /// [`Error::Backend`] for refused credentials or a peer that is not a Redis server.
+    pub async fn connect(url: &LockUrl) -> Result<RedisBackend> {
+        RedisBuilder::from_url(url)?.build().await
+    }
+
+    /// A backend over an already connected node.
+    pub fn from_node(node: RedisNode) -> RedisBackend {
+        RedisBackend {
+            node,
+            notices: Arc::new(ReleaseNotices::new()),
+            watch: OnceLock::new(),
+        }
+    }
+
+    /// The node this backend runs the protocol on.
+    pub fn node(&self) -> &RedisNode {
+        &self.node
+    }
+
+    fn not_held(lease: &Lease) -> Error {
+        Error::NotHeld {
+            key: lease.key().to_owned(),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &CAPABILITIES
+    }
+
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
+        self.node.try_acquire(key, owner, ttl).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
+        match self.node.extend(lease.key(), lease.owner(), ttl).await? {
+            Some(valid_until) => Ok(valid_until),
+            None => Err(Self::not_held(lease)),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        if self.node.release(lease.key(), lease.owner()).await? {
+            self.notices.notify(lease.key());
+            Ok(())
+        } else {
+            Err(Self::not_held(lease))
+        }
+    }
+
+    fn listen(&self, key: &str) -> Option<ReleaseListener> {
+        // Registered before the subscription starts: its first `notify_all` covers the gap.
+        let listener = self.notices.listen(key);
+        if self.watch.get().is_none() {
+            if let Some(watch) = self.node.watch_releases(self.notices.clone()) {
+                // A concurrent first `listen` may win the race; the loser's watch is dropped.
+                let _ = self.watch.set(watch);
+            }
+        }
+        Some(listener)
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
+        self.node.inspect(key).await
+    }
+
+    async fn force_release(&self, key: &str) -> Result<bool> {
+        let removed = self.node.force_release(key).await?;
+        self.notices.notify(key);
+        Ok(removed)
+    }
+}

@@ -1,0 +1,169 @@
+//! What every subcommand shares: choosing and connecting the lock server, durations.
+
+use std::time::Duration;
+
+use distlock::Locker;
+
+use crate::exit::{CliError, USAGE};
+
+/// Where the lock-server URL came from, for messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// `--url`.
+    Flag,
+    /// The `DISTLOCK_URL` environment variable.
+    Env,
+    /// Neither was given: `memory://`.
+    Default,
+}
+
+impl Origin {
+    fn describe(self) -> &'static str {
+        match self {
+            Origin::Flag => "from --url",
+            Origin::Env => "from DISTLOCK_URL",
+            Origin::Default => "the default, as neither --url nor DISTLOCK_URL is set",
+        }
+    }
+}
+
+/// A lock-server URL and where it came from.
+#[derive(Clone, Debug)]
+pub struct Target {
+    url: String,
+    origin: Origin,
+}
+
+impl Target {
+    /// `--url` when given, else `DISTLOCK_URL`, else `memory://`.
+    ///
+    /// # Errors
+    /// `DISTLOCK_URL` is set but not UTF-8.
+    pub fn choose(flag: Option<String>) -> Result<Target, CliError> {
+        if let Some(url) = flag {
+            return Ok(Target::flag(url));
+        }
+        match std::env::var(distlock::URL_ENV) {
+            Ok(url) => Ok(Target {
+                url,
+                origin: Origin::Env,
+            }),
+            Err(std::env::VarError::NotPresent) => Ok(Target {
+                url: "memory://".to_owned(),
+                origin: Origin::Default,
+            }),
+            Err(std::env::VarError::NotUnicode(_)) => Err(CliError::new(
+                USAGE,
+                format!("{} is not valid UTF-8", distlock::URL_ENV),
+            )),
+        }
+    }
+
+    /// A URL given with `--url`.
+    pub fn flag(url: String) -> Target {
+        Target {
+            url,
+            origin: Origin::Flag,
+        }
+    }
+
+    /// The URL with any password replaced by `***`, safe to print.
+    pub fn shown(&self) -> String {
+        distlock::url::redact(&self.url)
+    }
+
+    /// Builds the Locker; a failure is reported with the URL and its origin.
+    ///
+    /// # Errors
+    /// Bad URL, backend not compiled in, server unreachable or refusing.
+    pub async fn connect(&self) -> Result<Locker, CliError> {
+        distlock::connect(&self.url)
+            .await
+            .map_err(|e| self.error(e))
+    }
+
+    /// Maps a library error met while using this server.
+    pub fn error(&self, err: distlock::Error) -> CliError {
+        CliError::from_lock(err, &self.shown(), self.origin.describe())
+    }
+}
+
+/// Writes `text` to stdout. A reader that went away (`distlock bench | head`) is not an
+/// error worth a panic: the rest of the output is dropped.
+pub fn print_stdout(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
+/// Parses a human duration (`30s`, `500ms`, `5m`, `1h 30m`) for clap.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|e| format!("{e}; expected a number with a unit, like 30s, 500ms, 5m or 1h 30m"))
+}
+
+/// Like [`parse_duration`], refusing zero.
+pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err("must be greater than zero".to_owned());
+    }
+    Ok(d)
+}
+
+/// A duration for people: whole milliseconds at most (`1m 30s`, `250ms`, `0s`).
+pub fn fmt_duration(d: Duration) -> String {
+    let ms = Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    if ms.is_zero() && !d.is_zero() {
+        return format!("{}µs", d.as_micros());
+    }
+    humantime::format_duration(ms).to_string()
+}
+
+/// A latency in nanoseconds with three significant digits in a fitting unit.
+pub fn fmt_nanos(ns: u64) -> String {
+    let v = ns as f64;
+    let (value, unit) = if ns < 1_000 {
+        return format!("{ns}ns");
+    } else if ns < 1_000_000 {
+        (v / 1e3, "µs")
+    } else if ns < 1_000_000_000 {
+        (v / 1e6, "ms")
+    } else {
+        (v / 1e9, "s")
+    };
+    if value >= 100.0 {
+        format!("{value:.0}{unit}")
+    } else if value >= 10.0 {
+        format!("{value:.1}{unit}")
+    } else {
+        format!("{value:.2}{unit}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_in_human_form() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("30").unwrap_err().contains("like 30s"));
+        assert!(parse_duration("abc").is_err());
+        assert!(parse_positive_duration("0s").is_err());
+    }
+
+    #[test]
+    fn durations_print_for_people() {
+        assert_eq!(fmt_duration(Duration::from_millis(90_250)), "1m 30s 250ms");
+        assert_eq!(fmt_duration(Duration::from_micros(1_999)), "1ms");
+        assert_eq!(fmt_duration(Duration::from_micros(20)), "20µs");
+        assert_eq!(fmt_duration(Duration::ZERO), "0s");
+        assert_eq!(fmt_nanos(999), "999ns");
+        assert_eq!(fmt_nanos(1_234), "1.23µs");
+        assert_eq!(fmt_nanos(12_345_000), "12.3ms");
+        assert_eq!(fmt_nanos(2_500_000_000), "2.50s");
+    }
+}

@@ -1,0 +1,239 @@
+//! The benchmark's results: their JSON form and their side-by-side tables.
+
+use std::fmt::Write as _;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::bench::{describe, describe_settings, Keys};
+use crate::common::fmt_nanos;
+use crate::exit::{CliError, INTERNAL};
+
+/// The run's settings, as given on the command line.
+#[derive(Clone, Debug, Serialize)]
+pub struct Settings {
+    /// How long each workload ran, in milliseconds.
+    pub duration_ms: f64,
+    /// How long each cycle held the lock, in milliseconds.
+    pub hold_ms: f64,
+    /// The lock TTL, in milliseconds.
+    pub ttl_ms: f64,
+    /// Whether held locks were renewed.
+    pub watchdog: bool,
+}
+
+/// A latency distribution in nanoseconds.
+#[derive(Clone, Debug, Serialize)]
+pub struct Latency {
+    /// Number of recorded operations.
+    pub count: u64,
+    /// Median.
+    pub p50_ns: u64,
+    /// 90th percentile.
+    pub p90_ns: u64,
+    /// 99th percentile.
+    pub p99_ns: u64,
+    /// Largest.
+    pub max_ns: u64,
+    /// Mean.
+    pub mean_ns: f64,
+}
+
+impl From<&Histogram<u64>> for Latency {
+    fn from(h: &Histogram<u64>) -> Self {
+        Latency {
+            count: h.len(),
+            p50_ns: h.value_at_quantile(0.50),
+            p90_ns: h.value_at_quantile(0.90),
+            p99_ns: h.value_at_quantile(0.99),
+            max_ns: h.max(),
+            mean_ns: h.mean(),
+        }
+    }
+}
+
+/// One workload on one server. Counts add up: `cycles` is the sum of `per_task_cycles`;
+/// `acquire.count` is `cycles + release_errors` (every grant is released once);
+/// `release.count` is `cycles`; `errors` is `acquire_errors + release_errors`.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkloadResult {
+    /// The server's URL, password hidden.
+    pub url: String,
+    /// The backend's name.
+    pub backend: &'static str,
+    /// Concurrent tasks.
+    pub tasks: u32,
+    /// Key layout.
+    pub keys: Keys,
+    /// Measured wall time, from the start until every task stopped.
+    pub elapsed_s: f64,
+    /// Completed acquire + hold + release cycles.
+    pub cycles: u64,
+    /// `cycles / elapsed_s`.
+    pub cycles_per_sec: f64,
+    /// Time from calling acquire until the grant.
+    pub acquire: Latency,
+    /// Time of the release call.
+    pub release: Latency,
+    /// The longest any task waited for a grant, including a wait cut off at the end.
+    pub worst_wait_ns: u64,
+    /// Completed cycles of each task.
+    pub per_task_cycles: Vec<u64>,
+    /// Smallest per-task count.
+    pub min_task_cycles: u64,
+    /// Largest per-task count.
+    pub max_task_cycles: u64,
+    /// Jain's index over `per_task_cycles`; null when no cycle completed.
+    pub fairness_jain: Option<f64>,
+    /// Failed acquire calls (other than a wait cut off at the end).
+    pub acquire_errors: u64,
+    /// Failed release calls.
+    pub release_errors: u64,
+    /// All failed calls.
+    pub errors: u64,
+    /// A few distinct error messages.
+    pub error_samples: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct Document<'a> {
+    settings: &'a Settings,
+    measures: Measures,
+    results: &'a [WorkloadResult],
+    errors: u64,
+}
+
+#[derive(Serialize)]
+struct Measures {
+    acquire: &'static str,
+    release: &'static str,
+    worst_wait: &'static str,
+    fairness_jain: &'static str,
+}
+
+const MEASURES: Measures = Measures {
+    acquire: "time from calling acquire until the lock is granted (with keys=one it includes waiting behind other tasks)",
+    release: "time of the release call",
+    worst_wait: "the longest any task waited for a grant, including a wait still pending when the time was up",
+    fairness_jain: "Jain's index over per-task cycle counts: 1 = even, 1/tasks = one task did all",
+};
+
+/// The whole run as one JSON document.
+///
+/// # Errors
+/// Serialization failed (a bug).
+pub fn json(settings: &Settings, results: &[WorkloadResult]) -> Result<String, CliError> {
+    let doc = Document {
+        settings,
+        measures: MEASURES,
+        results,
+        errors: results.iter().map(|r| r.errors).sum(),
+    };
+    serde_json::to_string_pretty(&doc)
+        .map_err(|e| CliError::new(INTERNAL, format!("cannot write JSON: {e}")))
+}
+
+/// One table per workload, one column per server.
+pub fn tables(settings: &Settings, results: &[WorkloadResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "distlock bench: {}", describe_settings(settings));
+    let mut workloads: Vec<(u32, Keys)> = Vec::new();
+    for r in results {
+        if !workloads.contains(&(r.tasks, r.keys)) {
+            workloads.push((r.tasks, r.keys));
+        }
+    }
+    for (tasks, keys) in workloads {
+        let columns: Vec<&WorkloadResult> = results
+            .iter()
+            .filter(|r| r.tasks == tasks && r.keys == keys)
+            .collect();
+        let _ = writeln!(out, "\n{}", describe(tasks, keys));
+        out.push_str(&table(&columns));
+    }
+    let _ = writeln!(
+        out,
+        "\nacquire: {}.\nrelease: {}.\nworst wait: {}.\nfairness: {}.",
+        MEASURES.acquire, MEASURES.release, MEASURES.worst_wait, MEASURES.fairness_jain
+    );
+    out
+}
+
+fn table(columns: &[&WorkloadResult]) -> String {
+    let rows: Vec<(&str, Vec<String>)> = vec![
+        ("", columns.iter().map(|r| r.url.clone()).collect()),
+        (
+            "cycles/s",
+            columns
+                .iter()
+                .map(|r| format!("{:.0}", r.cycles_per_sec))
+                .collect(),
+        ),
+        (
+            "cycles",
+            columns.iter().map(|r| r.cycles.to_string()).collect(),
+        ),
+        ("acquire p50", lat(columns, |r| r.acquire.p50_ns)),
+        ("acquire p90", lat(columns, |r| r.acquire.p90_ns)),
+        ("acquire p99", lat(columns, |r| r.acquire.p99_ns)),
+        ("acquire max", lat(columns, |r| r.acquire.max_ns)),
+        ("release p50", lat(columns, |r| r.release.p50_ns)),
+        ("release p99", lat(columns, |r| r.release.p99_ns)),
+        (
+            "worst wait",
+            columns.iter().map(|r| fmt_nanos(r.worst_wait_ns)).collect(),
+        ),
+        (
+            "fairness",
+            columns
+                .iter()
+                .map(|r| match r.fairness_jain {
+                    Some(j) => format!("{j:.3}"),
+                    None => "n/a".to_owned(),
+                })
+                .collect(),
+        ),
+        (
+            "per task",
+            columns
+                .iter()
+                .map(|r| format!("{}..{}", r.min_task_cycles, r.max_task_cycles))
+                .collect(),
+        ),
+        (
+            "errors",
+            columns.iter().map(|r| r.errors.to_string()).collect(),
+        ),
+    ];
+    let label_width = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns.len())
+        .map(|i| {
+            rows.iter()
+                .map(|(_, cells)| cells[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for (label, cells) in &rows {
+        let _ = write!(out, "  {label:<label_width$}");
+        for (cell, width) in cells.iter().zip(&widths) {
+            let _ = write!(out, "  {cell:>width$}");
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn lat(columns: &[&WorkloadResult], f: impl Fn(&WorkloadResult) -> u64) -> Vec<String> {
+    columns
+        .iter()
+        .map(|r| {
+            if r.acquire.count == 0 {
+                "-".to_owned()
+            } else {
+                fmt_nanos(f(r))
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,344 @@
+//! `distlock run`: run a command only while holding a lock.
+
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use distlock::{Error, LockGuard, LockOptions, Locker};
+
+use crate::common::{fmt_duration, parse_duration, parse_positive_duration, Target};
+use crate::exit::{not_acquired_after, CliError, Exit, LOCK_LOST, NOT_ACQUIRED, TIMED_OUT};
+use crate::job::{status_code, Job, Signals};
+
+/// How long one `Locker::acquire` call may wait before distlock looks up: a wait that
+/// lasts longer is a series of these, so a server that stops answering is reported
+/// instead of retried in silence.
+const WAIT_SLICE: Duration = Duration::from_secs(10);
+
+pub const AFTER_HELP: &str = "\
+Examples:
+  # cron on every host: run the backup on one host at a time, skip if it is running
+  */5 * * * * distlock run backup --no-wait --url redis://db1:6379 -- /usr/local/bin/backup
+  # wait up to a minute for the lock, stop the job if it runs for more than an hour
+  distlock run reindex --wait 1m --timeout 1h -- ./reindex.sh
+  # the job sees the key and the fencing token of its grant
+  distlock run deploy -- sh -c 'echo \"$DISTLOCK_KEY holds fence $DISTLOCK_FENCE\"'
+
+Exit status:
+  CMD's status  CMD ran to completion while holding the lock
+  128+N         CMD was killed by signal N
+  64            bad command line, key, TTL, duration or URL
+  69            lock server unreachable or refusing, or its backend not compiled in
+  70            internal error
+  75            lock not acquired: held elsewhere (--no-wait) or --wait passed
+  76            lock lost while CMD ran; CMD was stopped
+  124           --timeout passed; CMD was stopped
+  126           CMD could not be executed
+  127           CMD was not found
+  Stopping CMD means SIGTERM to its process group, then SIGKILL after --grace.
+  On SIGINT, SIGTERM or SIGHUP distlock forwards the signal to CMD's process group,
+  waits for CMD (SIGKILL after --grace, or at once on a second signal), releases the
+  lock and dies of the same signal (the shell reports 128+N: 130, 143, 129).
+
+CMD's environment adds DISTLOCK_KEY (the key) and DISTLOCK_FENCE (the fencing token of
+this grant, greater than every earlier grant's on backends with monotonic fencing):
+pass it to the resource you write to so that it can refuse a stale holder.
+
+CMD runs in its own process group, so it is not the terminal's foreground job: it cannot
+read from the terminal, and distlock relays Ctrl-C to it.
+
+With memory:// the lock excludes only inside this one distlock process: fine for trying
+the command out, useless between processes (distlock says so on stderr).";
+
+/// `distlock run` arguments.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The lock's key (name); every process locking the same key on the same server
+    /// excludes the others.
+    #[arg(value_name = "KEY")]
+    key: String,
+
+    /// Lock server URL [default: $DISTLOCK_URL, else memory://].
+    #[arg(long, value_name = "URL")]
+    url: Option<String>,
+
+    /// Time to live of the lock on the server. distlock renews it every TTL/3 while CMD
+    /// runs; if distlock dies, the lock is free again after at most TTL.
+    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_duration)]
+    ttl: Duration,
+
+    /// Wait at most DUR for the lock when it is held [default: wait until it is free].
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+
+    /// Do not wait: exit 75 at once when the lock is held.
+    #[arg(long)]
+    no_wait: bool,
+
+    /// Stop CMD when it runs longer than DUR (exit 124).
+    #[arg(long, value_name = "DUR", value_parser = parse_positive_duration)]
+    timeout: Option<Duration>,
+
+    /// How long CMD gets to exit after SIGTERM before SIGKILL. Keep it below the TTL: after
+    /// a lost lock CMD runs unprotected for up to this long.
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
+    grace: Duration,
+
+    /// The command to run and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD", num_args = 1..)]
+    command: Vec<OsString>,
+}
+
+/// How long to wait for a held lock.
+#[derive(Clone, Copy, Debug)]
+enum WaitFor {
+    Not,
+    AtMost(Duration),
+    Forever,
+}
+
+/// Why distlock stopped the command.
+enum Stop {
+    Lost,
+    TimedOut(Duration),
+    Signal(i32),
+}
+
+/// Runs `distlock run`.
+///
+/// # Errors
+/// Bad input, an unreachable server, a lock not won, or a command that cannot start.
+pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
+    let target = Target::choose(args.url.clone())?;
+    distlock::validate_key(&args.key).map_err(|e| target.error(e))?;
+    // Caught from the start: a Ctrl-C while connecting or waiting must still let an
+    // acquisition in flight be cleaned up.
+    let mut signals = Signals::catch()?;
+
+    let locker = tokio::select! {
+        locker = target.connect() => locker?,
+        sig = signals.recv() => return Ok(Exit::Signal(sig)),
+    };
+    let caps = locker.capabilities();
+    caps.effective_ttl(args.ttl).map_err(|e| target.error(e))?;
+    if !caps.cross_process {
+        eprintln!(
+            "distlock: note: {} locks exclude only inside this distlock process; other \
+             processes are not kept out (use --url or DISTLOCK_URL to name a lock server)",
+            target.shown()
+        );
+    }
+
+    let wait = match (args.no_wait, args.wait) {
+        (true, _) => WaitFor::Not,
+        (false, Some(d)) => WaitFor::AtMost(d),
+        (false, None) => WaitFor::Forever,
+    };
+    let opts = LockOptions::new().ttl(args.ttl).watchdog(true);
+    let acquired = tokio::select! {
+        acquired = acquire(&locker, &target, &args.key, &opts, wait) => acquired,
+        sig = signals.recv() => {
+            // The acquisition was dropped; whatever it had been granted is released in the
+            // background, which shutdown waits for.
+            locker.shutdown().await;
+            return Ok(Exit::Signal(sig));
+        }
+    };
+    let guard = match acquired {
+        Ok(guard) => guard,
+        Err(e) if e.code == NOT_ACQUIRED => {
+            return Err(CliError {
+                message: format!("{}; not running the command", e.message),
+                ..e
+            })
+        }
+        Err(e) => return Err(e),
+    };
+
+    let outcome = hold(&guard, &args, &mut signals).await;
+    finish(guard, &target, &args.key, &locker, outcome).await
+}
+
+/// Waits for the lock as `wait` says. A wait is a series of bounded `acquire` calls so that
+/// a failing server is reported while distlock keeps trying.
+async fn acquire(
+    locker: &Locker,
+    target: &Target,
+    key: &str,
+    opts: &LockOptions,
+    wait: WaitFor,
+) -> Result<LockGuard, CliError> {
+    let started = Instant::now();
+    let first = locker.acquire(key, &opts.clone().skip()).await;
+    let mut failing = false;
+    match first {
+        Ok(guard) => return Ok(guard),
+        Err(e @ Error::Locked { .. }) if matches!(wait, WaitFor::Not) => {
+            return Err(target.error(e))
+        }
+        Err(Error::Locked { .. }) => {
+            if std::io::stderr().is_terminal() {
+                let until = match wait {
+                    WaitFor::AtMost(d) => format!("up to {}", fmt_duration(d)),
+                    _ => "until it is free".to_owned(),
+                };
+                eprintln!("distlock: lock {key:?} is held by another owner; waiting {until}");
+            }
+        }
+        Err(e) if e.is_transient() && !matches!(wait, WaitFor::Not) => {
+            eprintln!("distlock: {}; still trying", target.error(e).message);
+            failing = true;
+        }
+        Err(e) => return Err(target.error(e)),
+    }
+
+    let deadline = match wait {
+        WaitFor::AtMost(d) => Some(started + d),
+        _ => None,
+    };
+    loop {
+        let slice = match deadline {
+            Some(deadline) => deadline.saturating_duration_since(Instant::now()),
+            None => WAIT_SLICE,
+        }
+        .min(WAIT_SLICE);
+        let result = if slice.is_zero() {
+            Err(Error::Timeout {
+                key: key.to_owned(),
+                waited: started.elapsed(),
+            })
+        } else {
+            locker.acquire(key, &opts.clone().wait_for(slice)).await
+        };
+        let over = deadline.is_some_and(|d| Instant::now() >= d);
+        match result {
+            Ok(guard) => {
+                if failing {
+                    eprintln!("distlock: {} answers again", target.shown());
+                }
+                return Ok(guard);
+            }
+            Err(Error::Timeout { .. }) if over => {
+                return Err(not_acquired_after(key, started.elapsed()))
+            }
+            Err(Error::Timeout { .. }) => failing = false,
+            Err(e) if e.is_transient() && !over => {
+                if !failing {
+                    eprintln!("distlock: {}; still trying", target.error(e).message);
+                    failing = true;
+                }
+            }
+            Err(e) => return Err(target.error(e)),
+        }
+    }
+}
+
+/// Runs the command while the lock is held; returns its exit status, or why and with what
+/// status distlock stopped it.
+async fn hold(
+    guard: &LockGuard,
+    args: &RunArgs,
+    signals: &mut Signals,
+) -> Result<(std::process::ExitStatus, Option<Stop>), CliError> {
+    let env = [
+        ("DISTLOCK_KEY", args.key.clone()),
+        ("DISTLOCK_FENCE", guard.fence().to_string()),
+    ];
+    let mut job = Job::spawn(&args.command, &env)?;
+    let lost = guard.lost();
+    let timeout = async {
+        match args.timeout {
+            Some(t) => {
+                tokio::time::sleep(t).await;
+                t
+            }
+            None => std::future::pending().await,
+        }
+    };
+    // Biased towards the command's own exit: when it finishes just as the lock is lost or
+    // the timeout passes, its result is what it did.
+    let stop = tokio::select! {
+        biased;
+        status = job.wait() => return Ok((status?, None)),
+        () = lost => Stop::Lost,
+        t = timeout => Stop::TimedOut(t),
+        sig = signals.recv() => Stop::Signal(sig),
+    };
+    let grace = fmt_duration(args.grace);
+    let first = match stop {
+        Stop::Lost => {
+            eprintln!(
+                "distlock: lost lock {:?} while the command ran (renewal refused or the server \
+                 stopped answering); stopping it: SIGTERM, SIGKILL after {grace}",
+                args.key
+            );
+            libc::SIGTERM
+        }
+        Stop::TimedOut(t) => {
+            eprintln!(
+                "distlock: the command ran longer than --timeout {}; stopping it: SIGTERM, \
+                 SIGKILL after {grace}",
+                fmt_duration(t)
+            );
+            libc::SIGTERM
+        }
+        Stop::Signal(sig) => sig,
+    };
+    let status = job.stop(first, args.grace, signals).await?;
+    Ok((status, Some(stop)))
+}
+
+/// Releases the lock and decides the exit.
+async fn finish(
+    guard: LockGuard,
+    target: &Target,
+    key: &str,
+    locker: &Locker,
+    outcome: Result<(std::process::ExitStatus, Option<Stop>), CliError>,
+) -> Result<Exit, CliError> {
+    let lost_already = matches!(outcome, Ok((_, Some(Stop::Lost))));
+    match guard.release().await {
+        Ok(()) => {}
+        Err(_) if lost_already => {}
+        Err(Error::NotHeld { .. }) => eprintln!(
+            "distlock: warning: lock {key:?} was no longer held when the command finished \
+             (expired or taken over); another holder may have overlapped its end"
+        ),
+        Err(e) => eprintln!(
+            "distlock: warning: could not release lock {key:?} ({}); it expires at its TTL",
+            target.error(e).message
+        ),
+    }
+    locker.settle().await;
+    let (status, stop) = outcome?;
+    Ok(match stop {
+        None => Exit::Code(status_code(status)),
+        Some(Stop::Lost) => Exit::Code(LOCK_LOST),
+        Some(Stop::TimedOut(_)) => Exit::Code(TIMED_OUT),
+        Some(Stop::Signal(sig)) => Exit::Signal(sig),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_statuses_are_distinct() {
+        let codes = [
+            crate::exit::USAGE,
+            crate::exit::UNAVAILABLE,
+            crate::exit::INTERNAL,
+            NOT_ACQUIRED,
+            LOCK_LOST,
+            TIMED_OUT,
+            crate::exit::CANNOT_EXECUTE,
+            crate::exit::NOT_FOUND,
+        ];
+        let mut sorted = codes.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), codes.len());
+    }
+}

@@ -1,0 +1,200 @@
+//! Helpers shared by the integration tests: running the built `distlock` binary with a
+//! time limit, and watching the processes it starts.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+
+/// A `distlock` command with the given arguments, not influenced by the caller's
+/// `DISTLOCK_URL`, with stdin closed and stdout/stderr captured.
+pub fn distlock<I, S>(args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_distlock"));
+    cmd.args(args)
+        .env_remove("DISTLOCK_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// How a `distlock` process ended.
+#[derive(Debug)]
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    /// From spawning until it exited.
+    pub elapsed: Duration,
+}
+
+impl Finished {
+    /// The exit code; panics (with the output) when the process died of a signal.
+    pub fn code(&self) -> i32 {
+        self.status
+            .code()
+            .unwrap_or_else(|| panic!("distlock died of a signal: {self:#?}"))
+    }
+
+    /// Asserts the exit code, showing the output when it differs.
+    pub fn expect_code(&self, code: i32) -> &Self {
+        assert_eq!(self.status.code(), Some(code), "unexpected exit: {self:#?}");
+        self
+    }
+
+    /// Asserts that stderr mentions `needle`.
+    pub fn expect_stderr(&self, needle: &str) -> &Self {
+        assert!(
+            self.stderr.contains(needle),
+            "stderr should mention {needle:?}: {self:#?}"
+        );
+        self
+    }
+}
+
+/// Runs `cmd` to its end; panics if it takes longer than `limit` (the process is killed).
+pub async fn finish(mut cmd: Command, limit: Duration) -> Finished {
+    let started = Instant::now();
+    let child = cmd.spawn().expect("spawn distlock");
+    collect(child, started, limit).await
+}
+
+/// Waits for a spawned `distlock` with a time limit and collects its output.
+pub async fn collect(child: Child, started: Instant, limit: Duration) -> Finished {
+    let output = tokio::time::timeout(limit, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("distlock did not finish within {limit:?}"))
+        .expect("wait for distlock");
+    Finished {
+        status: output.status,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        elapsed: started.elapsed(),
+    }
+}
+
+/// Waits until `path` holds a complete line and returns the text; panics after `limit`.
+pub async fn read_when_written(path: &Path, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if text.ends_with('\n') {
+                return text;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} was not written within {limit:?}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The pid a test command wrote (`echo $$ > file`).
+pub async fn read_pid(path: &Path, limit: Duration) -> i32 {
+    let text = read_when_written(path, limit).await;
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not a pid: {text:?}"))
+}
+
+/// Whether `pid` is a running process (a zombie counts as gone: it runs nothing).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name, which may contain spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Asserts that `pid` is gone within `limit` (it may still be reaped by its new parent).
+pub async fn assert_gone(pid: i32, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} is still running after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Sends `sig` to `pid`.
+pub fn kill(pid: u32, sig: i32) {
+    let pid = libc::pid_t::try_from(pid).expect("pid fits pid_t");
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(rc, 0, "kill({pid}, {sig}) failed");
+}
+
+/// A shell command line for `sh -c`.
+pub fn sh(script: &str) -> [String; 3] {
+    ["sh".to_owned(), "-c".to_owned(), script.to_owned()]
+}
+
+/// Generous upper bound for a `distlock` process that should end promptly.
+pub const PROMPT: Duration = Duration::from_secs(20);
+
+fn count(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// Checks one `bench --json` result: at least one cycle, and the counts add up.
+pub fn check_bench_counts(r: &serde_json::Value) {
+    let per_task: Vec<u64> = r["per_task_cycles"]
+        .as_array()
+        .unwrap_or_else(|| panic!("per_task_cycles: {r}"))
+        .iter()
+        .map(count)
+        .collect();
+    assert_eq!(per_task.len() as u64, count(&r["tasks"]), "{r}");
+    let cycles = count(&r["cycles"]);
+    assert!(cycles > 0, "{r}");
+    assert_eq!(per_task.iter().sum::<u64>(), cycles, "{r}");
+    assert_eq!(
+        count(&r["min_task_cycles"]),
+        *per_task.iter().min().unwrap()
+    );
+    assert_eq!(
+        count(&r["max_task_cycles"]),
+        *per_task.iter().max().unwrap()
+    );
+    // Every grant is released once: a failed release is a grant without a cycle.
+    assert_eq!(
+        count(&r["acquire"]["count"]),
+        cycles + count(&r["release_errors"]),
+        "{r}"
+    );
+    assert_eq!(count(&r["release"]["count"]), cycles, "{r}");
+    assert_eq!(
+        count(&r["errors"]),
+        count(&r["acquire_errors"]) + count(&r["release_errors"]),
+        "{r}"
+    );
+    let rate = r["cycles_per_sec"].as_f64().unwrap();
+    let elapsed = r["elapsed_s"].as_f64().unwrap();
+    assert!((rate * elapsed - cycles as f64).abs() < 1.0, "{r}");
+    let a = &r["acquire"];
+    assert!(count(&a["p50_ns"]) <= count(&a["p90_ns"]), "{r}");
+    assert!(count(&a["p90_ns"]) <= count(&a["p99_ns"]), "{r}");
+    assert!(count(&a["p99_ns"]) <= count(&a["max_ns"]), "{r}");
+    // HDR reports the top of the max's bucket (3 significant digits).
+    assert!(
+        count(&r["worst_wait_ns"]) as f64 >= count(&a["max_ns"]) as f64 * 0.99,
+        "{r}"
+    );
+    let jain = r["fairness_jain"].as_f64().unwrap();
+    let n = per_task.len() as f64;
+    assert!(jain >= 1.0 / n - 1e-9 && jain <= 1.0 + 1e-9, "{r}");
+}

@@ -1,0 +1,401 @@
+//! `distlock` against a real `redis-server` (lock-testkit): exclusion between processes,
+//! `--no-wait`, a lock taken away while the command runs, fencing tokens across runs,
+//! `status`, and `bench`.
+#![cfg(feature = "redis")]
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, Instant};
+
+use common::{assert_gone, collect, distlock, finish, read_pid, read_when_written, sh, PROMPT};
+use lock_testkit::RedisServer;
+
+fn run_args(url: &str, key: &str, extra: &[&str], script: &str) -> Vec<String> {
+    let mut args: Vec<String> = vec!["run".into(), key.into(), "--url".into(), url.into()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.push("--".into());
+    args.extend(sh(script));
+    args
+}
+
+/// lock-redis stores lock `name` at `distlock:{name}` (default prefix, hash tag).
+fn redis_key(name: &str) -> String {
+    format!("distlock:{{{name}}}")
+}
+
+/// A `distlock run` whose command records its pid and fence, then sleeps.
+struct Sleeper {
+    child: tokio::process::Child,
+    started: Instant,
+    /// The command's pid.
+    pid: i32,
+    /// The command's DISTLOCK_FENCE.
+    fence: u64,
+    _dir: tempfile::TempDir,
+}
+
+impl Sleeper {
+    /// Starts it and returns once the command runs (so the lock is held).
+    async fn start(url: &str, key: &str, extra: &[&str]) -> Sleeper {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pid-fence");
+        let started = Instant::now();
+        let child = distlock(run_args(
+            url,
+            key,
+            extra,
+            &format!(
+                "echo \"$$ $DISTLOCK_FENCE\" > {}; exec sleep 60",
+                file.display()
+            ),
+        ))
+        .spawn()
+        .unwrap();
+        let text = read_when_written(&file, PROMPT).await;
+        let (pid, fence) = text.trim().split_once(' ').expect("pid and fence");
+        Sleeper {
+            child,
+            started,
+            pid: pid.parse().unwrap(),
+            fence: fence.parse().unwrap(),
+            _dir: dir,
+        }
+    }
+
+    /// Waits for distlock to end.
+    async fn finish(self) -> common::Finished {
+        collect(self.child, self.started, PROMPT).await
+    }
+
+    /// distlock must notice the lock is lost, stop the command and exit 76.
+    async fn expect_lost(self, key: &str) -> common::Finished {
+        let pid = self.pid;
+        let out = self.finish().await;
+        out.expect_code(76)
+            .expect_stderr(&format!("lost lock {key:?}"));
+        assert_gone(pid, Duration::from_secs(5)).await;
+        out
+    }
+
+    /// SIGTERM to distlock; it must die of it after stopping the command.
+    async fn terminate(self) {
+        common::kill(self.child.id().unwrap(), libc::SIGTERM);
+        let pid = self.pid;
+        let out = self.finish().await;
+        assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{out:#?}");
+        assert_gone(pid, Duration::from_secs(5)).await;
+    }
+}
+
+/// Several `distlock run` processes on one key never run their commands at the same time:
+/// each command appends its start and end (ns since the epoch) to one file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_on_one_key_never_overlap() {
+    let server = RedisServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let script = format!(
+        "echo start $(date +%s%N) >> {log}; sleep 0.2; echo end $(date +%s%N) >> {log}",
+        log = log.display()
+    );
+    let started = Instant::now();
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            distlock(run_args(
+                &server.url(),
+                "overlap",
+                &["--ttl", "2s"],
+                &script,
+            ))
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for child in children {
+        collect(child, started, Duration::from_secs(60))
+            .await
+            .expect_code(0);
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let events: Vec<(&str, u128)> = text
+        .lines()
+        .map(|line| {
+            let (what, at) = line.split_once(' ').expect("two fields");
+            (what, at.parse().expect("a timestamp"))
+        })
+        .collect();
+    assert_eq!(events.len(), 8, "{text}");
+    let mut last_end = 0;
+    for pair in events.chunks(2) {
+        assert_eq!(pair[0].0, "start", "{text}");
+        assert_eq!(pair[1].0, "end", "commands interleaved: {text}");
+        assert!(
+            pair[0].1 >= last_end,
+            "a run started before the previous ended: {text}"
+        );
+        assert!(pair[1].1 >= pair[0].1, "{text}");
+        last_end = pair[1].1;
+    }
+}
+
+/// While one process holds the key, `--no-wait` exits 75 at once without running its
+/// command, and `--wait` gives up with 75 after its time; SIGTERM to the holder releases
+/// the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_wait_exits_75_while_held() {
+    let server = RedisServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let holder = Sleeper::start(&server.url(), "busy", &[]).await;
+
+    let out = finish(
+        distlock(run_args(
+            &server.url(),
+            "busy",
+            &["--no-wait"],
+            &format!("touch {}", ran.display()),
+        )),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(75)
+        .expect_stderr("lock \"busy\" is held by another owner; not running the command");
+    assert_eq!(out.stderr.lines().count(), 1, "{out:#?}");
+
+    let out = finish(
+        distlock(run_args(
+            &server.url(),
+            "busy",
+            &["--wait", "300ms"],
+            &format!("touch {}", ran.display()),
+        )),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(75).expect_stderr("gave up waiting");
+    assert!(out.elapsed >= Duration::from_millis(300), "{out:#?}");
+    assert!(!ran.exists(), "the command must not run without the lock");
+
+    // SIGTERM to the holder stops its command and releases the lock: free again.
+    holder.terminate().await;
+    finish(
+        distlock(run_args(&server.url(), "busy", &["--no-wait"], "true")),
+        PROMPT,
+    )
+    .await
+    .expect_code(0);
+}
+
+/// A waiting `distlock run` does not start its command while the lock is held, and starts
+/// it once the holder's run ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_runs_after_the_holder() {
+    let server = RedisServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let go = dir.path().join("go");
+    let ran = dir.path().join("ran");
+    let started = Instant::now();
+    let holder = distlock(run_args(
+        &server.url(),
+        "handoff",
+        &[],
+        &format!(
+            "echo $$ > {}; while [ ! -e {} ]; do sleep 0.02; done",
+            ready.display(),
+            go.display()
+        ),
+    ))
+    .spawn()
+    .unwrap();
+    read_pid(&ready, PROMPT).await;
+    let waiter = distlock(run_args(
+        &server.url(),
+        "handoff",
+        &["--wait", "20s"],
+        &format!("touch {}; exit 7", ran.display()),
+    ))
+    .spawn()
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!ran.exists(), "the waiter ran while the lock was held");
+    std::fs::write(&go, "").unwrap();
+    collect(holder, started, PROMPT).await.expect_code(0);
+    collect(waiter, started, PROMPT).await.expect_code(7);
+    assert!(ran.exists());
+}
+
+/// When the lock is taken away behind distlock's back, the command is stopped and distlock
+/// exits 76.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_lock_stops_the_command() {
+    let server = RedisServer::start().await;
+    let sleeper = Sleeper::start(
+        &server.url(),
+        "lost",
+        &["--ttl", "900ms", "--grace", "500ms"],
+    )
+    .await;
+    let mut redis = server.client().await;
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(redis_key("lost"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        deleted,
+        1,
+        "the lock key {} should exist",
+        redis_key("lost")
+    );
+    let deleted_at = Instant::now();
+
+    let out = sleeper.expect_lost("lost").await;
+    // Noticed at the next renewal (ttl/3) and stopped with SIGTERM.
+    assert!(deleted_at.elapsed() < Duration::from_secs(5), "{out:#?}");
+}
+
+/// When the server stops answering, the lock's validity runs out while distlock cannot
+/// renew it: the command is stopped and distlock exits 76.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_renewals_stop_the_command() {
+    let server = RedisServer::start().await;
+    let sleeper = Sleeper::start(
+        &server.url(),
+        "paused",
+        &["--ttl", "900ms", "--grace", "300ms"],
+    )
+    .await;
+    server.pause();
+    sleeper.expect_lost("paused").await;
+    server.resume();
+}
+
+/// Each run's DISTLOCK_FENCE is greater than the previous run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_increases_across_runs() {
+    let server = RedisServer::start().await;
+    let mut fences = Vec::new();
+    for _ in 0..3 {
+        let out = finish(
+            distlock(run_args(
+                &server.url(),
+                "fenced",
+                &[],
+                "echo $DISTLOCK_FENCE",
+            )),
+            PROMPT,
+        )
+        .await;
+        out.expect_code(0);
+        assert!(
+            !out.stderr.contains("note:"),
+            "redis is cross-process: {out:#?}"
+        );
+        fences.push(out.stdout.trim().parse::<u64>().expect("a fence"));
+    }
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+}
+
+/// `status` reports a held key with its holder's fence and remaining time, and a free key
+/// as free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_held_and_free() {
+    let server = RedisServer::start().await;
+    let url = server.url();
+    let free = finish(distlock(["status", "inspected", "--url", &url]), PROMPT).await;
+    free.expect_code(0);
+    assert!(free.stdout.contains("state:      free"), "{free:#?}");
+
+    let holder = Sleeper::start(&url, "inspected", &["--ttl", "20s"]).await;
+
+    let held = finish(distlock(["status", "inspected", "--url", &url]), PROMPT).await;
+    held.expect_code(0);
+    assert!(held.stdout.contains("state:      held"), "{held:#?}");
+    assert!(
+        held.stdout
+            .contains(&format!("fence:      {}", holder.fence)),
+        "{held:#?}"
+    );
+    let json = finish(
+        distlock(["status", "inspected", "--url", &url, "--json"]),
+        PROMPT,
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["held"], true);
+    assert_eq!(v["backend"], "redis");
+    assert_eq!(v["cross_process"], true);
+    assert_eq!(v["fence"].as_u64(), Some(holder.fence));
+    let left = v["expires_in_ms"]
+        .as_u64()
+        .expect("redis tells the time left");
+    assert!(left > 0 && left <= 20_000, "{v}");
+
+    holder.terminate().await;
+    let after = finish(distlock(["status", "inspected", "--url", &url]), PROMPT).await;
+    assert!(after.stdout.contains("state:      free"), "{after:#?}");
+}
+
+/// `bench` against Redis and memory side by side: both measured, counts add up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_redis_beside_memory() {
+    let server = RedisServer::start().await;
+    let url = server.url();
+    let out = finish(
+        distlock([
+            "bench",
+            "--url",
+            "memory://",
+            "--url",
+            &url,
+            "--tasks",
+            "1,4",
+            "--keys",
+            "distinct,one",
+            "--duration",
+            "300ms",
+            "--json",
+        ]),
+        Duration::from_secs(60),
+    )
+    .await;
+    out.expect_code(0);
+    let doc: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let results = doc["results"].as_array().unwrap();
+    assert_eq!(results.len(), 8);
+    for r in results {
+        common::check_bench_counts(r);
+        assert_eq!(r["errors"], 0, "{r}");
+    }
+    assert_eq!(
+        results.iter().filter(|r| r["backend"] == "redis").count(),
+        4
+    );
+
+    let text = finish(
+        distlock([
+            "bench",
+            "--url",
+            "memory://",
+            "--url",
+            &url,
+            "--tasks",
+            "2",
+            "--keys",
+            "one",
+            "--duration",
+            "200ms",
+        ]),
+        Duration::from_secs(60),
+    )
+    .await;
+    text.expect_code(0);
+    let header = text
+        .stdout
+        .lines()
+        .find(|l| l.contains("memory://"))
+        .expect("a header row");
+    assert!(header.contains(&url), "side by side: {text:#?}");
+}

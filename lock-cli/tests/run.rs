@@ -1,0 +1,177 @@
+//! `distlock run` on the in-process backend: the command's life cycle, its environment
+//! and its exit statuses. Exclusion between processes needs a lock server: see redis.rs.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, Instant};
+
+use common::{assert_gone, collect, distlock, finish, read_pid, read_when_written, sh, PROMPT};
+
+fn run_args(extra: &[&str], script: &str) -> Vec<String> {
+    let mut args: Vec<String> = vec!["run".into(), "job".into()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.push("--".into());
+    args.extend(sh(script));
+    args
+}
+
+/// The command's exit code is distlock's exit code.
+#[tokio::test]
+async fn exit_code_passes_through() {
+    for code in [0, 3, 42] {
+        let out = finish(distlock(run_args(&[], &format!("exit {code}"))), PROMPT).await;
+        out.expect_code(code);
+    }
+}
+
+/// A command killed by signal N makes distlock exit 128 + N.
+#[tokio::test]
+async fn signal_death_is_128_plus_signal() {
+    let out = finish(distlock(run_args(&[], "kill -9 $$")), PROMPT).await;
+    out.expect_code(128 + 9);
+}
+
+/// The command sees DISTLOCK_KEY and DISTLOCK_FENCE; stdout is the command's own.
+#[tokio::test]
+async fn key_and_fence_reach_the_command() {
+    let out = finish(
+        distlock(run_args(&[], "echo \"$DISTLOCK_KEY|$DISTLOCK_FENCE\"")),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(0);
+    let (key, fence) = out.stdout.trim().split_once('|').expect("two fields");
+    assert_eq!(key, "job");
+    fence.parse::<u64>().expect("DISTLOCK_FENCE is a number");
+}
+
+/// memory:// runs the command but says on stderr that it excludes nothing across
+/// processes.
+#[tokio::test]
+async fn memory_backend_warns_that_it_is_in_process_only() {
+    let out = finish(distlock(run_args(&["--no-wait"], "true")), PROMPT).await;
+    out.expect_code(0)
+        .expect_stderr("exclude only inside this distlock process");
+}
+
+/// --timeout stops the command with SIGTERM: exit 124, the command gone, promptly.
+#[tokio::test]
+async fn timeout_terminates_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    let out = finish(
+        distlock(run_args(&["--timeout", "300ms", "--grace", "20s"], &script)),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(124).expect_stderr("--timeout 300ms");
+    // SIGTERM sufficed: no waiting for the 20 s grace.
+    assert!(out.elapsed < Duration::from_secs(10), "{out:#?}");
+    assert!(out.elapsed >= Duration::from_millis(300), "{out:#?}");
+    let pid = read_pid(&pid_file, PROMPT).await;
+    assert_gone(pid, Duration::from_secs(5)).await;
+}
+
+/// A command that ignores SIGTERM is killed once --grace has passed, not before.
+#[tokio::test]
+async fn grace_then_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; while :; do sleep 0.05; done",
+        pid_file.display()
+    );
+    let out = finish(
+        distlock(run_args(
+            &["--timeout", "300ms", "--grace", "700ms"],
+            &script,
+        )),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(124);
+    assert!(out.elapsed >= Duration::from_millis(1000), "{out:#?}");
+    assert!(out.elapsed < Duration::from_secs(10), "{out:#?}");
+    let pid = read_pid(&pid_file, PROMPT).await;
+    assert_gone(pid, Duration::from_secs(5)).await;
+}
+
+/// SIGTERM to distlock reaches the command, which exits; distlock then dies of SIGTERM.
+#[tokio::test]
+async fn sigterm_is_forwarded_and_distlock_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let marker = dir.path().join("marker");
+    let script = format!(
+        "trap 'echo got-term > {}; exit 0' TERM; echo $$ > {}; while :; do sleep 0.05; done",
+        marker.display(),
+        ready.display()
+    );
+    let started = Instant::now();
+    let child = distlock(run_args(&["--grace", "20s"], &script))
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&ready, PROMPT).await;
+    common::kill(child.id().unwrap(), libc::SIGTERM);
+    let out = collect(child, started, PROMPT).await;
+    assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{out:#?}");
+    assert_eq!(
+        read_when_written(&marker, PROMPT).await.trim(),
+        "got-term",
+        "the command saw SIGTERM"
+    );
+    assert_gone(pid, Duration::from_secs(5)).await;
+}
+
+/// A second signal to distlock does not wait for --grace: the command is killed at once.
+#[tokio::test]
+async fn second_signal_kills_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let script = format!(
+        "trap '' INT TERM; echo $$ > {}; while :; do sleep 0.05; done",
+        ready.display()
+    );
+    let started = Instant::now();
+    let child = distlock(run_args(&["--grace", "60s"], &script))
+        .spawn()
+        .unwrap();
+    let pid = read_pid(&ready, PROMPT).await;
+    let distlock_pid = child.id().unwrap();
+    common::kill(distlock_pid, libc::SIGINT);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(common::alive(pid), "the command ignores SIGINT");
+    common::kill(distlock_pid, libc::SIGINT);
+    let out = collect(child, started, PROMPT).await;
+    assert_eq!(out.status.signal(), Some(libc::SIGINT), "{out:#?}");
+    assert!(out.elapsed < Duration::from_secs(30), "{out:#?}");
+    assert_gone(pid, Duration::from_secs(5)).await;
+}
+
+/// A program that does not exist is 127, one that cannot be executed 126.
+#[tokio::test]
+async fn unrunnable_commands() {
+    let out = finish(
+        distlock(["run", "job", "--", "/nonexistent/program"]),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(127).expect_stderr("command not found");
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("not-executable");
+    std::fs::write(&plain, "#!/bin/sh\n").unwrap();
+    let out = finish(
+        distlock([
+            OsStr::new("run"),
+            OsStr::new("job"),
+            OsStr::new("--"),
+            plain.as_os_str(),
+        ]),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(126).expect_stderr("permission denied");
+}

@@ -1,0 +1,208 @@
+//! Where the cluster is and how to talk to it: [`EtcdBuilder`].
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::{Error, LockUrl, Result, Scheme};
+
+use crate::EtcdBackend;
+
+/// The key prefix used when none is given.
+pub const DEFAULT_PREFIX: &str = "distlock/";
+/// The per-operation timeout used when none is given.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The URL parameters an `etcd://` URL may carry.
+pub const URL_PARAMS: &[&str] = &["prefix", "timeout"];
+
+/// Typed configuration of an etcd cluster, and the way to connect to it.
+///
+/// Built from endpoints with [`EtcdBackend::builder`] (or [`EtcdBuilder::new`]) and setters,
+/// or from a URL with [`EtcdBuilder::from_url`]; nothing is checked or contacted until
+/// [`build`](Self::build).
+///
+/// `Debug` shows the configuration with the password replaced by `***`.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> lock_core::Result<()> {
+/// use std::time::Duration;
+/// use lock_etcd::EtcdBackend;
+///
+/// let backend = EtcdBackend::builder(["10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"])
+///     .user("locks", "s3cret")
+///     .prefix("myapp/locks/")
+///     .timeout(Duration::from_secs(1))
+///     .build()
+///     .await?;
+/// let locker = lock_core::Locker::new(backend);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdBuilder {
+    pub(crate) endpoints: Vec<String>,
+    pub(crate) user: Option<(String, String)>,
+    pub(crate) prefix: String,
+    pub(crate) timeout: Duration,
+}
+
+impl EtcdBuilder {
+    /// A configuration for the cluster members at `endpoints` (`host:port` or
+    /// `http://host:port`), without credentials, prefix `distlock/` and a 2 s operation
+    /// timeout. Malformed endpoints are reported by `build` as [`Error::InvalidUrl`].
+    pub fn new<I, S>(endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        EtcdBuilder {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            user: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// The configuration an `etcd://` URL describes:
+    /// `etcd://[user:password@]host[:port][,host[:port]…][?prefix=…&timeout=…]` (default port
+    /// 2379).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for another scheme, an unknown parameter, an empty `prefix`, a
+    /// `timeout` that is not a positive duration such as `500ms` or `2s`, or a password
+    /// without a user name.
+    pub fn from_url(url: &LockUrl) -> Result<Self> {
+        if url.scheme != Scheme::Etcd {
+            return Err(Error::invalid_url(
+                &url.redacted(),
+                format!("the etcd backend takes etcd:// URLs, not {}://", url.scheme),
+            ));
+        }
+        url.check_params(URL_PARAMS)?;
+        let user = match (&url.username, &url.password) {
+            (Some(name), password) => Some((name.clone(), password.clone().unwrap_or_default())),
+            (None, Some(_)) => {
+                return Err(Error::invalid_url(
+                    &url.redacted(),
+                    "etcd authentication needs a user name with the password",
+                ))
+            }
+            (None, None) => None,
+        };
+        let mut builder = EtcdBuilder {
+            endpoints: url.hosts.iter().map(ToString::to_string).collect(),
+            user,
+            prefix: url.param("prefix").unwrap_or(DEFAULT_PREFIX).to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+        };
+        if let Some(timeout) = url.duration_param("timeout")? {
+            builder.timeout = timeout;
+        }
+        builder.check()?;
+        Ok(builder)
+    }
+
+    /// Authenticates as `name` with `password` (etcd's own users, `etcdctl user add`).
+    pub fn user(mut self, name: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some((name.into(), password.into()));
+        self
+    }
+
+    /// The prefix of every lock key; default `distlock/`. Must not be empty: the backend
+    /// watches the whole prefix for releases.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The bound on every operation (connecting included); default 2 s. When it passes,
+    /// the operation fails with the transient [`Error::Unavailable`].
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The configured endpoints.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// The configured key prefix.
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The configured operation timeout.
+    pub fn operation_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Connects, measures the server's shortest lease, starts the release watch and returns
+    /// the backend.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a malformed configuration (no endpoint, an endpoint that is
+    /// not `host:port`, an empty prefix, a zero timeout); [`Error::Unavailable`] when no
+    /// member answers within the timeout; [`Error::Backend`] when etcd refuses the
+    /// credentials or the requests.
+    pub async fn build(self) -> Result<EtcdBackend> {
+        self.check()?;
+        EtcdBackend::start(self).await
+    }
+
+    /// Validates what `build` needs, before any I/O.
+    pub(crate) fn check(&self) -> Result<()> {
+        let refuse = |reason: String| Err(Error::invalid_url(&self.redacted(), reason));
+        if self.endpoints.is_empty() {
+            return refuse("at least one etcd endpoint is needed".into());
+        }
+        for endpoint in &self.endpoints {
+            let bare = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+            let well_formed = !bare.is_empty()
+                && !bare.contains("://")
+                && !bare.contains('/')
+                && !bare.chars().any(|c| c.is_whitespace() || c.is_control() || c == '@');
+            if !well_formed {
+                return refuse(format!(
+                    "endpoint `{endpoint}` is not host:port or http://host:port"
+                ));
+            }
+        }
+        if self.prefix.is_empty() {
+            return refuse("the key prefix must not be empty".into());
+        }
+        if self.timeout.is_zero() {
+            return refuse("the timeout must be greater than zero".into());
+        }
+        Ok(())
+    }
+
+    /// The configuration as an `etcd://` URL with the password replaced by `***`.
+    pub(crate) fn redacted(&self) -> String {
+        let mut url = String::from("etcd://");
+        if let Some((name, _)) = &self.user {
+            url.push_str(name);
+            url.push_str(":***@");
+        }
+        url.push_str(&self.endpoints.join(","));
+        url.push_str(&format!(
+            "?prefix={}&timeout={}ms",
+            self.prefix,
+            self.timeout.as_millis()
+        ));
+        url
+    }
+}
+
+impl fmt::Debug for EtcdBuilder {
+    /// Shows everything but the password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBuilder")
+            .field("endpoints", &self.endpoints)
+            .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .field("password", &self.user.as_ref().map(|_| "***"))
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}

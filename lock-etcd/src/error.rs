@@ -1,0 +1,98 @@
+//! etcd-client errors as distlock errors.
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::Error;
+
+use crate::NAME;
+
+/// gRPC status codes (`tonic::Code` as numbers, so as not to depend on tonic's version).
+mod code {
+    pub const CANCELLED: i32 = 1;
+    pub const UNKNOWN: i32 = 2;
+    pub const DEADLINE_EXCEEDED: i32 = 4;
+    pub const NOT_FOUND: i32 = 5;
+    pub const RESOURCE_EXHAUSTED: i32 = 8;
+    pub const ABORTED: i32 = 10;
+    pub const UNAVAILABLE: i32 = 14;
+}
+
+/// A client error with what the backend was doing when it happened.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    doing: String,
+    source: etcd_client::Error,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.doing, self.source)
+    }
+}
+
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// Converts a client error met while `doing` something: connection trouble, timeouts,
+/// leader elections and overload are transient ([`Error::Unavailable`]); refusals (bad
+/// credentials, permissions, malformed requests) are not ([`Error::Backend`]).
+pub(crate) fn failed(doing: impl Into<String>) -> impl FnOnce(etcd_client::Error) -> Error {
+    let doing = doing.into();
+    move |source| {
+        let transient = is_transient(&source);
+        let failure = Failure { doing, source };
+        if transient {
+            Error::unavailable(NAME, failure)
+        } else {
+            Error::backend(NAME, failure)
+        }
+    }
+}
+
+fn is_transient(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => matches!(
+            status.code() as i32,
+            code::CANCELLED
+                | code::UNKNOWN
+                | code::DEADLINE_EXCEEDED
+                | code::RESOURCE_EXHAUSTED
+                | code::ABORTED
+                | code::UNAVAILABLE
+        ),
+        etcd_client::Error::TransportError(_)
+        | etcd_client::Error::IoError(_)
+        | etcd_client::Error::WatchError(_)
+        | etcd_client::Error::LeaseKeepAliveError(_) => true,
+        _ => false,
+    }
+}
+
+/// Whether etcd refused a request because the lease it names does not exist (expired or
+/// revoked).
+pub(crate) fn is_lease_not_found(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() as i32 == code::NOT_FOUND && status.message().contains("lease not found")
+        }
+        etcd_client::Error::LeaseKeepAliveError(msg) => msg.contains("not found"),
+        _ => false,
+    }
+}
+
+/// The error of an operation that did not finish within the timeout.
+pub(crate) fn timed_out(doing: &str, timeout: Duration) -> Error {
+    Error::unavailable(
+        NAME,
+        format!("{doing}: no answer from etcd within {timeout:?}"),
+    )
+}
+
+/// An answer etcd's protocol does not allow.
+pub(crate) fn unexpected(what: &'static str) -> Error {
+    Error::backend(NAME, format!("unexpected answer from etcd: {what}"))
+}

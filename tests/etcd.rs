@@ -1,0 +1,639 @@
+//! The etcd backend against real etcd processes (lock-testkit): the whole conformance suite
+//! on one member (directly and through `distlock::connect`) and on a 3-member cluster; then
+//! faults (restart, blackholed network, paused leader, lost majority), the Jepsen rule for
+//! waiters, fencing across holders, and bad input.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock::conformance::{run_all, Target};
+use distlock::etcd::EtcdBackend;
+use distlock::{Backend, Error, LockOptions, LockUrl, Locker};
+use lock_testkit::{EtcdCluster, EtcdServer, FaultProxy, ProxyMode};
+
+fn etcd_url(endpoints: &[String], params: &str) -> String {
+    let mut url = format!("etcd://{}", endpoints.join(","));
+    if !params.is_empty() {
+        url.push('?');
+        url.push_str(params);
+    }
+    url
+}
+
+async fn backend(endpoints: &[String], params: &str) -> EtcdBackend {
+    let url = LockUrl::parse(&etcd_url(endpoints, params)).unwrap();
+    EtcdBackend::connect(&url).await.expect("connect to etcd")
+}
+
+fn opts(ttl: Duration) -> LockOptions {
+    LockOptions::new().ttl(ttl).skip()
+}
+
+fn key(name: &str) -> String {
+    format!("{name}-{:08x}", rand_u32())
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish() as u32
+}
+
+// ---------------------------------------------------------------------------------------
+// Conformance
+// ---------------------------------------------------------------------------------------
+
+/// The whole suite on one etcd member, with the backend built by the typed builder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_on_one_member() {
+    let server = EtcdServer::start().await;
+    let backend = EtcdBackend::builder([server.endpoint()])
+        .prefix("conformance/")
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(backend.capabilities().name, "etcd");
+    run_all(&Target::new(Arc::new(backend))).await;
+}
+
+/// The whole suite through `distlock::connect("etcd://…")`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_through_connect() {
+    let server = EtcdServer::start().await;
+    let locker = distlock::connect(&etcd_url(&[server.endpoint()], ""))
+        .await
+        .unwrap();
+    assert_eq!(locker.capabilities().name, "etcd");
+    run_all(&Target::from_locker(&locker)).await;
+}
+
+/// The whole suite on a 3-member cluster, every endpoint in the URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_on_a_three_member_cluster() {
+    let cluster = EtcdCluster::start(3).await;
+    let locker = distlock::connect(&etcd_url(&cluster.endpoints(), "prefix=cluster/"))
+        .await
+        .unwrap();
+    run_all(&Target::from_locker(&locker)).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Faults
+// ---------------------------------------------------------------------------------------
+
+/// etcd keeps leases across a restart (they are persisted, and a member that becomes leader
+/// gives every lease a fresh TTL), so a lock whose guard keeps renewing survives a crash and
+/// restart of the member: same fence, still refused to others, released normally; and the
+/// release watch comes back, so a waiter from another process is handed the lock promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_survives_an_etcd_restart_and_hand_off_resumes() {
+    let mut server = EtcdServer::start().await;
+    let endpoints = [server.endpoint()];
+    let (a, b) = (
+        Locker::new(backend(&endpoints, "timeout=500ms").await),
+        Locker::new(backend(&endpoints, "timeout=500ms").await),
+    );
+    let k = key("restart");
+    let ttl = Duration::from_secs(5);
+    let guard = a.acquire(&k, &opts(ttl)).await.unwrap();
+    let fence = guard.fence();
+
+    server.restart().await;
+    // Two renewal periods after the restart: the watchdog found the lease again.
+    tokio::time::sleep(ttl * 2 / 3).await;
+    assert!(!guard.is_lost(), "the lock survives the restart");
+    assert_eq!(guard.fence(), fence);
+    assert!(b.try_acquire(&k).await.unwrap().is_none(), "still held");
+
+    let waiter = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move {
+            let g = b.acquire(&k, &opts(ttl).wait_for(Duration::from_secs(10))).await;
+            (Instant::now(), g)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    guard.release().await.expect("released after the restart");
+    let (granted_at, g) = waiter.await.unwrap();
+    let g = g.expect("the waiter gets the lock");
+    assert!(g.fence() > fence);
+    let delay = granted_at - released_at;
+    assert!(
+        delay < Duration::from_millis(500),
+        "hand-off after a restart took {delay:?}: the release watch must be back"
+    );
+    g.release().await.unwrap();
+}
+
+/// A blackholed network (packets vanish, connections stay open): a held lock reports
+/// `lost()` within its TTL, every call returns within its bound, and all works again once
+/// the network heals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_network_loses_the_lock_within_its_ttl_and_calls_stay_bounded() {
+    let server = EtcdServer::start().await;
+    let proxy = FaultProxy::start(server.addr()).await;
+    let timeout = Duration::from_millis(500);
+    let locker = Locker::new(backend(&[proxy.addr().to_string()], "timeout=500ms").await);
+    let ttl = Duration::from_secs(2);
+    let k = key("blackhole");
+    let guard = locker.acquire(&k, &opts(ttl)).await.unwrap();
+    let lost = guard.lost();
+
+    proxy.set_mode(ProxyMode::Blackhole);
+    let cut = Instant::now();
+    tokio::time::timeout(ttl + Duration::from_millis(300), lost)
+        .await
+        .expect("lost() fires within the TTL when the server cannot be reached");
+    assert!(guard.valid_until() <= cut + ttl, "never valid past the last renewal + TTL");
+
+    let started = Instant::now();
+    let once = locker.acquire(&key("other"), &opts(ttl)).await;
+    assert!(matches!(once, Err(Error::Unavailable { .. })), "got {once:?}");
+    assert!(started.elapsed() <= timeout + Duration::from_millis(300));
+
+    let wait = Duration::from_secs(1);
+    let started = Instant::now();
+    let waited = locker
+        .acquire(&key("other"), &opts(ttl).wait_for(wait))
+        .await;
+    assert!(waited.as_ref().is_err_and(Error::is_transient), "got {waited:?}");
+    assert!(
+        started.elapsed() <= wait + Duration::from_millis(300),
+        "acquire returned {:?} after its start, deadline {wait:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    assert!(locker.backend().inspect(&k).await.is_err());
+    assert!(locker.backend().force_release(&key("x")).await.is_err());
+    assert!(started.elapsed() <= timeout * 2 + Duration::from_millis(300));
+
+    proxy.set_mode(ProxyMode::Pass);
+    let again = locker
+        .acquire(&key("healed"), &opts(ttl).wait_for(Duration::from_secs(10)))
+        .await
+        .expect("acquisitions work again once the network heals");
+    again.release().await.unwrap();
+    assert!(matches!(guard.release().await, Err(Error::NotHeld { .. })));
+}
+
+/// Records holders of one key: panics if two are ever inside at once, and checks that the
+/// fences seen in order of entry strictly increase.
+#[derive(Default)]
+struct Resource {
+    inside: AtomicUsize,
+    last_fence: AtomicU64,
+    entries: AtomicUsize,
+}
+
+impl Resource {
+    fn enter(&self, fence: u64) {
+        assert_eq!(self.inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+        let last = self.last_fence.swap(fence, Ordering::SeqCst);
+        assert!(fence > last, "fence {fence} after {last}: not increasing");
+        self.entries.fetch_add(1, Ordering::SeqCst);
+    }
+    fn leave(&self) {
+        assert_eq!(self.inside.fetch_sub(1, Ordering::SeqCst), 1, "two holders at once");
+    }
+}
+
+/// Tasks of two "processes" (backends) take one key in turn on a 3-member cluster while
+/// the leader is paused for longer than an election: a new leader takes over, acquisitions
+/// resume during the pause, and no two holders are ever inside at once.
+///
+/// etcd-client spreads requests over all endpoints, so a third of them still go to the
+/// paused member and time out (500 ms here); the Locker retries them, and a lock whose
+/// release was lost that way expires at its 1 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_leader_is_replaced_and_holders_never_overlap() {
+    let cluster = EtcdCluster::start(3).await;
+    let endpoints = cluster.endpoints();
+    let resource = Arc::new(Resource::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let k = key("leader");
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let locker = Locker::new(backend(&endpoints, "timeout=500ms").await);
+        for _ in 0..2 {
+            let (locker, k, resource, stop) =
+                (locker.clone(), k.clone(), resource.clone(), stop.clone());
+            tasks.push(tokio::spawn(async move {
+                let o = LockOptions::new()
+                    .ttl(Duration::from_secs(1))
+                    .wait_for(Duration::from_secs(2));
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(g) = locker.acquire(&k, &o).await else {
+                        continue;
+                    };
+                    resource.enter(g.fence());
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    resource.leave();
+                    let _ = g.release().await;
+                }
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(resource.entries.load(Ordering::SeqCst) > 0, "running before the pause");
+
+    let leader = cluster.leader().await;
+    cluster.member(leader).pause();
+    // Election timeout is 500 ms: give the others time to elect, then count.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = resource.entries.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let during = resource.entries.load(Ordering::SeqCst) - before;
+    cluster.member(leader).resume();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = resource.entries.load(Ordering::SeqCst);
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(10), t)
+            .await
+            .expect("tasks finish")
+            .expect("no task panicked (no overlap, increasing fences)");
+    }
+    assert!(during > 0, "acquisitions resume while the old leader is paused");
+    assert!(after > before + during, "and go on after it is back");
+}
+
+/// With a majority of members killed, every call fails with a transient error within its
+/// timeout: nothing hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_majority_makes_every_call_fail_within_its_timeout() {
+    let mut cluster = EtcdCluster::start(3).await;
+    let timeout = Duration::from_secs(1);
+    let locker = Locker::new(backend(&cluster.endpoints(), "timeout=1s").await);
+    let k = key("majority");
+    let guard = locker
+        .acquire(&k, &opts(Duration::from_secs(10)).watchdog(false))
+        .await
+        .unwrap();
+    cluster.member_mut(0).kill();
+    cluster.member_mut(1).kill();
+    let bound = timeout + Duration::from_millis(300);
+
+    macro_rules! bounded {
+        ($what:literal, $call:expr) => {{
+            let started = Instant::now();
+            let result = $call.await;
+            let took = started.elapsed();
+            assert!(took <= bound, "{} took {took:?}", $what);
+            assert!(
+                result.as_ref().is_err_and(Error::is_transient),
+                "{}: {result:?}",
+                $what
+            );
+        }};
+    }
+    bounded!("acquire", locker.acquire(&key("m"), &opts(Duration::from_secs(10))));
+    bounded!("extend", guard.extend(Duration::from_secs(10)));
+    bounded!("inspect", locker.backend().inspect(&k));
+    bounded!("force_release", locker.backend().force_release(&key("m")));
+    let lease = guard.lease();
+    bounded!("release", locker.backend().release(&lease));
+    let started = Instant::now();
+    let waited = locker
+        .acquire(&key("m"), &opts(Duration::from_secs(10)).wait_for(Duration::from_millis(1500)))
+        .await;
+    assert!(waited.is_err_and(|e| e.is_transient()));
+    assert!(started.elapsed() <= Duration::from_millis(1500) + bound);
+}
+
+/// The Jepsen rule (the etcd 3.4.3 lock bug): a waiter whose lease runs out before it learns
+/// of its grant is never granted. Here every answer reaches the waiter 700 ms late: a new
+/// 1 s lease is granted at once, the acquire transaction sent when the grant's answer
+/// arrives puts the key on it (the lease is still alive), but that answer arrives 1.4 s
+/// after the grant, when the lease has run out on the server. The waiter refuses each such
+/// grant (and revokes the lease), and gets the lock normally once answers are prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_lease_expires_before_its_grant_is_never_granted() {
+    use etcd_client::{EventType, WatchOptions};
+
+    let server = EtcdServer::start().await;
+    let proxy = FaultProxy::start(server.addr()).await;
+    let holder = Locker::new(backend(&[server.endpoint()], "").await);
+    let waiter = Locker::new(backend(&[proxy.addr().to_string()], "timeout=5s").await);
+    let ttl = waiter.capabilities().min_ttl;
+    assert_eq!(ttl, Duration::from_secs(1), "lock-testkit's etcd grants 1 s leases");
+    let k = key("jepsen");
+    let guard = holder
+        .acquire(&k, &opts(Duration::from_secs(10)))
+        .await
+        .unwrap();
+
+    // Count the grants etcd makes on the key (puts) while answers are late.
+    let mut client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    let (_watcher, mut events) = client
+        .watch(format!("{}{k}", distlock::etcd::DEFAULT_PREFIX), Some(WatchOptions::new()))
+        .await
+        .unwrap();
+    let puts = Arc::new(AtomicUsize::new(0));
+    let counter = {
+        let puts = puts.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(response)) = events.message().await {
+                for event in response.events() {
+                    if event.event_type() == EventType::Put {
+                        puts.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        })
+    };
+
+    let waiting = {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        tokio::spawn(async move {
+            waiter
+                .acquire(&k, &opts(ttl).wait_for(Duration::from_secs(8)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set_mode(ProxyMode::Delay {
+        to_server: Duration::ZERO,
+        to_client: Duration::from_millis(700),
+    });
+    guard.release().await.unwrap();
+    let result = waiting.await.unwrap();
+    assert!(
+        result.is_err(),
+        "a grant confirmed after the waiter's lease ran out was handed out: {result:?}"
+    );
+    assert!(
+        puts.load(Ordering::SeqCst) > 0,
+        "etcd granted at least one late attempt (the rule was exercised)"
+    );
+
+    proxy.set_mode(ProxyMode::Pass);
+    let g = waiter
+        .acquire(&k, &opts(ttl).wait_for(Duration::from_secs(10)))
+        .await
+        .expect("granted once answers are prompt");
+    g.release().await.unwrap();
+    counter.abort();
+}
+
+// ---------------------------------------------------------------------------------------
+// Fencing
+// ---------------------------------------------------------------------------------------
+
+/// Fences strictly increase over a sequence of holders in three processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_strictly_increase_across_holders_and_processes() {
+    let server = EtcdServer::start().await;
+    let endpoints = [server.endpoint()];
+    let mut lockers = Vec::new();
+    for _ in 0..3 {
+        lockers.push(Locker::new(backend(&endpoints, "").await));
+    }
+    let k = key("fences");
+    let mut fences = Vec::new();
+    for i in 0..9 {
+        let g = lockers[i % 3]
+            .acquire(&k, &opts(Duration::from_secs(10)))
+            .await
+            .unwrap();
+        let holder = lockers[0].backend().inspect(&k).await.unwrap().unwrap();
+        assert_eq!(holder.fence, Some(g.fence()));
+        fences.push(g.fence());
+        g.release().await.unwrap();
+    }
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+}
+
+/// A holder paused past its lease (watchdog off, never renewed) in one process: another
+/// process gets the lock only after the holder's validity, once etcd expired the lease, and
+/// its fence is higher; the paused holder can neither extend nor release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_paused_past_its_lease_has_a_lower_fence_than_the_next() {
+    let server = EtcdServer::start().await;
+    let endpoints = [server.endpoint()];
+    let (a, b) = (
+        Locker::new(backend(&endpoints, "").await),
+        Locker::new(backend(&endpoints, "").await),
+    );
+    let ttl = a.capabilities().min_ttl;
+    let k = key("paused");
+    let paused = a.acquire(&k, &opts(ttl).watchdog(false)).await.unwrap();
+    let next = b
+        .acquire(&k, &opts(ttl).wait_for(Duration::from_secs(5)))
+        .await
+        .expect("the next holder gets the lock once the lease expired");
+    let granted_at = Instant::now();
+    assert!(
+        granted_at >= paused.valid_until(),
+        "granted before the paused holder's validity ended"
+    );
+    // etcd removes expired leases within ~500 ms; the watch hands the lock over at once.
+    assert!(
+        granted_at <= paused.valid_until() + Duration::from_millis(1000),
+        "granted {:?} after the paused holder's validity",
+        granted_at - paused.valid_until()
+    );
+    assert!(next.fence() > paused.fence());
+    assert!(paused.is_lost());
+    assert!(matches!(
+        paused.extend(ttl).await,
+        Err(Error::NotHeld { .. })
+    ));
+    assert!(matches!(paused.release().await, Err(Error::NotHeld { .. })));
+    next.release().await.unwrap();
+}
+
+/// A waiter in another process is woken by the release watch, not by a timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_in_another_process_is_handed_the_lock_promptly() {
+    let server = EtcdServer::start().await;
+    let endpoints = [server.endpoint()];
+    let (a, b) = (
+        Locker::new(backend(&endpoints, "").await),
+        Locker::new(backend(&endpoints, "").await),
+    );
+    let k = key("handoff");
+    for _ in 0..3 {
+        let g = a.acquire(&k, &opts(Duration::from_secs(30))).await.unwrap();
+        let waiter = {
+            let (b, k) = (b.clone(), k.clone());
+            tokio::spawn(async move {
+                let g = b
+                    .acquire(&k, &opts(Duration::from_secs(30)).wait_for(Duration::from_secs(10)))
+                    .await;
+                (Instant::now(), g)
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let released_at = Instant::now();
+        g.release().await.unwrap();
+        let (granted_at, g) = waiter.await.unwrap();
+        let delay = granted_at - released_at;
+        assert!(delay < Duration::from_millis(250), "hand-off took {delay:?}");
+        g.unwrap().release().await.unwrap();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Configuration and bad input
+// ---------------------------------------------------------------------------------------
+
+/// The capabilities report what the server grants: its shortest lease, whole seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capabilities_report_the_servers_shortest_lease() {
+    let server = EtcdServer::start().await;
+    let b = backend(&[server.endpoint()], "").await;
+    let mut client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    let granted = client.lease_grant(1, None).await.unwrap();
+    let caps = b.capabilities();
+    assert_eq!(caps.min_ttl, Duration::from_secs(granted.ttl() as u64));
+    assert_eq!(caps.ttl_granularity, Duration::from_secs(1));
+    assert!(caps.monotonic_fencing && caps.release_notices && caps.cross_process);
+    assert_eq!(
+        caps.effective_ttl(Duration::from_millis(1500)).unwrap(),
+        Duration::from_secs(2)
+    );
+    assert_eq!(b.prefix(), "distlock/");
+    assert_eq!(b.timeout(), Duration::from_secs(2));
+}
+
+/// Idle leases are recycled, not leaked: after many cycles the backend keeps at most a
+/// few, holds none, and etcd has no more leases than that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_are_recycled_not_leaked() {
+    let server = EtcdServer::start().await;
+    let b = Arc::new(backend(&[server.endpoint()], "").await);
+    let locker = Locker::with_backend(b.clone());
+    let k = key("recycle");
+    for _ in 0..50 {
+        let g = locker.acquire(&k, &opts(Duration::from_secs(30))).await.unwrap();
+        g.release().await.unwrap();
+    }
+    assert_eq!(b.held_leases(), 0);
+    assert_eq!(b.idle_leases(), 1);
+    let mut client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    let leases = client.leases().await.unwrap();
+    assert_eq!(leases.leases().len(), 1, "one lease served 50 locks");
+}
+
+/// An endpoint where nothing listens, or that never answers, fails within the timeout with
+/// a transient error naming the endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_endpoint_fails_within_the_timeout() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let started = Instant::now();
+    let refused = distlock::connect(&format!("etcd://127.0.0.1:{port}?timeout=500ms")).await;
+    assert!(started.elapsed() <= Duration::from_millis(800));
+    match refused {
+        Err(e @ Error::Unavailable { .. }) => {
+            assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}")
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+
+    let server = EtcdServer::start().await;
+    let proxy = FaultProxy::start(server.addr()).await;
+    proxy.set_mode(ProxyMode::Blackhole);
+    let started = Instant::now();
+    let silent = distlock::connect(&format!("etcd://{}?timeout=500ms", proxy.addr())).await;
+    assert!(started.elapsed() <= Duration::from_millis(800));
+    assert!(matches!(silent, Err(Error::Unavailable { .. })), "{silent:?}");
+}
+
+/// Malformed URLs, unknown parameters and bad settings are refused with `InvalidUrl`,
+/// before any I/O and without showing the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_and_settings_are_refused() {
+    let bad = [
+        "etcd://",
+        "etcd://host/path",
+        "etcd://host,",
+        "etcd://host:99999",
+        "etcd://host?timeout=fast",
+        "etcd://host?timeout=0ms",
+        "etcd://host?prefix=",
+        "etcd://host?colour=red",
+        "etcd://host?prefix=a&ttl=3s",
+        "etcd://:hunter2@host",
+    ];
+    for url in bad {
+        let refused = distlock::connect(url).await;
+        match refused {
+            Err(Error::InvalidUrl { url: shown, reason }) => {
+                assert!(!shown.contains("hunter2"), "{shown}");
+                assert!(!reason.is_empty());
+            }
+            other => panic!("{url}: expected InvalidUrl, got {other:?}"),
+        }
+    }
+    let redis = LockUrl::parse("redis://host").unwrap();
+    assert!(matches!(
+        EtcdBackend::connect(&redis).await,
+        Err(Error::InvalidUrl { .. })
+    ));
+    for builder in [
+        EtcdBackend::builder(Vec::<String>::new()),
+        EtcdBackend::builder(["https://host:2379"]),
+        EtcdBackend::builder(["host name:2379"]),
+        EtcdBackend::builder(["host:2379"]).prefix(""),
+        EtcdBackend::builder(["host:2379"]).timeout(Duration::ZERO),
+    ] {
+        let debug = format!("{builder:?}");
+        assert!(matches!(builder.build().await, Err(Error::InvalidUrl { .. })), "{debug}");
+    }
+}
+
+/// The typed builder and the URL give the same configuration; `Debug` hides the password.
+#[test]
+fn builder_and_url_agree_and_debug_hides_the_password() {
+    let url = LockUrl::parse("etcd://root:hunter2@a:2379,b?prefix=app/&timeout=750ms").unwrap();
+    let from_url = distlock::etcd::EtcdBuilder::from_url(&url).unwrap();
+    let typed = EtcdBackend::builder(["a:2379", "b:2379"])
+        .user("root", "hunter2")
+        .prefix("app/")
+        .timeout(Duration::from_millis(750));
+    assert_eq!(from_url, typed);
+    let debug = format!("{typed:?}");
+    assert!(!debug.contains("hunter2") && debug.contains("root"), "{debug}");
+}
+
+/// With authentication on, the URL's credentials are used; wrong ones are a non-transient
+/// error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_are_used_and_wrong_ones_refused() {
+    let server = EtcdServer::start().await;
+    let mut client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    client.user_add("root", "hunter2", None).await.unwrap();
+    client.user_grant_role("root", "root").await.unwrap();
+    client.auth_enable().await.unwrap();
+
+    let wrong = distlock::connect(&format!("etcd://root:nope@{}", server.endpoint())).await;
+    match wrong {
+        Err(e @ Error::Backend { .. }) => assert!(!e.to_string().contains("nope"), "{e}"),
+        other => panic!("expected a Backend error, got {other:?}"),
+    }
+    let anonymous = distlock::connect(&format!("etcd://{}", server.endpoint())).await;
+    assert!(matches!(anonymous, Err(Error::Backend { .. })), "{anonymous:?}");
+
+    let locker = distlock::connect(&format!("etcd://root:hunter2@{}", server.endpoint()))
+        .await
+        .unwrap();
+    let g = locker
+        .acquire(&key("auth"), &opts(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+}

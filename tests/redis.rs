@@ -1,0 +1,616 @@
+//! The Redis backend against real `redis-server` processes from lock-testkit: the whole
+//! conformance suite (directly, through `Arc<dyn Backend>`, through `distlock::connect`, and
+//! with a raw `DEL` taking locks away), the fault tests (restart, kill, pause, blackholed
+//! network, fences across a restart) and the bad-input tests.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use distlock::conformance::{run_all, Target};
+use distlock::redis::{RedisBackend, RedisNode, CAPABILITIES, MAX_FENCE};
+use distlock::{Backend, Error, LockOptions, LockUrl, Locker, Owner, WaitStrategy};
+use lock_testkit::{EtcdServer, FaultProxy, ProxyMode, RedisOptions, RedisServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Slack for "returns within its deadline" bounds.
+const SLACK: Duration = Duration::from_millis(100);
+
+async fn backend(url: &str) -> RedisBackend {
+    RedisBackend::connect(&LockUrl::parse(url).expect("valid URL"))
+        .await
+        .expect("connect to the test server")
+}
+
+async fn connect_err(url: &str) -> Error {
+    match distlock::connect(url).await {
+        Ok(locker) => panic!("{url}: connected to {locker:?}"),
+        Err(e) => {
+            eprintln!("{url}: {e}");
+            e
+        }
+    }
+}
+
+fn skip(ttl: Duration) -> LockOptions {
+    LockOptions::new().ttl(ttl).skip().watchdog(false)
+}
+
+async fn raw_exists(server: &RedisServer, key: &str) -> bool {
+    let mut raw = server.client().await;
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    n == 1
+}
+
+// ---------------------------------------------------------------------------------------
+// Conformance
+// ---------------------------------------------------------------------------------------
+
+/// The whole suite on a backend used directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_direct() {
+    let server = RedisServer::start().await;
+    run_all(&Target::new(Arc::new(backend(&server.url()).await))).await;
+}
+
+/// The whole suite through `Arc<dyn Backend>` (the blanket impl forwards every call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_through_arc_dyn() {
+    let server = RedisServer::start().await;
+    let backend: Arc<dyn Backend> = Arc::new(backend(&server.url()).await);
+    run_all(&Target::new(Arc::new(backend))).await;
+}
+
+/// The whole suite through the facade's `connect(url)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_through_connect() {
+    let server = RedisServer::start().await;
+    let url = format!("{}?prefix=conformance%3A&timeout=2s", server.url());
+    let locker: Locker = distlock::connect(&url).await.unwrap();
+    assert_eq!(locker.capabilities(), &CAPABILITIES);
+    run_all(&Target::from_locker(&locker)).await;
+}
+
+/// The whole suite with locks taken away by a raw `DEL` of the lock key on the server (no
+/// release notice, nothing the backend knows about): only the server state matters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_with_raw_del_as_revoke() {
+    let server = RedisServer::start().await;
+    let backend = Arc::new(backend(&server.url()).await);
+    let node = backend.node().clone();
+    let raw = server.client().await;
+    let target = Target::new(backend).with_revoke(move |key| {
+        let mut raw = raw.clone();
+        let lock_key = node.lock_key(&key);
+        async move {
+            let deleted: i64 = redis::cmd("DEL")
+                .arg(&lock_key)
+                .query_async(&mut raw)
+                .await
+                .expect("raw DEL");
+            assert_eq!(deleted, 1, "the lock of {key} lives at {lock_key}");
+        }
+    });
+    run_all(&target).await;
+}
+
+/// The whole suite on a current-thread runtime (the subscription task shares the thread).
+#[tokio::test(flavor = "current_thread")]
+async fn conformance_on_a_current_thread_runtime() {
+    let server = RedisServer::start().await;
+    run_all(&Target::new(Arc::new(backend(&server.url()).await))).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Protocol details
+// ---------------------------------------------------------------------------------------
+
+/// A release in one process (backend) hands the lock to a waiter in another through the
+/// pub/sub notice, long before the holder's TTL would have woken it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_notice_reaches_another_process() {
+    let server = RedisServer::start().await;
+    let (a, b) = (
+        Locker::new(backend(&server.url()).await),
+        Locker::new(backend(&server.url()).await),
+    );
+    let ttl = Duration::from_secs(30);
+    for round in 0..3 {
+        let guard = a.acquire("handoff/x", &skip(ttl)).await.unwrap();
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let g = b
+                    .acquire("handoff/x", &skip(ttl).wait_for(Duration::from_secs(10)))
+                    .await;
+                (Instant::now(), g)
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let released_at = Instant::now();
+        guard.release().await.unwrap();
+        let (granted_at, g) = waiter.await.unwrap();
+        let g = g.expect("the other process gets the lock");
+        let delay = granted_at - released_at;
+        assert!(
+            delay < Duration::from_millis(250),
+            "round {round}: hand-off across processes took {delay:?}"
+        );
+        g.release().await.unwrap();
+    }
+}
+
+/// `inspect` reports the holder's owner token, fence and remaining time; `None` when free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reports_the_holder() {
+    let server = RedisServer::start().await;
+    let locker = Locker::new(backend(&server.url()).await);
+    let backend = locker.backend().clone();
+    assert_eq!(backend.inspect("inspect/x").await.unwrap(), None);
+    let guard = locker
+        .acquire("inspect/x", &skip(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let holder = backend.inspect("inspect/x").await.unwrap().expect("held");
+    assert_eq!(holder.owner, Some(guard.lease().owner()));
+    assert_eq!(holder.fence, Some(guard.fence()));
+    let left = holder.expires_in.expect("the lock has a TTL");
+    assert!(left <= Duration::from_secs(10) && left > Duration::from_secs(9));
+    guard.release().await.unwrap();
+    assert_eq!(backend.inspect("inspect/x").await.unwrap(), None);
+}
+
+/// `raise_fence` lifts a key's counter (what Redlock writes back to a majority): the next
+/// grant's fence is above it; raising to a lower value changes nothing; fences above 2^53
+/// are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raise_fence_lifts_the_next_fence() {
+    let server = RedisServer::start().await;
+    let node: RedisNode = RedisBackend::builder(server.addr().to_string())
+        .prefix("raise:")
+        .build_node()
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(5);
+    let owner = Owner::random();
+    let first = match node.try_acquire("k", owner, ttl).await.unwrap() {
+        distlock::Attempt::Granted { fence, .. } => fence,
+        taken => panic!("free key refused: {taken:?}"),
+    };
+    assert!(node.release("k", owner).await.unwrap());
+    assert!(node.raise_fence("k", first + 1_000_000, ttl).await.unwrap());
+    assert!(!node.raise_fence("k", first, ttl).await.unwrap());
+    let owner = Owner::random();
+    match node.try_acquire("k", owner, ttl).await.unwrap() {
+        distlock::Attempt::Granted { fence, .. } => assert!(fence > first + 1_000_000),
+        taken => panic!("free key refused: {taken:?}"),
+    }
+    // Asking again with the same owner is idempotent (a re-sent request after a lost reply).
+    let again = node.try_acquire("k", owner, ttl).await.unwrap();
+    assert!(
+        matches!(again, distlock::Attempt::Granted { .. }),
+        "{again:?}"
+    );
+    assert!(node.release("k", owner).await.unwrap());
+    assert!(!node.release("k", owner).await.unwrap());
+    assert!(matches!(
+        node.raise_fence("k", MAX_FENCE + 1, ttl).await,
+        Err(Error::Backend { .. })
+    ));
+    assert!(raw_exists(&server, &node.fence_key("k")).await);
+    assert_eq!(node.fence_key("k"), "raise:{k}:fence");
+    assert_eq!(node.lock_key("k"), "raise:{k}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Faults
+// ---------------------------------------------------------------------------------------
+
+/// Redis restarted (empty, empty script cache) while locks are held: extend and release
+/// report NotHeld, not NOSCRIPT or a connection error; new acquires, inspect and
+/// force_release work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_mid_hold_reports_not_held() {
+    let mut server = RedisServer::start().await;
+    let locker = distlock::connect(&server.url()).await.unwrap();
+    let ttl = Duration::from_secs(10);
+    let a = locker.acquire("restart/a", &skip(ttl)).await.unwrap();
+    let b = locker.acquire("restart/b", &skip(ttl)).await.unwrap();
+    let old_fence = a.fence();
+    server.restart().await;
+    // The first use of each script after the restart meets an empty script cache.
+    match a.extend(ttl).await {
+        Err(Error::NotHeld { key }) => assert_eq!(key, "restart/a"),
+        other => panic!("extend after a restart: expected NotHeld, got {other:?}"),
+    }
+    assert!(a.is_lost());
+    match b.release().await {
+        Err(Error::NotHeld { key }) => assert_eq!(key, "restart/b"),
+        other => panic!("release after a restart: expected NotHeld, got {other:?}"),
+    }
+    let backend = locker.backend().clone();
+    assert_eq!(backend.inspect("restart/a").await.unwrap(), None);
+    assert!(!backend.force_release("restart/a").await.unwrap());
+    let again = locker
+        .acquire("restart/a", &skip(ttl))
+        .await
+        .expect("new acquires work after a restart");
+    assert!(again.fence() > old_fence);
+    assert!(matches!(a.release().await, Err(Error::NotHeld { .. })));
+    again.release().await.unwrap();
+}
+
+/// Redis killed while a guard is held: `lost()` fires within the TTL; an acquire with
+/// `Wait(500ms)` returns a transient error within its deadline; after the server is back the
+/// same Locker works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_while_held_loses_the_lock_and_fails_fast() {
+    let mut server = RedisServer::start().await;
+    let locker = distlock::connect(&server.url()).await.unwrap();
+    let ttl = Duration::from_millis(600);
+    let guard = locker
+        .acquire("killed/a", &LockOptions::new().ttl(ttl).skip())
+        .await
+        .unwrap();
+    let lost = guard.lost();
+    server.kill();
+    let killed_at = Instant::now();
+    tokio::time::timeout(ttl + SLACK, lost)
+        .await
+        .expect("lost() fires within the TTL after the server died");
+    assert!(killed_at.elapsed() <= ttl + SLACK);
+    assert!(guard.is_lost());
+
+    let wait = Duration::from_millis(500);
+    let started = Instant::now();
+    let result = locker.acquire("killed/b", &skip(ttl).wait_for(wait)).await;
+    let waited = started.elapsed();
+    match result {
+        Err(e @ Error::Unavailable { .. }) => assert!(e.is_transient()),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(waited <= wait + SLACK, "returned after {waited:?}");
+
+    server.restart().await;
+    let g = locker
+        .acquire("killed/b", &skip(ttl).wait_for(Duration::from_secs(2)))
+        .await
+        .expect("the Locker reconnects after the server is back");
+    g.release().await.unwrap();
+    drop(guard);
+}
+
+/// Redis paused (SIGSTOP: connections open, nothing answered): acquire returns within its
+/// deadline plus 100 ms, never hangs, and everything works again after SIGCONT.
+///
+/// The backend's timeout (250 ms) is below the wait: the Locker's first, fast-path attempt
+/// is bounded by the backend timeout only (see the report on lock-core).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_never_hangs() {
+    let server = RedisServer::start().await;
+    let timeout = Duration::from_millis(250);
+    let locker = distlock::connect(&format!("{}?timeout=250ms", server.url()))
+        .await
+        .unwrap();
+    let held = locker
+        .acquire("paused/held", &skip(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    server.pause();
+    for (wait, bound) in [
+        (WaitStrategy::Skip, timeout),
+        (
+            WaitStrategy::Wait(Duration::from_millis(500)),
+            Duration::from_millis(500),
+        ),
+    ] {
+        let started = Instant::now();
+        let result = locker
+            .acquire("paused/a", &skip(Duration::from_secs(1)).wait(wait))
+            .await;
+        let waited = started.elapsed();
+        let e = result.expect_err("a paused server grants nothing");
+        assert!(e.is_transient(), "{wait:?}: {e}");
+        assert!(
+            waited <= bound + SLACK,
+            "{wait:?}: returned after {waited:?}"
+        );
+    }
+    let started = Instant::now();
+    assert!(locker.backend().inspect("paused/held").await.is_err());
+    assert!(started.elapsed() <= timeout + SLACK);
+    server.resume();
+    let g = locker
+        .acquire("paused/b", &skip(Duration::from_secs(1)))
+        .await
+        .expect("works again after the server resumed");
+    g.release().await.unwrap();
+    held.release()
+        .await
+        .expect("the lock held across the pause is still ours");
+}
+
+/// A blackholing network between client and server (the proxy accepts and forwards
+/// nothing): acquire returns within its deadline plus 100 ms, the held guard's `lost()`
+/// fires within its TTL, and after the network heals the same Locker works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blackholed_network_never_hangs() {
+    let server = RedisServer::start().await;
+    let proxy = FaultProxy::start(server.addr()).await;
+    let timeout = Duration::from_millis(250);
+    let locker = distlock::connect(&format!("redis://{}?timeout=250ms", proxy.addr()))
+        .await
+        .unwrap();
+    let ttl = Duration::from_millis(900);
+    let guard = locker
+        .acquire("blackhole/held", &LockOptions::new().ttl(ttl).skip())
+        .await
+        .unwrap();
+    let lost = guard.lost();
+    proxy.set_mode(ProxyMode::Blackhole);
+    let cut_at = Instant::now();
+    for (wait, bound) in [
+        (WaitStrategy::Skip, timeout),
+        (
+            WaitStrategy::Wait(Duration::from_millis(500)),
+            Duration::from_millis(500),
+        ),
+    ] {
+        let started = Instant::now();
+        let result = locker
+            .acquire("blackhole/a", &skip(Duration::from_secs(1)).wait(wait))
+            .await;
+        let waited = started.elapsed();
+        let e = result.expect_err("nothing gets through a blackhole");
+        assert!(e.is_transient(), "{wait:?}: {e}");
+        assert!(
+            waited <= bound + SLACK,
+            "{wait:?}: returned after {waited:?}"
+        );
+    }
+    tokio::time::timeout((ttl + SLACK).saturating_sub(cut_at.elapsed()), lost)
+        .await
+        .expect("lost() fires within the TTL when renewals cannot get through");
+    proxy.set_mode(ProxyMode::Pass);
+    let g = locker
+        .acquire(
+            "blackhole/b",
+            &skip(Duration::from_secs(1)).wait_for(Duration::from_secs(3)),
+        )
+        .await
+        .expect("works again after the network healed");
+    g.release().await.unwrap();
+}
+
+/// Fencing tokens keep increasing across restarts of a server without persistence, where
+/// the fence counter is lost and only the server clock orders grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_increase_across_restarts_without_persistence() {
+    let mut server = RedisServer::start().await;
+    assert!(!server.options().persistent);
+    let backend = backend(&server.url()).await;
+    let fence_key = backend.node().fence_key("fence/k");
+    let locker = Locker::new(backend);
+    let mut fences = Vec::new();
+    for _ in 0..3 {
+        for _ in 0..3 {
+            let g = locker
+                .acquire("fence/k", &skip(Duration::from_secs(10)))
+                .await
+                .unwrap();
+            fences.push(g.fence());
+            g.release().await.unwrap();
+        }
+        assert!(raw_exists(&server, &fence_key).await);
+        server.restart().await;
+        assert!(
+            !raw_exists(&server, &fence_key).await,
+            "the restart wiped the fence counter"
+        );
+    }
+    let g = locker
+        .acquire("fence/k", &skip(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    fences.push(g.fence());
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences must strictly increase across restarts: {fences:?}"
+    );
+}
+
+/// After the release subscription broke (server restart), it resubscribes and wakes the
+/// waiters: a waiter of another process, whose holder vanished with the restart, gets the
+/// lock long before the holder's 30 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_wake_after_the_subscription_reconnects() {
+    let mut server = RedisServer::start().await;
+    let (a, b) = (
+        Locker::new(backend(&server.url()).await),
+        Locker::new(backend(&server.url()).await),
+    );
+    let ttl = Duration::from_secs(30);
+    let _held = a.acquire("resub/x", &skip(ttl)).await.unwrap();
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.acquire("resub/x", &skip(ttl).wait_for(Duration::from_secs(20)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let restarted = Instant::now();
+    server.restart().await;
+    let g = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter is woken after the subscription comes back")
+        .unwrap()
+        .expect("and gets the lock");
+    assert!(restarted.elapsed() < Duration::from_secs(5));
+    g.release().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad input
+// ---------------------------------------------------------------------------------------
+
+/// A port nobody listens on: `Unavailable` (transient) at once, naming the refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_port_is_unavailable() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let started = Instant::now();
+    let e = connect_err(&format!("redis://127.0.0.1:{port}")).await;
+    assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+    assert!(e.to_string().contains("refused"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+/// A host name that does not resolve: an error within the timeout, no hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unresolvable_host_fails_within_the_timeout() {
+    let started = Instant::now();
+    let e = connect_err("redis://no-such-host.invalid:6379?timeout=500ms").await;
+    assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+    assert!(started.elapsed() <= Duration::from_millis(500) + SLACK);
+}
+
+/// Wrong or missing password: a non-transient `Backend` error saying authentication was
+/// refused, never showing the password; the right one connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_is_a_clear_backend_error() {
+    let server = RedisServer::start_with(RedisOptions {
+        password: Some("s3cret-pw".into()),
+        ..RedisOptions::default()
+    })
+    .await;
+    let port = server.port();
+    for url in [
+        format!("redis://:not-it@127.0.0.1:{port}"),
+        format!("redis://127.0.0.1:{port}"),
+        format!("redis://someone:s3cret-pw@127.0.0.1:{port}"),
+    ] {
+        let e = connect_err(&url).await;
+        assert!(matches!(e, Error::Backend { .. }), "{url}: {e:?}");
+        assert!(!e.is_transient());
+        let text = e.to_string();
+        assert!(text.contains("authentication"), "{url}: {text}");
+        assert!(
+            !text.contains("not-it") && !text.contains("s3cret"),
+            "{text}"
+        );
+    }
+    let locker = distlock::connect(&server.url())
+        .await
+        .expect("right password");
+    let g = locker
+        .acquire("auth/x", &skip(Duration::from_secs(1)))
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+}
+
+/// Malformed URLs and unknown parameters: `InvalidUrl`, before any I/O, password hidden.
+#[tokio::test]
+async fn malformed_urls_are_invalid_url() {
+    for url in [
+        "redis://",
+        "redis://:pw-hidden@h:6379?unknown=1",
+        "redis://h:6379?timeout=fast",
+        "redis://h:6379?timeout=0s",
+        "redis://h:6379/db",
+        "redis://h:99999",
+        "redis://h1:6379,h2:6379",
+        "redis://h:6379#frag",
+        "redis:/h:6379",
+        "rediss://h:6379?prefix=a&tls=1",
+    ] {
+        match connect_err(url).await {
+            Error::InvalidUrl { url: shown, .. } => {
+                assert!(!shown.contains("pw-hidden"), "{shown}")
+            }
+            other => panic!("{url}: expected InvalidUrl, got {other:?}"),
+        }
+    }
+}
+
+/// A server that answers with something other than RESP: a non-transient `Backend` error
+/// saying so, quickly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_redis_server_is_a_clear_backend_error() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                    .await;
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            });
+        }
+    });
+    let started = Instant::now();
+    let e = connect_err(&format!("redis://{addr}")).await;
+    assert!(matches!(e, Error::Backend { .. }), "{e:?}");
+    assert!(e.to_string().contains("Redis protocol"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+    server.abort();
+}
+
+/// An etcd client port (HTTP/2, not RESP): an error within the timeout, no hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_port_is_not_redis() {
+    let etcd = EtcdServer::start().await;
+    let started = Instant::now();
+    let e = connect_err(&format!("redis://{}?timeout=500ms", etcd.addr())).await;
+    assert!(!matches!(e, Error::InvalidUrl { .. }), "{e:?}");
+    assert!(started.elapsed() <= Duration::from_millis(500) + SLACK);
+}
+
+/// A server that accepts and never answers: `Unavailable` after the timeout, no hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_server_times_out() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let started = Instant::now();
+    let e = connect_err(&format!("redis://{addr}?timeout=300ms")).await;
+    assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
+    assert!(e.to_string().contains("no answer"), "{e}");
+    assert!(started.elapsed() <= Duration::from_millis(300) + SLACK);
+    server.abort();
+}
+
+/// `rediss://` against a plain-text Redis: an error within the timeout, no hang, no panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_against_a_plain_server_fails_cleanly() {
+    let server = RedisServer::start().await;
+    let started = Instant::now();
+    let e = connect_err(&format!(
+        "rediss://127.0.0.1:{}?timeout=500ms",
+        server.port()
+    ))
+    .await;
+    assert!(
+        matches!(e, Error::Unavailable { .. } | Error::Backend { .. }),
+        "{e:?}"
+    );
+    assert!(started.elapsed() <= Duration::from_millis(500) + SLACK);
+}
