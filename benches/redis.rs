@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{distinct_keys, one_key, rate, uncontended, Distlock, Subject};
+use common::{distinct_keys, one_key, uncontended, Distlock, Subject};
 use criterion::{criterion_group, criterion_main, Criterion};
 use distlock::redis::RedisBackend;
 use distlock::{LockUrl, Locker};
@@ -158,36 +158,85 @@ fn bench(c: &mut Criterion) {
     report(&rt, &s);
 }
 
-/// Ratios against the peers, measured back to back in this run.
+/// Cycles per second of `batch` in `ROUNDS` rounds of about `ROUND` each, after sizing the
+/// batch once; the rounds of all subjects of a workload are interleaved by the caller.
+const ROUNDS: usize = 7;
+const ROUND: Duration = Duration::from_millis(300);
+
+async fn batch_size<F, Fut>(mut batch: F) -> u64
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Duration>,
+{
+    let mut n = 16u64;
+    loop {
+        let took = batch(n).await;
+        if took >= ROUND / 4 || n > 1 << 24 {
+            return ((n as f64) * ROUND.as_secs_f64() / took.as_secs_f64().max(1e-9)).max(1.0)
+                as u64;
+        }
+        n *= 4;
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Ratios against the peers, measured in interleaved rounds in this run (the machine may be
+/// shared, so each round compares subjects measured back to back and the median is kept).
 fn report(rt: &tokio::runtime::Runtime, s: &Subjects) {
-    let run_for = Duration::from_secs(1);
     rt.block_on(async {
-        let ours_1 = rate(run_for, |n| uncontended(&s.ours, n)).await;
-        let rslock_1 = rate(run_for, |n| uncontended(&s.rslock, n)).await;
-        let raw_1 = rate(run_for, |n| uncontended(&s.raw, n)).await;
-        let ours_64 = rate(run_for, |n| distinct_keys(&s.ours, 64, n)).await;
-        let rslock_64 = rate(run_for, |n| distinct_keys(&s.rslock, 64, n)).await;
-        let raw_64 = rate(run_for, |n| distinct_keys(&s.raw, 64, n)).await;
+        // Uncontended and 64 distinct keys: ours, rslock, raw, round after round.
+        let mut lines = Vec::new();
+        for tasks in [1usize, 64] {
+            let run = |subject: usize, n: u64| {
+                let (ours, rslock, raw) = (s.ours.clone(), s.rslock.clone(), s.raw.clone());
+                async move {
+                    match (subject, tasks) {
+                        (0, 1) => uncontended(&ours, n).await,
+                        (1, 1) => uncontended(&rslock, n).await,
+                        (2, 1) => uncontended(&raw, n).await,
+                        (0, t) => distinct_keys(&ours, t, n).await,
+                        (1, t) => distinct_keys(&rslock, t, n).await,
+                        (_, t) => distinct_keys(&raw, t, n).await,
+                    }
+                }
+            };
+            let mut sizes = [0u64; 3];
+            for (i, size) in sizes.iter_mut().enumerate() {
+                *size = batch_size(|n| run(i, n)).await;
+            }
+            let mut rates = [Vec::new(), Vec::new(), Vec::new()];
+            let (mut vs_rslock, mut vs_raw) = (Vec::new(), Vec::new());
+            for _ in 0..ROUNDS {
+                let mut r = [0f64; 3];
+                for i in 0..3 {
+                    r[i] = sizes[i] as f64 / run(i, sizes[i]).await.as_secs_f64();
+                    rates[i].push(r[i]);
+                }
+                vs_rslock.push(r[0] / r[1]);
+                vs_raw.push(r[0] / r[2]);
+            }
+            let [ours, rslock, raw] = rates.map(median);
+            lines.push((tasks, ours, rslock, raw, median(vs_rslock), median(vs_raw)));
+        }
         let hold = Duration::from_millis(1);
         let ours_one = one_key(&s.ours, 16, hold, Duration::from_secs(2)).await;
         let rslock_one = one_key(&s.rslock, 16, hold, Duration::from_secs(2)).await;
+
         eprintln!("\n== redis backend vs rslock 0.10 and raw SET NX PX + DEL (same server, same run) ==");
-        eprintln!(
-            "uncontended, 1 task: ours {ours_1:.0}, rslock {rslock_1:.0}, raw {raw_1:.0} cycles/s"
-        );
-        eprintln!(
-            "  ours/rslock {:.2} (goal >= 1.3), ours/raw {:.2} (goal >= 0.8)",
-            ours_1 / rslock_1,
-            ours_1 / raw_1
-        );
-        eprintln!(
-            "64 tasks, distinct keys: ours {ours_64:.0}, rslock {rslock_64:.0}, raw {raw_64:.0} cycles/s"
-        );
-        eprintln!(
-            "  ours/rslock {:.2} (goal >= 1.2), ours/raw {:.2}",
-            ours_64 / rslock_64,
-            ours_64 / raw_64
-        );
+        eprintln!("(medians over {ROUNDS} interleaved rounds of ~{ROUND:?} per subject)");
+        for (tasks, ours, rslock, raw, vs_rslock, vs_raw) in lines {
+            let (name, goal_rslock, goal_raw) = if tasks == 1 {
+                ("uncontended, 1 task", " (goal >= 1.3)", " (goal >= 0.8)")
+            } else {
+                ("64 tasks, distinct keys", " (goal >= 1.2)", "")
+            };
+            eprintln!("{name}: ours {ours:.0}, rslock {rslock:.0}, raw {raw:.0} cycles/s");
+            eprintln!("  ours/rslock {vs_rslock:.2}{goal_rslock}, ours/raw {vs_raw:.2}{goal_raw}");
+        }
         eprintln!("16 tasks, one key, 1 ms hold:");
         eprintln!("  {}", ours_one.summary("distlock"));
         eprintln!("  {}", rslock_one.summary("rslock"));

@@ -5,87 +5,14 @@
 
 mod common;
 
-use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
-use common::{assert_gone, collect, distlock, finish, read_pid, read_when_written, sh, PROMPT};
+use common::{collect, distlock, finish, read_pid, run_args, Sleeper, PROMPT};
 use lock_testkit::RedisServer;
-
-fn run_args(url: &str, key: &str, extra: &[&str], script: &str) -> Vec<String> {
-    let mut args: Vec<String> = vec!["run".into(), key.into(), "--url".into(), url.into()];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args.push("--".into());
-    args.extend(sh(script));
-    args
-}
 
 /// lock-redis stores lock `name` at `distlock:{name}` (default prefix, hash tag).
 fn redis_key(name: &str) -> String {
     format!("distlock:{{{name}}}")
-}
-
-/// A `distlock run` whose command records its pid and fence, then sleeps.
-struct Sleeper {
-    child: tokio::process::Child,
-    started: Instant,
-    /// The command's pid.
-    pid: i32,
-    /// The command's DISTLOCK_FENCE.
-    fence: u64,
-    _dir: tempfile::TempDir,
-}
-
-impl Sleeper {
-    /// Starts it and returns once the command runs (so the lock is held).
-    async fn start(url: &str, key: &str, extra: &[&str]) -> Sleeper {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("pid-fence");
-        let started = Instant::now();
-        let child = distlock(run_args(
-            url,
-            key,
-            extra,
-            &format!(
-                "echo \"$$ $DISTLOCK_FENCE\" > {}; exec sleep 60",
-                file.display()
-            ),
-        ))
-        .spawn()
-        .unwrap();
-        let text = read_when_written(&file, PROMPT).await;
-        let (pid, fence) = text.trim().split_once(' ').expect("pid and fence");
-        Sleeper {
-            child,
-            started,
-            pid: pid.parse().unwrap(),
-            fence: fence.parse().unwrap(),
-            _dir: dir,
-        }
-    }
-
-    /// Waits for distlock to end.
-    async fn finish(self) -> common::Finished {
-        collect(self.child, self.started, PROMPT).await
-    }
-
-    /// distlock must notice the lock is lost, stop the command and exit 76.
-    async fn expect_lost(self, key: &str) -> common::Finished {
-        let pid = self.pid;
-        let out = self.finish().await;
-        out.expect_code(76)
-            .expect_stderr(&format!("lost lock {key:?}"));
-        assert_gone(pid, Duration::from_secs(5)).await;
-        out
-    }
-
-    /// SIGTERM to distlock; it must die of it after stopping the command.
-    async fn terminate(self) {
-        common::kill(self.child.id().unwrap(), libc::SIGTERM);
-        let pid = self.pid;
-        let out = self.finish().await;
-        assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{out:#?}");
-        assert_gone(pid, Duration::from_secs(5)).await;
-    }
 }
 
 /// Several `distlock run` processes on one key never run their commands at the same time:

@@ -289,6 +289,9 @@ impl Locker {
         if self.inner.shut_down.load(Ordering::SeqCst) {
             return Err(Error::Shutdown);
         }
+        // An in-process backend never yields: take part in tokio's cooperative budget, as
+        // tokio's own mutex does, so a task looping on locks cannot starve its neighbours.
+        tokio::task::coop::consume_budget().await;
         let (started, deadline) = match opts.wait {
             WaitStrategy::Skip => {
                 return match self.attempt(key, ttl, opts).await? {

@@ -161,7 +161,9 @@ impl EtcdBuilder {
             let well_formed = !bare.is_empty()
                 && !bare.contains("://")
                 && !bare.contains('/')
-                && !bare.chars().any(|c| c.is_whitespace() || c.is_control() || c == '@');
+                && !bare
+                    .chars()
+                    .any(|c| c.is_whitespace() || c.is_control() || c == '@');
             if !well_formed {
                 return refuse(format!(
                     "endpoint `{endpoint}` is not host:port or http://host:port"

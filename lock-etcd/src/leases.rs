@@ -68,7 +68,10 @@ impl Slot {
 
     /// Renews the lease for its TTL: one round trip over the lease's open stream, or over a
     /// new one. Not bounded here: callers bound it with their operation's deadline.
-    pub(crate) async fn keep_alive(&mut self, client: &Client) -> Result<Renewal, etcd_client::Error> {
+    pub(crate) async fn keep_alive(
+        &mut self,
+        client: &Client,
+    ) -> Result<Renewal, etcd_client::Error> {
         let sent = Instant::now();
         if let Some(open) = self.stream.as_mut().filter(|s| !s.in_flight) {
             open.in_flight = true;

@@ -26,14 +26,15 @@ pub(crate) async fn open(client: &Client, prefix: &str) -> Result<Open, etcd_cli
         .with_filters([WatchFilterType::NoPut]);
     // etcd-client asserts that the first answer is the creation; a panic there must not
     // take the watch task down with it.
-    AssertUnwindSafe(client.watch_client().watch(prefix, Some(options)))
+    match AssertUnwindSafe(client.watch_client().watch(prefix, Some(options)))
         .catch_unwind()
         .await
-        .unwrap_or_else(|_| {
-            Err(etcd_client::Error::WatchError(
-                "the watch was not created".into(),
-            ))
-        })
+    {
+        Ok(opened) => opened,
+        Err(_) => Err(etcd_client::Error::WatchError(
+            "the watch was not created".into(),
+        )),
+    }
 }
 
 /// Follows the watch for the life of the backend: every delete under the prefix wakes the

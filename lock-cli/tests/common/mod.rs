@@ -2,6 +2,7 @@
 //! time limit, and watching the processes it starts.
 #![allow(dead_code)]
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -138,6 +139,79 @@ pub fn kill(pid: u32, sig: i32) {
     assert_eq!(rc, 0, "kill({pid}, {sig}) failed");
 }
 
+/// `run KEY --url URL EXTRA… -- sh -c SCRIPT`.
+pub fn run_args(url: &str, key: &str, extra: &[&str], script: &str) -> Vec<String> {
+    let mut args: Vec<String> = vec!["run".into(), key.into(), "--url".into(), url.into()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.push("--".into());
+    args.extend(sh(script));
+    args
+}
+
+/// A `distlock run` whose command records its pid and fence, then sleeps.
+pub struct Sleeper {
+    pub child: Child,
+    pub started: Instant,
+    /// The command's pid.
+    pub pid: i32,
+    /// The command's DISTLOCK_FENCE.
+    pub fence: u64,
+    _dir: tempfile::TempDir,
+}
+
+impl Sleeper {
+    /// Starts it and returns once the command runs (so the lock is held).
+    pub async fn start(url: &str, key: &str, extra: &[&str]) -> Sleeper {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pid-fence");
+        let started = Instant::now();
+        let child = distlock(run_args(
+            url,
+            key,
+            extra,
+            &format!(
+                "echo \"$$ $DISTLOCK_FENCE\" > {}; exec sleep 60",
+                file.display()
+            ),
+        ))
+        .spawn()
+        .unwrap();
+        let text = read_when_written(&file, PROMPT).await;
+        let (pid, fence) = text.trim().split_once(' ').expect("pid and fence");
+        Sleeper {
+            child,
+            started,
+            pid: pid.parse().unwrap(),
+            fence: fence.parse().unwrap(),
+            _dir: dir,
+        }
+    }
+
+    /// Waits for distlock to end.
+    pub async fn finish(self) -> Finished {
+        collect(self.child, self.started, PROMPT).await
+    }
+
+    /// distlock must notice the lock is lost, stop the command and exit 76.
+    pub async fn expect_lost(self, key: &str) -> Finished {
+        let pid = self.pid;
+        let out = self.finish().await;
+        out.expect_code(76)
+            .expect_stderr(&format!("lost lock {key:?}"));
+        assert_gone(pid, Duration::from_secs(5)).await;
+        out
+    }
+
+    /// SIGTERM to distlock; it must die of it after stopping the command.
+    pub async fn terminate(self) {
+        kill(self.child.id().unwrap(), libc::SIGTERM);
+        let pid = self.pid;
+        let out = self.finish().await;
+        assert_eq!(out.status.signal(), Some(libc::SIGTERM), "{out:#?}");
+        assert_gone(pid, Duration::from_secs(5)).await;
+    }
+}
+
 /// A shell command line for `sh -c`.
 pub fn sh(script: &str) -> [String; 3] {
     ["sh".to_owned(), "-c".to_owned(), script.to_owned()]
@@ -197,4 +271,50 @@ pub fn check_bench_counts(r: &serde_json::Value) {
     let jain = r["fairness_jain"].as_f64().unwrap();
     let n = per_task.len() as f64;
     assert!(jain >= 1.0 / n - 1e-9 && jain <= 1.0 + 1e-9, "{r}");
+}
+
+/// What every cross-process backend must do under `distlock`: while one `run` holds KEY,
+/// `--no-wait` exits 75 and `status` shows the holder's fence; once the holder is stopped
+/// by SIGTERM the key is free and the next run's fence is greater.
+pub async fn cross_process_scenario(url: &str, backend: &str) {
+    let holder = Sleeper::start(url, "shared", &[]).await;
+    let out = finish(
+        distlock(run_args(url, "shared", &["--no-wait"], "true")),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(75).expect_stderr("held by another owner");
+    assert!(
+        !out.stderr.contains("note:"),
+        "{backend} is cross-process: {out:#?}"
+    );
+
+    let status = finish(
+        distlock(["status", "shared", "--url", url, "--json"]),
+        PROMPT,
+    )
+    .await;
+    status.expect_code(0);
+    let v: serde_json::Value = serde_json::from_str(&status.stdout).expect("status --json");
+    assert_eq!(v["backend"], backend, "{v}");
+    assert_eq!(v["held"], true, "{v}");
+    if let Some(fence) = v["fence"].as_u64() {
+        assert_eq!(fence, holder.fence, "{v}");
+    }
+
+    let first = holder.fence;
+    holder.terminate().await;
+    let next = finish(
+        distlock(run_args(
+            url,
+            "shared",
+            &["--no-wait"],
+            "echo $DISTLOCK_FENCE",
+        )),
+        PROMPT,
+    )
+    .await;
+    next.expect_code(0);
+    let second: u64 = next.stdout.trim().parse().expect("a fence");
+    assert!(second > first, "fences {first} then {second}");
 }

@@ -1,0 +1,23 @@
+//! `distlock run` and `status` against every other cross-process backend, on real servers
+//! (lock-testkit); Redis has its own, fuller file (redis.rs).
+
+mod common;
+
+/// etcd: exclusion, status and fences through the command.
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd() {
+    let server = lock_testkit::EtcdServer::start().await;
+    let url = format!("etcd://{}", server.addr());
+    common::cross_process_scenario(&url, "etcd").await;
+}
+
+/// Redlock over three Redis nodes: exclusion, status and fences through the command.
+#[cfg(feature = "redlock")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock() {
+    let nodes = lock_testkit::RedisNodes::start(3).await;
+    let hosts: Vec<String> = nodes.addrs().iter().map(|a| a.to_string()).collect();
+    let url = format!("redlock://{}", hosts.join(","));
+    common::cross_process_scenario(&url, "redlock").await;
+}
