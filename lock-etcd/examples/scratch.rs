@@ -3,26 +3,28 @@ use std::time::{Duration, Instant};
 use etcd_client::*;
 use lock_core::{Attempt, Backend, Lease, Owner};
 
-async fn cycles<F, Fut>(tasks: usize, dur: Duration, f: F) -> f64
+fn self_cpu() -> f64 { let mut u: libc::rusage = unsafe { std::mem::zeroed() }; unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) }; u.ru_utime.tv_sec as f64 + u.ru_utime.tv_usec as f64 * 1e-6 + u.ru_stime.tv_sec as f64 + u.ru_stime.tv_usec as f64 * 1e-6 }
+fn proc_cpu(pid: u32) -> f64 { let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap(); let f: Vec<&str> = s.rsplit(')').next().unwrap().split_whitespace().collect(); (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0 }
+static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+async fn cycles<F, Fut>(tasks: usize, _dur: Duration, f: F) -> String
 where F: Fn(usize, u64) -> Fut + Clone + Send + 'static, Fut: std::future::Future<Output=()> + Send {
+    let per = 20000 / tasks as u64;
+    let (c0, s0) = (self_cpu(), proc_cpu(*PID.get().unwrap()));
     let start = Instant::now();
     let mut hs = vec![];
     for t in 0..tasks {
         let f = f.clone();
-        hs.push(tokio::spawn(async move {
-            let mut n = 0u64;
-            while start.elapsed() < dur { f(t, n).await; n += 1; }
-            n
-        }));
+        hs.push(tokio::spawn(async move { for n in 0..per { f(t, n).await; } }));
     }
-    let mut total = 0;
-    for h in hs { total += h.await.unwrap(); }
-    total as f64 / start.elapsed().as_secs_f64()
+    for h in hs { h.await.unwrap(); }
+    let n = (per * tasks as u64) as f64;
+    let el = start.elapsed().as_secs_f64();
+    format!("{:.0}/s client {:.0}us server {:.0}us", n / el, (self_cpu() - c0) / n * 1e6, (proc_cpu(*PID.get().unwrap()) - s0) / n * 1e6)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let server = lock_testkit::EtcdServer::start().await;
+    let server = lock_testkit::EtcdServer::start().await; PID.set(server.pid().unwrap()).unwrap();
     let client = Client::connect([server.endpoint()], None).await.unwrap();
     let backend = Arc::new(lock_etcd::EtcdBackend::builder([server.endpoint()]).build().await.unwrap());
     let locker = lock_core::Locker::with_backend(backend.clone());
@@ -33,7 +35,7 @@ async fn main() {
     let mut peer_leases = vec![];
     for _ in 0..tasks { peer_leases.push(c0.lease_grant(600, None).await.unwrap().id()); }
     let peer_leases = Arc::new(peer_leases);
-    for _round in 0..3 {
+    for _round in 0..2 {
         let cl = client.clone(); let pl = peer_leases.clone();
         let peer = cycles(tasks, d, move |t, _n| { let mut c = cl.clone(); let pl = pl.clone(); async move {
             let r = c.lock(format!("p/{t}"), Some(LockOptions::new().with_lease(pl[t]))).await.unwrap();
@@ -60,6 +62,6 @@ async fn main() {
             assert!(r.succeeded());
             c.txn(Txn::new().when([Compare::value(key.clone(), CompareOp::Equal, "v")]).and_then([TxnOp::delete(key.clone(), None)])).await.unwrap();
         }}).await;
-        println!("tasks {tasks}: peer {peer:.0}  backend-direct {direct:.0} ({:.2})  locker {via_locker:.0} ({:.2})  two-txns {s:.0} ({:.2})", direct/peer, via_locker/peer, s/peer);
+        println!("tasks {tasks}:\n  peer {peer}\n  direct {direct}\n  locker {via_locker}\n  two-txns {s}");
     }
 }

@@ -52,7 +52,9 @@
 //! connection, subscribed to the release channel, started the first time someone waits; it
 //! resubscribes by itself after a failure and then wakes every waiter, since releases may
 //! have been missed meanwhile. A release made through a backend also wakes that backend's
-//! own waiters directly, without the round trip through the server.
+//! own waiters directly, as soon as the release request is queued on the connection: their
+//! next attempt follows it on the same connection, so a hand-off inside a process costs one
+//! round trip instead of two.
 //!
 //! ## Fencing tokens
 //!
@@ -196,8 +198,14 @@ impl Backend for RedisBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        if self.node.release(lease.key(), lease.owner()).await? {
-            self.notices.notify(lease.key());
+        let key = lease.key();
+        // Our own waiters are woken as soon as the release is queued: their attempt goes out
+        // on the same connection behind it, so the server runs it after the release. The
+        // second notice, once the release is confirmed, covers an attempt that still came
+        // too early (e.g. the release had to be re-sent).
+        let woke = || self.notices.notify(key);
+        if self.node.release_queued(key, lease.owner(), &woke).await? {
+            self.notices.notify(key);
             Ok(())
         } else {
             Err(Self::not_held(lease))

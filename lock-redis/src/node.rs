@@ -160,12 +160,12 @@ impl RedisNode {
 
     /// The Redis key holding lock `name`: `<prefix>{<name>}`.
     pub fn lock_key(&self, name: &str) -> String {
-        format!("{}{{{name}}}", self.prefix())
+        key(self.prefix(), name, "")
     }
 
     /// The Redis key holding the fence counter of lock `name`: `<prefix>{<name>}:fence`.
     pub fn fence_key(&self, name: &str) -> String {
-        format!("{}{{{name}}}:fence", self.prefix())
+        key(self.prefix(), name, ":fence")
     }
 
     /// The pub/sub channel releases are announced on.
@@ -206,7 +206,7 @@ impl RedisNode {
         let ttl_ms = millis(ttl);
         let started = Instant::now();
         let (lock_key, fence_key) = (self.lock_key(name), self.fence_key(name));
-        let owner = owner.to_string();
+        let owner = hex(owner);
         let retention = ttl_ms + millis(FENCE_RETENTION);
         let reply = self
             .eval(&scripts::ACQUIRE, "acquire", |cmd| {
@@ -245,7 +245,7 @@ impl RedisNode {
         let ttl_ms = millis(ttl);
         let started = Instant::now();
         let lock_key = self.lock_key(name);
-        let owner = owner.to_string();
+        let owner = hex(owner);
         let reply = self
             .eval(&scripts::EXTEND, "extend", |cmd| {
                 cmd.arg(1).arg(&lock_key).arg(&owner).arg(ttl_ms);
@@ -265,11 +265,25 @@ impl RedisNode {
     /// # Errors
     /// As [`ping`](Self::ping).
     pub async fn release(&self, name: &str, owner: Owner) -> Result<bool> {
+        self.release_queued(name, owner, &|| {}).await
+    }
+
+    /// [`release`](Self::release), calling `queued` as soon as the request is queued on
+    /// the shared connection (and again if it had to be re-sent). A request queued after
+    /// it on this node runs after it on the server, so a local waiter woken by `queued`
+    /// can attempt at once, saving a round trip on every hand-off; if that attempt comes
+    /// too early (the release fails), it is only refused.
+    pub(crate) async fn release_queued(
+        &self,
+        name: &str,
+        owner: Owner,
+        queued: &(dyn Fn() + Sync),
+    ) -> Result<bool> {
         let lock_key = self.lock_key(name);
-        let owner = owner.to_string();
+        let owner = hex(owner);
         let notice = self.notice(name);
         let reply = self
-            .eval(&scripts::RELEASE, "release", |cmd| {
+            .eval_queued(&scripts::RELEASE, "release", queued, |cmd| {
                 cmd.arg(1)
                     .arg(&lock_key)
                     .arg(&owner)
@@ -397,16 +411,31 @@ impl RedisNode {
     where
         F: Fn(&mut Cmd),
     {
+        self.eval_queued(script, op, &|| {}, fill).await
+    }
+
+    /// [`eval`](Self::eval), calling `queued` whenever a request of it is queued.
+    async fn eval_queued<F>(
+        &self,
+        script: &Script,
+        op: &'static str,
+        queued: &(dyn Fn() + Sync),
+        fill: F,
+    ) -> Result<Value>
+    where
+        F: Fn(&mut Cmd),
+    {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.sha());
         fill(&mut cmd);
-        match self.shared.link.send(&cmd, deadline).await {
+        let link = &self.shared.link;
+        match link.send(&cmd, deadline, queued).await {
             Err(Failure::Redis(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 let mut cmd = redis::cmd("EVAL");
                 cmd.arg(script.source);
                 fill(&mut cmd);
-                self.shared.link.send(&cmd, deadline).await
+                link.send(&cmd, deadline, queued).await
             }
             other => other,
         }
@@ -417,7 +446,7 @@ impl RedisNode {
         let deadline = tokio::time::Instant::now() + self.timeout;
         self.shared
             .link
-            .send(cmd, deadline)
+            .send(cmd, deadline, &|| {})
             .await
             .map_err(|failure| self.failure(op, failure))
     }
@@ -446,6 +475,28 @@ impl RedisNode {
 /// Milliseconds of a duration, rounded up.
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+/// `<prefix>{<name>}<suffix>`.
+fn key(prefix: &str, name: &str, suffix: &str) -> String {
+    let mut key = String::with_capacity(prefix.len() + name.len() + suffix.len() + 2);
+    key.push_str(prefix);
+    key.push('{');
+    key.push_str(name);
+    key.push('}');
+    key.push_str(suffix);
+    key
+}
+
+/// The owner token as stored: 32 lowercase hex digits (as `Owner`'s `Display`, without
+/// the formatting machinery on the hot path).
+fn hex(owner: Owner) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let value = owner.as_u128();
+    (0..32)
+        .rev()
+        .map(|i| DIGITS[((value >> (i * 4)) & 0xf) as usize] as char)
+        .collect()
 }
 
 /// `{a, b}` of two integers.
@@ -620,20 +671,34 @@ impl Connector {
         }
     }
 
-    /// Sends `cmd` and reads its reply before `deadline`.
+    /// Sends `cmd` and reads its reply before `deadline`, calling `queued` once the request
+    /// is queued on the connection.
     async fn send(
         &self,
         cmd: &Cmd,
         deadline: tokio::time::Instant,
+        queued: &(dyn Fn() + Sync),
     ) -> std::result::Result<Value, Failure> {
         let mut resent = false;
         loop {
-            let (mut link, fresh) = match tokio::time::timeout_at(deadline, self.link()).await {
-                Err(_) => return Err(Failure::Timeout),
-                Ok(Err(e)) => return Err(Failure::Redis(e)),
-                Ok(Ok(link)) => link,
+            let (mut link, fresh) = match self.cached() {
+                Some(link) => (link, false),
+                None => match tokio::time::timeout_at(deadline, self.link()).await {
+                    Err(_) => return Err(Failure::Timeout),
+                    Ok(Err(e)) => return Err(Failure::Redis(e)),
+                    Ok(Ok(link)) => link,
+                },
             };
-            let sent = tokio::time::timeout_at(deadline, link.conn.send_packed_command(cmd)).await;
+            let mut request = std::pin::pin!(link.conn.send_packed_command(cmd));
+            // The first poll queues the request on the connection, whose driver writes
+            // requests in queue order; only then may `queued` let others queue behind it.
+            let sent = match futures::poll!(request.as_mut()) {
+                std::task::Poll::Ready(reply) => Ok(reply),
+                std::task::Poll::Pending => {
+                    queued();
+                    tokio::time::timeout_at(deadline, request).await
+                }
+            };
             // Error replies arrive as values; the protocol treats them as errors.
             match sent.map(|reply| reply.and_then(Value::extract_error)) {
                 Ok(Ok(value)) => return Ok(value),
@@ -676,6 +741,19 @@ mod tests {
             millis(Duration::MAX),
             u64::try_from(Duration::MAX.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
         );
+    }
+
+    #[test]
+    fn owner_hex_and_keys_have_the_stored_form() {
+        for owner in [
+            Owner::from_u128(0),
+            Owner::from_u128(u128::MAX),
+            Owner::random(),
+        ] {
+            assert_eq!(hex(owner), owner.to_string());
+        }
+        assert_eq!(key("p:", "a/b", ""), "p:{a/b}");
+        assert_eq!(key("", "x", ":fence"), "{x}:fence");
     }
 
     #[test]

@@ -163,7 +163,7 @@ impl RedlockBuilder {
 
     /// A fixed bound on each node's answer to each request. Without one (the default) it
     /// is derived from the TTL of the request: `TTL / 10`, between 5 ms and 50 ms, and
-    /// 50 ms for requests without a TTL (release, inspect, force-release). Keep it much
+    /// 500 ms for requests without a TTL (release, inspect, force-release). Keep it much
     /// smaller than the TTL: an attempt that needs a slow node for its quorum loses that
     /// time from the validity.
     pub fn node_timeout(mut self, timeout: Duration) -> Self {

@@ -134,6 +134,7 @@
 #![deny(missing_docs)]
 
 mod config;
+mod fanout;
 mod member;
 
 use std::future::Future;
@@ -142,7 +143,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures::stream::{FuturesUnordered, StreamExt};
 use lock_core::{
     Attempt, Backend, Capabilities, Error, Holder, Lease, LockUrl, Owner, ReleaseListener,
     ReleaseNotices, Result,
@@ -150,6 +150,7 @@ use lock_core::{
 pub use lock_redis::RedisNode;
 
 pub use config::{RedlockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, URL_PARAMS};
+use fanout::Fanout;
 use member::Member;
 
 /// The name errors carry.
@@ -159,9 +160,12 @@ pub(crate) const BACKEND: &str = "redlock";
 pub const MIN_TTL: Duration = Duration::from_millis(100);
 /// The default per-node timeout is `TTL / 10`, at least this.
 pub const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(5);
-/// The default per-node timeout is `TTL / 10`, at most this; also the default timeout of
-/// requests without a TTL (release, inspect, force-release).
+/// The default per-node timeout is `TTL / 10`, at most this.
 pub const MAX_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// The default per-node timeout of requests without a TTL (release, inspect,
+/// force-release). Nothing waits on them for its validity, and a release returns as soon as
+/// a majority decided it, so this only bounds how long an undecided one waits for slow nodes.
+pub const UNTIMED_NODE_TIMEOUT: Duration = Duration::from_millis(500);
 /// Added to the drift allowance: Redis expires keys with about a millisecond of precision.
 pub const EXPIRY_PRECISION: Duration = Duration::from_millis(2);
 
@@ -199,9 +203,6 @@ impl std::fmt::Debug for RedlockBackend {
             .finish()
     }
 }
-
-/// One node's answer to one request, with the node's index.
-type Reply<T> = (usize, Result<T>);
 
 impl RedlockBackend {
     /// A builder for the nodes at `addrs` (`host` or `host:port` each); see
@@ -305,12 +306,13 @@ impl RedlockBackend {
 
     /// The bound on each node's answer to a request with `ttl` (`None`: release, inspect,
     /// force-release): the configured timeout, or `TTL / 10` between
-    /// [`MIN_NODE_TIMEOUT`] and [`MAX_NODE_TIMEOUT`].
+    /// [`MIN_NODE_TIMEOUT`] and [`MAX_NODE_TIMEOUT`] (without a TTL,
+    /// [`UNTIMED_NODE_TIMEOUT`]).
     pub fn timeout_for(&self, ttl: Option<Duration>) -> Duration {
         match (self.node_timeout, ttl) {
             (Some(fixed), _) => fixed,
             (None, Some(ttl)) => (ttl / 10).clamp(MIN_NODE_TIMEOUT, MAX_NODE_TIMEOUT),
-            (None, None) => MAX_NODE_TIMEOUT,
+            (None, None) => UNTIMED_NODE_TIMEOUT,
         }
     }
 
@@ -336,77 +338,53 @@ impl RedlockBackend {
             })
     }
 
-    /// Sends `op` to the nodes `targets` at once, each bounded by `timeout`, and returns
-    /// their answers as they come. Every request is handed to its node's connection on the
-    /// first poll, so dropping the stream later still delivers them.
+    /// Sends `op` to the nodes `targets` at once, each bounded by `timeout`; a node that is
+    /// not connected answers with its error at once.
     fn fan_out<T, F, Fut>(
         &self,
         targets: impl IntoIterator<Item = usize>,
         timeout: Duration,
         op: F,
-    ) -> FuturesUnordered<impl Future<Output = Reply<T>> + Send + 'static>
+    ) -> Fanout<T>
     where
         F: Fn(RedisNode) -> Fut,
         Fut: Future<Output = Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        targets
-            .into_iter()
-            .map(|i| {
-                let request = self.members[i].node(timeout).map(&op);
-                async move {
-                    match request {
-                        Ok(request) => (i, request.await),
-                        Err(e) => (i, Err(e)),
-                    }
-                }
-            })
-            .collect()
-    }
-
-    /// Lets the requests still in flight run to completion in the background (so that a
-    /// release deletes wherever the lock is still ours), notifying local waiters of `key`
-    /// when one of them deleted a lock.
-    fn finish_in_background<F>(&self, key: &Arc<str>, rest: FuturesUnordered<F>)
-    where
-        F: Future<Output = Reply<bool>> + Send + 'static,
-    {
-        if rest.is_empty() {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (notices, key) = (self.notices.clone(), key.clone());
-        runtime.spawn(async move {
-            let deleted = rest
-                .fold(false, |deleted, (_, reply)| async move {
-                    deleted || matches!(reply, Ok(true))
+        Fanout::new(
+            targets
+                .into_iter()
+                .map(|i| {
+                    let request: std::pin::Pin<Box<dyn Future<Output = Result<T>> + Send>> =
+                        match self.members[i].node(timeout) {
+                            Ok(node) => Box::pin(op(node)),
+                            Err(e) => Box::pin(std::future::ready(Err(e))),
+                        };
+                    (i, request)
                 })
-                .await;
-            if deleted {
-                notices.notify(&key);
-            }
-        });
+                .collect(),
+        )
     }
 
     /// Releases an abandoned attempt of `owner` on every node that may hold it: `now`
     /// (those that granted) before returning, `later` (failed or unanswered) in the
     /// background.
-    async fn abandon(&self, key: &Arc<str>, owner: Owner, now: Vec<usize>, later: Vec<usize>) {
-        let timeout = self.timeout_for(None);
+    async fn abandon(
+        &self,
+        key: &Arc<str>,
+        owner: Owner,
+        timeout: Duration,
+        now: Vec<usize>,
+        later: Vec<usize>,
+    ) {
         let release = |node: RedisNode| {
             let key = key.clone();
             async move { node.release(&key, owner).await }
         };
-        if !later.is_empty() {
-            let rest = self.fan_out(later, timeout, release);
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                // No local notice: these keys never blocked a quorum, and a notice would wake
-                // this very attempt's waiter at once.
-                runtime.spawn(rest.for_each(|_| async {}));
-            }
-        }
+        // No local notice for these: the keys never blocked a quorum, and a notice would wake
+        // this very attempt's waiter at once.
+        self.fan_out(later, timeout, release)
+            .finish_in_background(|_, _| {});
         let mut replies = self.fan_out(now, timeout, release);
         while let Some((i, reply)) = replies.next().await {
             if let Err(e) = reply {
@@ -503,7 +481,8 @@ impl Backend for RedlockBackend {
         let key: Arc<str> = Arc::from(key);
         let start = Instant::now();
         let valid_until = start + usable;
-        let mut replies = self.fan_out(0..n, self.timeout_for(Some(ttl)), |node| {
+        let timeout = self.timeout_for(Some(ttl));
+        let mut replies = self.fan_out(0..n, timeout, |node| {
             let key = key.clone();
             async move { node.try_acquire(&key, owner, ttl).await }
         });
@@ -552,7 +531,7 @@ impl Backend for RedlockBackend {
         let later: Vec<usize> = (0..n)
             .filter(|i| !now.contains(i) && !taken.iter().any(|(t, _)| t == i))
             .collect();
-        self.abandon(&key, owner, now, later).await;
+        self.abandon(&key, owner, timeout, now, later).await;
 
         if let Some(e) = failure {
             return Err(e);
@@ -636,7 +615,19 @@ impl Backend for RedlockBackend {
                 break;
             }
         }
-        self.finish_in_background(&key, replies);
+        // Answers that arrived with the deciding one; the rest finish in the background, so
+        // that the lock is deleted wherever it is still ours.
+        for (_, reply) in replies.ready() {
+            released += usize::from(matches!(reply, Ok(true)));
+        }
+        if replies.len() > 0 {
+            let (notices, key) = (self.notices.clone(), key.clone());
+            replies.finish_in_background(move |_, reply| {
+                if matches!(reply, Ok(true)) {
+                    notices.notify(&key);
+                }
+            });
+        }
         if released > 0 {
             self.notices.notify(&key);
         }
@@ -674,12 +665,12 @@ impl Backend for RedlockBackend {
     async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
         let (n, q) = (self.members.len(), self.quorum);
         let name: Arc<str> = Arc::from(key);
-        let replies: Vec<Reply<Option<Holder>>> = self
+        let replies = self
             .fan_out(0..n, self.timeout_for(None), |node| {
                 let name = name.clone();
                 async move { node.inspect(&name).await }
             })
-            .collect()
+            .all()
             .await;
         let mut holders: Vec<Holder> = Vec::new();
         let mut failed = Vec::new();
@@ -739,12 +730,12 @@ impl Backend for RedlockBackend {
     async fn force_release(&self, key: &str) -> Result<bool> {
         let (n, q) = (self.members.len(), self.quorum);
         let name: Arc<str> = Arc::from(key);
-        let replies: Vec<Reply<bool>> = self
+        let replies = self
             .fan_out(0..n, self.timeout_for(None), |node| {
                 let name = name.clone();
                 async move { node.force_release(&name).await }
             })
-            .collect()
+            .all()
             .await;
         self.notices.notify(key);
         let mut removed = false;
