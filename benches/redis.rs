@@ -179,6 +179,40 @@ where
     }
 }
 
+/// CPU seconds (user + system) used by this process so far, from `/proc/self/stat` (clock
+/// ticks of 10 ms: precise enough over the whole measurement); 0 where unavailable.
+fn process_cpu() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// CPU seconds (user + system) used by redis-server so far (`INFO cpu`).
+async fn server_cpu(conn: &mut MultiplexedConnection) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(conn)
+        .await
+        .expect("INFO cpu");
+    info.lines()
+        .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))
+        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .sum()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -210,17 +244,28 @@ fn report(rt: &tokio::runtime::Runtime, s: &Subjects) {
             }
             let mut rates = [Vec::new(), Vec::new(), Vec::new()];
             let (mut vs_rslock, mut vs_raw) = (Vec::new(), Vec::new());
+            // CPU spent per cycle by this process (client) and by redis-server, summed over
+            // the rounds: unlike throughput, it does not depend on what else the machine runs.
+            let mut cpu = [(0f64, 0f64, 0f64); 3];
+            let mut info = s.raw.conn.clone();
             for _ in 0..ROUNDS {
                 let mut r = [0f64; 3];
                 for i in 0..3 {
+                    let (client, server) = (process_cpu(), server_cpu(&mut info).await);
                     r[i] = sizes[i] as f64 / run(i, sizes[i]).await.as_secs_f64();
+                    cpu[i].0 += sizes[i] as f64;
+                    cpu[i].1 += process_cpu() - client;
+                    cpu[i].2 += server_cpu(&mut info).await - server;
                     rates[i].push(r[i]);
                 }
                 vs_rslock.push(r[0] / r[1]);
                 vs_raw.push(r[0] / r[2]);
             }
             let [ours, rslock, raw] = rates.map(median);
-            lines.push((tasks, ours, rslock, raw, median(vs_rslock), median(vs_raw)));
+            let per_cycle = cpu.map(|(cycles, client, server)| {
+                (client * 1e6 / cycles, server * 1e6 / cycles)
+            });
+            lines.push((tasks, ours, rslock, raw, median(vs_rslock), median(vs_raw), per_cycle));
         }
         let hold = Duration::from_millis(1);
         let ours_one = one_key(&s.ours, 16, hold, Duration::from_secs(2)).await;
@@ -228,7 +273,7 @@ fn report(rt: &tokio::runtime::Runtime, s: &Subjects) {
 
         eprintln!("\n== redis backend vs rslock 0.10 and raw SET NX PX + DEL (same server, same run) ==");
         eprintln!("(medians over {ROUNDS} interleaved rounds of ~{ROUND:?} per subject)");
-        for (tasks, ours, rslock, raw, vs_rslock, vs_raw) in lines {
+        for (tasks, ours, rslock, raw, vs_rslock, vs_raw, per_cycle) in lines {
             let (name, goal_rslock, goal_raw) = if tasks == 1 {
                 ("uncontended, 1 task", " (goal >= 1.3)", " (goal >= 0.8)")
             } else {
@@ -236,6 +281,11 @@ fn report(rt: &tokio::runtime::Runtime, s: &Subjects) {
             };
             eprintln!("{name}: ours {ours:.0}, rslock {rslock:.0}, raw {raw:.0} cycles/s");
             eprintln!("  ours/rslock {vs_rslock:.2}{goal_rslock}, ours/raw {vs_raw:.2}{goal_raw}");
+            let [o, r, w] = per_cycle;
+            eprintln!(
+                "  CPU per cycle (client + server, µs): ours {:.1} + {:.1}, rslock {:.1} + {:.1}, raw {:.1} + {:.1}",
+                o.0, o.1, r.0, r.1, w.0, w.1
+            );
         }
         eprintln!("16 tasks, one key, 1 ms hold:");
         eprintln!("  {}", ours_one.summary("distlock"));

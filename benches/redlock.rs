@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{distinct_keys, one_key, rate, uncontended, Distlock, Subject};
+use common::{distinct_keys, one_key, uncontended, Distlock, Subject};
 use criterion::{criterion_group, criterion_main, Criterion};
 use distlock::redlock::RedlockBackend;
 use distlock::{LockUrl, Locker};
@@ -54,42 +54,9 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = after.split(' ').collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
-fn cpu_probe(rt: &tokio::runtime::Runtime, nodes: &RedisNodes, plain: &Distlock, fenced: &Distlock, peer: &Rslock) {
-    let n = 60_000u64;
-    let only = std::env::var("REDLOCK_CPU_PROBE").unwrap();
-    for (name, tasks) in [("plain", 64usize), ("fenced", 64), ("rslock", 64), ("plain", 1), ("rslock", 1)] {
-        if only != "all" && only != format!("{name}{tasks}") { continue; }
-        let n = if tasks == 1 { n / 10 } else { n };
-        let me = std::process::id();
-        let pids: Vec<u32> = nodes.nodes().iter().map(|s| s.pid().unwrap()).collect();
-        let c0 = cpu_ticks(me);
-        let s0: u64 = pids.iter().map(|p| cpu_ticks(*p)).sum();
-        let took = rt.block_on(async {
-            match name {
-                "plain" => distinct_keys(plain, tasks, n).await,
-                "fenced" => distinct_keys(fenced, tasks, n).await,
-                _ => distinct_keys(peer, tasks, n).await,
-            }
-        });
-        let c1 = cpu_ticks(me);
-        let s1: u64 = pids.iter().map(|p| cpu_ticks(*p)).sum();
-        eprintln!("{name} x{tasks}: {:.1} us/cycle wall, client {:.1} us CPU/cycle, servers {:.1} us CPU/cycle",
-            took.as_secs_f64() * 1e6 / n as f64,
-            (c1 - c0) as f64 * 1e4 / n as f64,
-            (s1 - s0) as f64 * 1e4 / n as f64);
-    }
-}
-
 fn bench(c: &mut Criterion) {
     let rt = runtime();
-    let (_nodes, plain, fenced, peer) = rt.block_on(async {
+    let (nodes, plain, fenced, peer) = rt.block_on(async {
         let nodes = RedisNodes::start(3).await;
         let plain = ours(&nodes.addrs(), false).await;
         let fenced = ours(&nodes.addrs(), true).await;
@@ -99,10 +66,6 @@ fn bench(c: &mut Criterion) {
         (nodes, plain, fenced, peer)
     });
 
-    if std::env::var_os("REDLOCK_CPU_PROBE").is_some() {
-        cpu_probe(&rt, &_nodes, &plain, &fenced, &peer);
-        return;
-    }
     let mut g = c.benchmark_group("redlock/uncontended");
     g.bench_function("distlock", |b| {
         b.to_async(&rt).iter_custom(|n| {
@@ -145,54 +108,189 @@ fn bench(c: &mut Criterion) {
     });
     g.finish();
 
-    if std::env::var_os("REDLOCK_BENCH_NO_REPORT").is_none() {
-        report(&rt, &plain, &fenced, &peer);
+    let servers: Vec<u32> = nodes.nodes().iter().filter_map(|n| n.pid()).collect();
+    report(&rt, &servers, &plain, &fenced, &peer);
+}
+
+/// CPU time (user + system, in clock ticks of 10 ms) of process `pid` so far.
+fn cpu_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14.
+    let fields: Vec<&str> = stat[stat.rfind(')').map_or(0, |i| i + 2)..]
+        .split(' ')
+        .collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    field(11) + field(12)
+}
+
+/// One measurement: cycles per second, and CPU per cycle of this process (client) and of
+/// the Redis servers. CPU per cycle does not depend on what else the machine runs, unlike
+/// wall-clock rates on a shared machine.
+#[derive(Clone, Copy)]
+struct Sample {
+    rate: f64,
+    client_us: f64,
+    server_us: f64,
+}
+
+async fn measure<F, Fut>(servers: &[u32], run_for: Duration, mut batch: F) -> Sample
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Duration>,
+{
+    // Calibrate as `rate` does, then measure one batch of about `run_for`.
+    let mut n = 64u64;
+    loop {
+        let took = batch(n).await;
+        if took >= run_for / 4 || n > 1 << 26 {
+            n = ((n as f64 * run_for.as_secs_f64() / took.as_secs_f64().max(1e-9)) as u64).max(1);
+            break;
+        }
+        n *= 4;
+    }
+    let ticks = |pids: &[u32]| pids.iter().map(|p| cpu_ticks(*p)).sum::<u64>();
+    let me = [std::process::id()];
+    let (c0, s0) = (ticks(&me), ticks(servers));
+    let took = batch(n).await;
+    let (c1, s1) = (ticks(&me), ticks(servers));
+    let per_cycle = |t: u64| t as f64 * 10_000.0 / n as f64;
+    Sample {
+        rate: n as f64 / took.as_secs_f64(),
+        client_us: per_cycle(c1 - c0),
+        server_us: per_cycle(s1 - s0),
     }
 }
 
-/// Ratios against the peer, measured back to back in this run.
-fn report(rt: &tokio::runtime::Runtime, plain: &Distlock, fenced: &Distlock, peer: &Rslock) {
-    let run_for = Duration::from_secs(2);
+/// `a` and `b` measured in alternating rounds (the order flips every round), so that a
+/// change of load on a shared machine hits both alike; ratios are taken per round.
+async fn alternating<A, B, FA, FB>(servers: &[u32], mut a: FA, mut b: FB) -> Vec<(Sample, Sample)>
+where
+    FA: FnMut(u64) -> A,
+    FB: FnMut(u64) -> B,
+    A: std::future::Future<Output = Duration>,
+    B: std::future::Future<Output = Duration>,
+{
+    let (rounds, run_for) = (6, Duration::from_millis(700));
+    let mut samples = Vec::new();
+    for round in 0..rounds {
+        if round % 2 == 0 {
+            let x = measure(servers, run_for, &mut a).await;
+            samples.push((x, measure(servers, run_for, &mut b).await));
+        } else {
+            let y = measure(servers, run_for, &mut b).await;
+            samples.push((measure(servers, run_for, &mut a).await, y));
+        }
+    }
+    samples
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// One report line: median rates, median per-round ratio with its range, CPU per cycle.
+fn line(what: &str, names: (&str, &str), goal: &str, samples: &[(Sample, Sample)]) -> String {
+    let ratios: Vec<f64> = samples.iter().map(|(a, b)| a.rate / b.rate).collect();
+    let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = ratios.iter().copied().fold(0.0, f64::max);
+    let pick = |f: fn(&(Sample, Sample)) -> f64| median(samples.iter().map(f).collect());
+    format!(
+        "{what}: {a} {:.0}, {b} {:.0} cycles/s; {a}/{b} {:.2}x (median of {} alternating \
+         rounds, range {min:.2}..{max:.2}){goal}\n    CPU per cycle (client + servers): \
+         {a} {:.0} + {:.0} us, {b} {:.0} + {:.0} us; {b}/{a} total {:.2}x",
+        pick(|s| s.0.rate),
+        pick(|s| s.1.rate),
+        median(ratios.clone()),
+        ratios.len(),
+        pick(|s| s.0.client_us),
+        pick(|s| s.0.server_us),
+        pick(|s| s.1.client_us),
+        pick(|s| s.1.server_us),
+        pick(|s| (s.1.client_us + s.1.server_us) / (s.0.client_us + s.0.server_us)),
+        a = names.0,
+        b = names.1,
+    )
+}
+
+/// Ratios against the peer and the cost of fencing, measured in alternating rounds.
+fn report(
+    rt: &tokio::runtime::Runtime,
+    servers: &[u32],
+    plain: &Distlock,
+    fenced: &Distlock,
+    peer: &Rslock,
+) {
     rt.block_on(async {
-        let ours_1 = rate(run_for, |n| uncontended(plain, n)).await;
-        let fenced_1 = rate(run_for, |n| uncontended(fenced, n)).await;
-        let peer_1 = rate(run_for, |n| uncontended(peer, n)).await;
-        let ours_64 = rate(run_for, |n| distinct_keys(plain, 64, n)).await;
-        let fenced_64 = rate(run_for, |n| distinct_keys(fenced, 64, n)).await;
-        let peer_64 = rate(run_for, |n| distinct_keys(peer, 64, n)).await;
+        let vs = ("distlock", "rslock");
+        let one = alternating(servers, |n| uncontended(plain, n), |n| uncontended(peer, n)).await;
+        let many = alternating(
+            servers,
+            |n| distinct_keys(plain, 64, n),
+            |n| distinct_keys(peer, 64, n),
+        )
+        .await;
+        let fence_one = alternating(
+            servers,
+            |n| uncontended(fenced, n),
+            |n| uncontended(plain, n),
+        )
+        .await;
+        let fence_many = alternating(
+            servers,
+            |n| distinct_keys(fenced, 64, n),
+            |n| distinct_keys(plain, 64, n),
+        )
+        .await;
         let hold = Duration::from_millis(1);
-        let ours_one = one_key(plain, 16, hold, Duration::from_secs(3)).await;
-        let fenced_one = one_key(fenced, 16, hold, Duration::from_secs(3)).await;
-        let peer_one = one_key(peer, 16, hold, Duration::from_secs(3)).await;
+        let run = Duration::from_secs(2);
+        let mut contended = Vec::new();
+        for round in 0..3 {
+            if round % 2 == 0 {
+                let o = one_key(plain, 16, hold, run).await;
+                contended.push((o, one_key(peer, 16, hold, run).await));
+            } else {
+                let p = one_key(peer, 16, hold, run).await;
+                contended.push((one_key(plain, 16, hold, run).await, p));
+            }
+        }
+        let fenced_one_key = one_key(fenced, 16, hold, run).await;
+
         eprintln!("\n== redlock backend (3 nodes) vs rslock 0.10 on the same nodes (same run) ==");
         eprintln!(
-            "uncontended, 1 task: distlock {ours_1:.0}, rslock {peer_1:.0} cycles/s: \
-             ours/rslock {:.2}x (goal >= 1.3x)",
-            ours_1 / peer_1
+            "{}",
+            line("uncontended, 1 task", vs, " (goal >= 1.3x)", &one)
         );
         eprintln!(
-            "64 tasks, distinct keys: distlock {ours_64:.0}, rslock {peer_64:.0} cycles/s: \
-             ours/rslock {:.2}x (goal >= 1.5x)",
-            ours_64 / peer_64
+            "{}",
+            line("64 tasks, distinct keys", vs, " (goal >= 1.5x)", &many)
         );
+        let fence = ("fencing-on", "fencing-off");
+        eprintln!("{}", line("cost of fencing, 1 task", fence, "", &fence_one));
         eprintln!(
-            "fencing on: 1 task {fenced_1:.0} cycles/s ({:.2}x the cost of fencing off), \
-             64 tasks {fenced_64:.0} cycles/s ({:.2}x); vs rslock {:.2}x / {:.2}x",
-            ours_1 / fenced_1,
-            ours_64 / fenced_64,
-            fenced_1 / peer_1,
-            fenced_64 / peer_64,
+            "{}",
+            line("cost of fencing, 64 tasks", fence, "", &fence_many)
         );
-        eprintln!("16 tasks, one key, 1 ms hold:");
-        eprintln!("  {}", ours_one.summary("distlock"));
-        eprintln!("  {}", fenced_one.summary("distlock-fencing"));
-        eprintln!("  {}", peer_one.summary("rslock"));
-        eprintln!(
-            "  throughput ours/rslock {:.2}x; worst wait within goal: {} (rslock: {})",
-            ours_one.throughput() / peer_one.throughput(),
-            ours_one.worst_wait < ours_one.wait_bound(),
-            peer_one.worst_wait < peer_one.wait_bound(),
-        );
+        eprintln!("16 tasks, one key, 1 ms hold (3 alternating runs of 2 s):");
+        for (o, p) in &contended {
+            eprintln!("  {}", o.summary("distlock"));
+            eprintln!("  {}", p.summary("rslock  "));
+            eprintln!(
+                "    throughput distlock/rslock {:.2}x; worst wait under 1.5 x tasks x hold: \
+                 distlock {}, rslock {}",
+                o.throughput() / p.throughput(),
+                o.worst_wait < o.wait_bound(),
+                p.worst_wait < p.wait_bound(),
+            );
+        }
+        eprintln!("  {}", fenced_one_key.summary("distlock with fencing"));
     });
 }
 

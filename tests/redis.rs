@@ -36,6 +36,28 @@ fn skip(ttl: Duration) -> LockOptions {
     LockOptions::new().ttl(ttl).skip().watchdog(false)
 }
 
+/// With a server that cannot answer, `Skip` fails within the backend timeout and
+/// `Wait(500ms)` within its deadline (each plus [`SLACK`]), with a transient error.
+async fn acquires_fail_within_their_deadline(locker: &Locker, key: &str, timeout: Duration) {
+    let wait = Duration::from_millis(500);
+    for (strategy, bound) in [
+        (WaitStrategy::Skip, timeout),
+        (WaitStrategy::Wait(wait), wait),
+    ] {
+        let started = Instant::now();
+        let result = locker
+            .acquire(key, &skip(Duration::from_secs(1)).wait(strategy))
+            .await;
+        let waited = started.elapsed();
+        let e = result.expect_err("nothing is granted without an answering server");
+        assert!(e.is_transient(), "{strategy:?}: {e}");
+        assert!(
+            waited <= bound + SLACK,
+            "{strategy:?}: returned after {waited:?}"
+        );
+    }
+}
+
 async fn raw_exists(server: &RedisServer, key: &str) -> bool {
     let mut raw = server.client().await;
     let n: i64 = redis::cmd("EXISTS")
@@ -301,25 +323,7 @@ async fn paused_server_never_hangs() {
         .await
         .unwrap();
     server.pause();
-    for (wait, bound) in [
-        (WaitStrategy::Skip, timeout),
-        (
-            WaitStrategy::Wait(Duration::from_millis(500)),
-            Duration::from_millis(500),
-        ),
-    ] {
-        let started = Instant::now();
-        let result = locker
-            .acquire("paused/a", &skip(Duration::from_secs(1)).wait(wait))
-            .await;
-        let waited = started.elapsed();
-        let e = result.expect_err("a paused server grants nothing");
-        assert!(e.is_transient(), "{wait:?}: {e}");
-        assert!(
-            waited <= bound + SLACK,
-            "{wait:?}: returned after {waited:?}"
-        );
-    }
+    acquires_fail_within_their_deadline(&locker, "paused/a", timeout).await;
     let started = Instant::now();
     assert!(locker.backend().inspect("paused/held").await.is_err());
     assert!(started.elapsed() <= timeout + SLACK);
@@ -353,25 +357,7 @@ async fn blackholed_network_never_hangs() {
     let lost = guard.lost();
     proxy.set_mode(ProxyMode::Blackhole);
     let cut_at = Instant::now();
-    for (wait, bound) in [
-        (WaitStrategy::Skip, timeout),
-        (
-            WaitStrategy::Wait(Duration::from_millis(500)),
-            Duration::from_millis(500),
-        ),
-    ] {
-        let started = Instant::now();
-        let result = locker
-            .acquire("blackhole/a", &skip(Duration::from_secs(1)).wait(wait))
-            .await;
-        let waited = started.elapsed();
-        let e = result.expect_err("nothing gets through a blackhole");
-        assert!(e.is_transient(), "{wait:?}: {e}");
-        assert!(
-            waited <= bound + SLACK,
-            "{wait:?}: returned after {waited:?}"
-        );
-    }
+    acquires_fail_within_their_deadline(&locker, "blackhole/a", timeout).await;
     tokio::time::timeout((ttl + SLACK).saturating_sub(cut_at.elapsed()), lost)
         .await
         .expect("lost() fires within the TTL when renewals cannot get through");
@@ -482,7 +468,7 @@ async fn unresolvable_host_fails_within_the_timeout() {
 }
 
 /// Wrong or missing password: a non-transient `Backend` error saying authentication was
-/// refused, never showing the password; the right one connects.
+/// refused, never showing the password; the right one connects, and `Debug` hides it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_password_is_a_clear_backend_error() {
     let server = RedisServer::start_with(RedisOptions {
@@ -506,6 +492,12 @@ async fn wrong_password_is_a_clear_backend_error() {
             "{text}"
         );
     }
+    let right = backend(&server.url()).await;
+    let shown = format!("{right:?} {:?}", right.node());
+    assert!(
+        !shown.contains("s3cret") && shown.contains(":***@"),
+        "{shown}"
+    );
     let locker = distlock::connect(&server.url())
         .await
         .expect("right password");

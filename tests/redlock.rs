@@ -128,6 +128,14 @@ async fn conformance_without_fencing_and_raw_del_as_revoke() {
     run_all(&target).await;
 }
 
+/// The whole suite on 3 nodes on a current-thread runtime (subscriptions, background
+/// releases and the Locker share one thread).
+#[tokio::test(flavor = "current_thread")]
+async fn conformance_on_a_current_thread_runtime() {
+    let nodes = RedisNodes::start(3).await;
+    run_all(&Target::new(Arc::new(backend(&nodes.addrs(), "").await))).await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Quorum
 // ---------------------------------------------------------------------------------------
@@ -160,7 +168,16 @@ async fn quorum_matrix_five_nodes() {
             });
         }
         let key = format!("matrix/{mask:05b}");
-        check_case(&b, &nodes, &key, ttl, &live, node_timeout, &format!("{mask:05b}")).await;
+        check_case(
+            &b,
+            &nodes,
+            &key,
+            ttl,
+            &live,
+            node_timeout,
+            &format!("{mask:05b}"),
+        )
+        .await;
         for proxy in &proxies {
             proxy.set_mode(ProxyMode::Pass);
         }
@@ -347,7 +364,9 @@ async fn killing_nodes_mid_run() {
         let result = locker
             .acquire(
                 "kill/run",
-                &LockOptions::new().ttl(Duration::from_secs(2)).wait_for(wait),
+                &LockOptions::new()
+                    .ttl(Duration::from_secs(2))
+                    .wait_for(wait),
             )
             .await;
         let took = started.elapsed();
@@ -360,11 +379,16 @@ async fn killing_nodes_mid_run() {
             }
             other => panic!("round {round}: expected QuorumNotReached, got {other:?}"),
         }
-        assert!(took >= wait && took <= wait + SLACK, "round {round}: {took:?}");
+        assert!(
+            took >= wait && took <= wait + SLACK,
+            "round {round}: {took:?}"
+        );
     }
     let started = Instant::now();
     assert!(matches!(
-        locker.acquire("kill/run", &skip(Duration::from_secs(2))).await,
+        locker
+            .acquire("kill/run", &skip(Duration::from_secs(2)))
+            .await,
         Err(Error::QuorumNotReached { .. })
     ));
     assert!(started.elapsed() <= SLACK);
@@ -430,7 +454,9 @@ async fn bad_configuration_is_refused() {
         other => panic!("expected a Backend error, got {other:?}"),
     }
     let url = LockUrl::parse(&format!("redlock://:pa55-right@{}", server.addr())).unwrap();
-    let ok = RedlockBackend::connect(&url).await.expect("the right password");
+    let ok = RedlockBackend::connect(&url)
+        .await
+        .expect("the right password");
     assert!(!format!("{ok:?}").contains("pa55"), "{ok:?}");
     for bad in [
         format!("redlock://:secret@{}?bogus=1", server.addr()),
@@ -581,7 +607,10 @@ async fn drift_factor_shrinks_the_validity() {
         let b = backend(&nodes.addrs(), &format!("drift={drift}")).await;
         let usable = ttl - b.drift_allowance(ttl);
         let expected = Duration::from_millis(usable_ms);
-        assert!(usable.abs_diff(expected) < Duration::from_micros(10), "{usable:?}");
+        assert!(
+            usable.abs_diff(expected) < Duration::from_micros(10),
+            "{usable:?}"
+        );
         let key = format!("drift/{drift}");
         let before = Instant::now();
         let (owner, result) = attempt(&b, &key, ttl).await;
@@ -601,7 +630,10 @@ async fn drift_factor_shrinks_the_validity() {
         Err(Error::InvalidTtl { backend, .. }) => assert_eq!(backend, "redlock"),
         other => panic!("expected InvalidTtl, got {other:?}"),
     }
-    assert!(started.elapsed() < Duration::from_millis(20), "no I/O before the refusal");
+    assert!(
+        started.elapsed() < Duration::from_millis(20),
+        "no I/O before the refusal"
+    );
 }
 
 /// A quorum that needs a slow node (delay proxy) gets less validity, by the delay; when
@@ -621,7 +653,10 @@ async fn slow_nodes_shrink_the_validity() {
 
     let (owner, fast) = attempt(&b, "slow/fast", ttl).await;
     let fast_left = lease_of("slow/fast", owner, &fast.unwrap()).remaining();
-    assert!(fast_left > usable - Duration::from_millis(50), "{fast_left:?}");
+    assert!(
+        fast_left > usable - Duration::from_millis(50),
+        "{fast_left:?}"
+    );
 
     let delay = Duration::from_millis(150);
     for proxy in &proxies[..2] {
@@ -779,14 +814,21 @@ async fn inspect_and_force_release_over_the_quorum() {
         guard.fence()
     );
     // With a node down, the leftover may be on a majority: reported.
-    let leftover = b.inspect("admin/leftover").await.unwrap().expect("may be held");
+    let leftover = b
+        .inspect("admin/leftover")
+        .await
+        .unwrap()
+        .expect("may be held");
     assert_eq!(leftover.owner, None, "not an owner token of this protocol");
 
     assert!(b.force_release("admin/x").await.unwrap());
     assert!(!raw_exists(&nodes.nodes()[1], &lock_key("admin/x")).await);
     assert!(!raw_exists(&nodes.nodes()[2], &lock_key("admin/x")).await);
     let released = guard.release().await;
-    assert!(matches!(released, Err(Error::NotHeld { .. })), "{released:?}");
+    assert!(
+        matches!(released, Err(Error::NotHeld { .. })),
+        "{released:?}"
+    );
     assert!(!b.force_release("admin/x").await.unwrap());
 
     nodes.node_mut(1).kill();
@@ -818,7 +860,10 @@ async fn hold_on_a_bare_majority(
     let addrs: Vec<SocketAddr> = servers.iter().map(RedisServer::addr).collect();
     preset_foreign(&servers[2], key, 60_000).await;
     let first = Locker::new(backend(&addrs, "").await);
-    let guard = first.acquire(key, opts).await.expect("a bare majority grants");
+    let guard = first
+        .acquire(key, opts)
+        .await
+        .expect("a bare majority grants");
     assert!(raw_exists(&servers[0], &lock_key(key)).await);
     assert!(raw_exists(&servers[1], &lock_key(key)).await);
     let second = Locker::new(backend(&addrs, "").await);
@@ -862,7 +907,10 @@ async fn restart_with_persistence_grants_no_second_holder() {
     ));
     assert!(!first.is_lost());
     first.release().await.expect("still held by a quorum");
-    let after = second.acquire(key, &opts).await.expect("free after release");
+    let after = second
+        .acquire(key, &opts)
+        .await
+        .expect("free after release");
     after.release().await.unwrap();
 }
 

@@ -9,9 +9,15 @@ use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
 /// Idle leases kept for reuse, over all TTLs. Past it, released leases are revoked.
 const POOL_CAP: usize = 256;
 
+/// Seconds a lease outlives the lock on it: an idle lease reused within that time is still
+/// alive for the lock's whole TTL without being renewed first.
+pub(crate) const HEADROOM_SECS: i64 = 1;
+
 /// One lease of ours.
 pub(crate) struct Slot {
     pub(crate) id: i64,
+    /// The TTL of the locks it serves (its pool class); the lease's own TTL is this plus
+    /// [`HEADROOM_SECS`].
     pub(crate) ttl_secs: i64,
     /// The lease lives at least until then: the instant before its last grant or renewal was
     /// sent, plus its TTL.
@@ -40,12 +46,13 @@ pub(crate) enum Renewal {
 }
 
 impl Slot {
-    /// A lease just granted with `ttl_secs`, the grant having been sent at `sent`.
-    pub(crate) fn granted(id: i64, ttl_secs: i64, sent: Instant) -> Slot {
+    /// A lease for locks of `ttl_secs`, just granted with `lease_secs`, the grant having been
+    /// sent at `sent`.
+    pub(crate) fn granted(id: i64, ttl_secs: i64, lease_secs: i64, sent: Instant) -> Slot {
         Slot {
             id,
             ttl_secs,
-            alive_until: sent + secs(ttl_secs),
+            alive_until: sent + secs(lease_secs),
             stream: None,
         }
     }
@@ -58,6 +65,11 @@ impl Slot {
             alive_until,
             stream: None,
         }
+    }
+
+    /// Whether the lease is known to live at least until `until`.
+    pub(crate) fn covers(&self, until: Instant) -> bool {
+        self.alive_until >= until
     }
 
     /// Whether enough of the lease's life is left to be worth renewing for a new lock,
@@ -92,7 +104,7 @@ impl Slot {
                     responses,
                     in_flight: false,
                 });
-                Ok(self.renewed(sent, self.ttl_secs))
+                Ok(self.renewed(sent, self.ttl_secs + HEADROOM_SECS))
             }
             Err(etcd_client::Error::LeaseKeepAliveError(msg)) if msg.contains("not found") => {
                 Ok(Renewal::Gone)

@@ -84,7 +84,7 @@ use lock_core::{
 
 pub use config::{EtcdBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 use error::{failed, is_lease_not_found, timed_out, unexpected};
-use leases::{secs, Pool, Renewal, Slot};
+use leases::{secs, Pool, Renewal, Slot, HEADROOM_SECS};
 
 /// The backend's name in errors and capabilities.
 pub(crate) const NAME: &str = "etcd";
@@ -250,7 +250,8 @@ impl EtcdBackend {
             timeout,
             caps: Capabilities {
                 name: NAME,
-                min_ttl: secs(min_secs),
+                // A lock's lease is HEADROOM_SECS longer than the lock.
+                min_ttl: secs((min_secs - HEADROOM_SECS).max(1)),
                 ttl_granularity: Duration::from_secs(1),
                 max_ttl: MAX_TTL,
                 monotonic_fencing: true,
@@ -453,7 +454,10 @@ impl Shared {
         let value = owner.to_string();
         let spare = lock(&self.pool).take(ttl_secs, started);
         let reused = match spare {
-            Some(slot) => self.acquire_with_spare(slot, &full, &value, used).await?,
+            Some(slot) => {
+                self.acquire_with_spare(slot, valid_until, &full, &value, used)
+                    .await?
+            }
             None => None,
         };
         let (slot, mut response) = match reused {
@@ -521,11 +525,13 @@ impl Shared {
         })
     }
 
-    /// The acquire transaction on an idle lease, renewed at the same time. `None` when the
-    /// idle lease turned out to have expired.
+    /// The acquire transaction on an idle lease: as is when the lease is known to live past
+    /// `valid_until`, renewed at the same time otherwise. `None` when the idle lease turned
+    /// out to have expired.
     async fn acquire_with_spare(
         &self,
         mut slot: Slot,
+        valid_until: Instant,
         full: &str,
         value: &str,
         used: &mut Vec<i64>,
@@ -533,9 +539,14 @@ impl Shared {
         used.push(slot.id);
         let mut kv = self.client.kv_client();
         let txn = acquire_txn(full, value, slot.id);
-        if std::env::var("HEADROOM").is_ok() && slot.alive_until >= Instant::now() + secs(slot.ttl_secs) {
-            let r = kv.txn(txn).await.map_err(acquire_failed)?;
-            return Ok(Some((slot, r)));
+        if slot.covers(valid_until) {
+            return match kv.txn(txn).await {
+                Ok(response) => Ok(Some((slot, response))),
+                Err(e) => {
+                    self.revoke_later(slot.id);
+                    Err(acquire_failed(e))
+                }
+            };
         }
         let (renewal, txn) = tokio::join!(slot.keep_alive(&self.client), kv.txn(txn));
         match (renewal, txn) {
@@ -579,19 +590,21 @@ impl Shared {
         }
     }
 
+    /// Grants a lease for locks of `ttl_secs`.
     async fn grant(&self, ttl_secs: i64, used: &mut Vec<i64>) -> Result<Slot> {
         let id = new_lease_id();
         used.push(id);
+        let lease_secs = ttl_secs + HEADROOM_SECS;
         let sent = Instant::now();
         let options = LeaseGrantOptions::new().with_id(id);
         match self
             .client
             .lease_client()
-            .grant(ttl_secs, Some(options))
+            .grant(lease_secs, Some(options))
             .await
         {
-            Ok(granted) if granted.error().is_empty() && granted.ttl() >= ttl_secs => {
-                Ok(Slot::granted(id, granted.ttl(), sent))
+            Ok(granted) if granted.error().is_empty() && granted.ttl() >= lease_secs => {
+                Ok(Slot::granted(id, ttl_secs, granted.ttl(), sent))
             }
             Ok(_) => {
                 self.revoke_later(id);
@@ -779,11 +792,8 @@ impl Shared {
                 CompareOp::Equal,
                 lease.owner().to_string(),
             )])
-            .and_then([TxnOp::delete(
-                full.as_str(),
-                Some(DeleteOptions::new().with_prev_key()),
-            )]);
-        let response = self
+            .and_then([TxnOp::delete(full.as_str(), None)]);
+        let deleted = self
             .within("releasing", async {
                 self.client
                     .kv_client()
@@ -791,44 +801,24 @@ impl Shared {
                     .await
                     .map_err(failed("releasing"))
             })
-            .await;
-        let response = match response {
-            Ok(response) => response,
-            Err(e) => {
-                // Revoking our lease deletes the key if it is still on it, and nothing else.
-                if let Some(entry) = entry {
-                    self.revoke_later(entry.lease_id);
-                }
-                return Err(e);
-            }
-        };
-        if !response.succeeded() {
-            if let Some(entry) = entry {
-                self.revoke_later(entry.lease_id);
-            }
-            return Err(not_held(lease));
-        }
-        let freed = deleted_lease(&response);
-        match entry {
-            Some(entry) if Some(entry.lease_id) == freed => {
-                let slot = entry.slot.unwrap_or_else(|| {
-                    Slot::known(entry.lease_id, entry.ttl_secs, entry.valid_until)
-                });
-                self.recycle(slot);
-            }
-            other => {
-                for id in freed.into_iter().chain(other.map(|e| e.lease_id)) {
-                    if id != 0 {
-                        self.revoke_later(id);
-                    }
-                }
+            .await
+            .map(|response| response.succeeded());
+        if let Some(entry) = entry {
+            match (&deleted, entry.slot) {
+                // The key was on this lease (an operation cut off half-way would have kept
+                // its slot): the lease is free for the next lock.
+                (Ok(true), Some(slot)) => self.recycle(slot),
+                // Otherwise revoke it, which deletes the key if it is still on it, and
+                // nothing else.
+                _ => self.revoke_later(entry.lease_id),
             }
         }
-        if lease.valid_until() <= sent {
+        match deleted {
+            Ok(true) if lease.valid_until() > sent => Ok(()),
             // Deleted, but its validity had passed: the hold was not ours to the end.
-            return Err(not_held(lease));
+            Ok(_) => Err(not_held(lease)),
+            Err(e) => Err(e),
         }
-        Ok(())
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
@@ -917,14 +907,6 @@ fn seen(kv: &KeyValue) -> Seen {
 fn holder_in(response: &TxnResponse) -> Option<Seen> {
     response.op_responses().iter().find_map(|op| match op {
         TxnOpResponse::Get(get) => get.kvs().first().map(seen),
-        _ => None,
-    })
-}
-
-/// The lease the release transaction's delete freed.
-fn deleted_lease(response: &TxnResponse) -> Option<i64> {
-    response.op_responses().iter().find_map(|op| match op {
-        TxnOpResponse::Delete(deleted) => deleted.prev_kvs().first().map(|kv| kv.lease()),
         _ => None,
     })
 }

@@ -47,7 +47,6 @@ pub(crate) async fn run(
     timeout: Duration,
     first: Open,
 ) {
-    if std::env::var("NOWATCH").is_ok() { drop(first); return std::future::pending().await; }
     let mut current = Some(first);
     let mut retry = RETRY_MIN;
     loop {

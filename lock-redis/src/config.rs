@@ -317,9 +317,9 @@ mod tests {
         assert_eq!(b.operation_timeout(), Duration::from_secs(1));
 
         let b =
-            from("rediss://alice:p%40ss@cache.example:6380/3?prefix=app%3Alocks%3A&timeout=250ms")
+            from("redis://alice:p%40ss@cache.example:6380/3?prefix=app%3Alocks%3A&timeout=250ms")
                 .unwrap();
-        assert!(b.is_tls());
+        assert!(!b.is_tls());
         assert_eq!(b.credentials(), (Some("alice"), Some("p@ss")));
         assert_eq!(b.host_port().unwrap().to_string(), "cache.example:6380");
         assert_eq!(b.database(), 3);
@@ -366,18 +366,43 @@ mod tests {
             .password("hunter2")
             .db(7)
             .prefix("x:")
-            .timeout(Duration::from_micros(1500))
-            .tls(true);
+            .timeout(Duration::from_micros(1500));
         assert!(b.check().is_ok());
         let url = b.url().unwrap();
         assert_eq!(
             url,
-            "rediss://bob:hunter2@10.0.0.5:6390/7?prefix=x%3A&timeout=1.5ms"
+            "redis://bob:hunter2@10.0.0.5:6390/7?prefix=x%3A&timeout=1.5ms"
         );
         assert_eq!(from(&url).unwrap(), b);
         let plain = RedisBuilder::new("localhost");
         assert_eq!(plain.url().unwrap(), "redis://localhost:6379");
         assert_eq!(from(&plain.url().unwrap()).unwrap(), plain);
+    }
+
+    /// `rediss://` gives a TLS configuration, or a clear refusal without the `tls` feature.
+    #[test]
+    fn rediss_means_tls() {
+        let url = "rediss://alice:pw@cache.example:6380/3";
+        let built = RedisBuilder::new("cache.example:6380")
+            .username("alice")
+            .password("pw")
+            .db(3)
+            .tls(true);
+        assert_eq!(built.url().unwrap(), url);
+        #[cfg(feature = "tls")]
+        {
+            let b = from(url).unwrap();
+            assert!(b.is_tls());
+            assert_eq!(b, built);
+            assert!(built.check().is_ok());
+        }
+        #[cfg(not(feature = "tls"))]
+        for result in [from(url), built.check().map(|()| built.clone())] {
+            match result {
+                Err(Error::InvalidUrl { reason, .. }) => assert!(reason.contains("`tls`")),
+                other => panic!("expected InvalidUrl, got {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -194,10 +194,10 @@ impl RedisNode {
     /// Asking again with the owner that already holds the lock grants it again with the
     /// same fence and a fresh TTL.
     ///
-    /// Fences of a key strictly increase from grant to grant while the server keeps its
-    /// data, and across a loss of data (restart without persistence, failover to a replica
-    /// that missed writes) as long as the server clock did not step back by more than the
-    /// time between the two grants (see the crate documentation).
+    /// Fences of a key strictly increase from grant to grant while its fence counter
+    /// lives, and otherwise (counter expired, or lost with a restart without persistence or
+    /// a failover) as long as the server clock did not step back by more than the time
+    /// since the previous grant (see the crate documentation).
     ///
     /// # Errors
     /// [`Error::InvalidTtl`]; otherwise as [`ping`](Self::ping).
@@ -213,7 +213,7 @@ impl RedisNode {
                 cmd.arg(2)
                     .arg(&lock_key)
                     .arg(&fence_key)
-                    .arg(&owner)
+                    .arg(&owner[..])
                     .arg(ttl_ms)
                     .arg(retention);
             })
@@ -248,7 +248,7 @@ impl RedisNode {
         let owner = hex(owner);
         let reply = self
             .eval(&scripts::EXTEND, "extend", |cmd| {
-                cmd.arg(1).arg(&lock_key).arg(&owner).arg(ttl_ms);
+                cmd.arg(1).arg(&lock_key).arg(&owner[..]).arg(ttl_ms);
             })
             .await?;
         match reply {
@@ -286,7 +286,7 @@ impl RedisNode {
             .eval_queued(&scripts::RELEASE, "release", queued, |cmd| {
                 cmd.arg(1)
                     .arg(&lock_key)
-                    .arg(&owner)
+                    .arg(&owner[..])
                     .arg(&self.shared.channel)
                     .arg(&notice);
             })
@@ -490,13 +490,14 @@ fn key(prefix: &str, name: &str, suffix: &str) -> String {
 
 /// The owner token as stored: 32 lowercase hex digits (as `Owner`'s `Display`, without
 /// the formatting machinery on the hot path).
-fn hex(owner: Owner) -> String {
+fn hex(owner: Owner) -> [u8; 32] {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let value = owner.as_u128();
-    (0..32)
-        .rev()
-        .map(|i| DIGITS[((value >> (i * 4)) & 0xf) as usize] as char)
-        .collect()
+    let mut out = [0u8; 32];
+    for (i, digit) in out.iter_mut().enumerate() {
+        *digit = DIGITS[((value >> ((31 - i) * 4)) & 0xf) as usize];
+    }
+    out
 }
 
 /// `{a, b}` of two integers.
@@ -750,7 +751,7 @@ mod tests {
             Owner::from_u128(u128::MAX),
             Owner::random(),
         ] {
-            assert_eq!(hex(owner), owner.to_string());
+            assert_eq!(&hex(owner)[..], owner.to_string().as_bytes());
         }
         assert_eq!(key("p:", "a/b", ""), "p:{a/b}");
         assert_eq!(key("", "x", ":fence"), "{x}:fence");

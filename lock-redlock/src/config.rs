@@ -404,7 +404,9 @@ mod tests {
         assert_eq!(b.password.as_deref(), Some("p@ss"));
         let nodes = b.node_builders();
         assert_eq!(nodes.len(), 3);
-        assert!(nodes.iter().all(|n| n.key_prefix() == "app:" && n.database() == 4));
+        assert!(nodes
+            .iter()
+            .all(|n| n.key_prefix() == "app:" && n.database() == 4));
     }
 
     #[test]
@@ -461,8 +463,12 @@ mod tests {
         assert!(refused(RedlockBuilder::new(["h:0"])));
         assert!(refused(RedlockBuilder::new(["u@h"])));
         assert!(refused(RedlockBuilder::new(["h"]).drift_factor(f64::NAN)));
-        assert!(refused(RedlockBuilder::new(["h"]).node_timeout(Duration::ZERO)));
-        assert!(refused(RedlockBuilder::new(["h"]).connect_timeout(Duration::ZERO)));
+        assert!(refused(
+            RedlockBuilder::new(["h"]).node_timeout(Duration::ZERO)
+        ));
+        assert!(refused(
+            RedlockBuilder::new(["h"]).connect_timeout(Duration::ZERO)
+        ));
         assert!(RedlockBuilder::new(["h:1", "a b"]).url().is_none());
     }
 

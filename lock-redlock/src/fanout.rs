@@ -23,11 +23,6 @@ impl<T: Send + 'static> Fanout<T> {
         Fanout { pending: requests }
     }
 
-    /// Requests still without an answer.
-    pub(crate) fn len(&self) -> usize {
-        self.pending.len()
-    }
-
     /// The next answer (with the node's index), `None` when every node answered.
     pub(crate) async fn next(&mut self) -> Option<(usize, Result<T>)> {
         if self.pending.is_empty() {

@@ -46,8 +46,10 @@
 //!   majority did not.
 //! - **Waiting.** Releases are announced on every node's release channel; the backend
 //!   subscribes to all of them (one connection per node, started by the first waiter) and
-//!   wakes the waiters of a key at the first notice. A refused attempt also says when
-//!   enough holders' keys expire for a quorum to become free.
+//!   wakes the waiters of a key at the first notice. A release through this backend wakes
+//!   its own waiters as soon as its requests are on the node connections (their attempts
+//!   follow on the same connections, so each node sees the release first). A refused
+//!   attempt also says when enough holders' keys expire for a quorum to become free.
 //!
 //! ## Outcomes of an attempt
 //!
@@ -94,8 +96,9 @@
 //! - with persistence that survives a crash (`appendonly yes` with `appendfsync always`),
 //!   or
 //! - with *delayed restarts*: keep a crashed node out of service for at least the longest
-//!   TTL in use (plus its renewals' reach, one TTL) before it answers again, so that every
-//!   lock it knew has expired or been lost by its holder first.
+//!   TTL in use before it answers again. A holder that needed the node for its majority
+//!   cannot renew without it, so by then its keys on the other nodes have expired and its
+//!   guard has reported the loss.
 //!
 //! This crate cannot detect a restart; it relies on one of those two rules. It also
 //! assumes the nodes' clocks do not run faster than ours by more than the drift factor
@@ -463,7 +466,7 @@ impl RedlockBackend {
     fn wake_hint(&self, taken: &mut [Option<Duration>]) -> Option<Duration> {
         let free = self.members.len() - taken.len();
         let need = self.quorum.saturating_sub(free).max(1);
-        // `None` (no expiry) sorts first: move those to the end.
+        // Soonest expiry first, keys without expiry last.
         taken.sort_unstable_by_key(|t| (t.is_none(), *t));
         taken.get(need - 1).copied().flatten()
     }
@@ -509,7 +512,8 @@ impl Backend for RedlockBackend {
             if reached < valid_until {
                 let fence = granted.iter().map(|(_, f)| *f).max().unwrap_or(0);
                 let written = if self.fencing {
-                    self.write_back(&key, fence, ttl, &granted, valid_until).await
+                    self.write_back(&key, fence, ttl, &granted, valid_until)
+                        .await
                 } else {
                     Ok(())
                 };
@@ -602,35 +606,41 @@ impl Backend for RedlockBackend {
             let key = key.clone();
             async move { node.release(&key, owner).await }
         });
-        let (mut released, mut refused, mut failed) = (0, 0, Vec::new());
-        while let Some((i, reply)) = replies.next().await {
-            match reply {
-                Ok(true) => released += 1,
-                Ok(false) => refused += 1,
-                Err(e) => failed.push((i, e)),
-            }
-            // Decided: held by a quorum, or not ours on a majority. Otherwise wait for every
-            // answer, to tell "not held" from "nodes unreachable".
-            if released >= q || refused > n - q {
+        // Hand the requests to the node connections, then wake the local waiters at once:
+        // their attempts go out on the same connections behind the releases, so every node
+        // sees the release first, and a hand-off inside a process saves a round trip. (A
+        // notice that turns out spurious only costs the waiter one refused attempt.)
+        let early = replies.ready();
+        self.notices.notify(&key);
+        let mut tally = Tally::default();
+        for (i, reply) in early {
+            tally.add(i, reply);
+        }
+        // Decided: held by a quorum, or not ours on a majority. Otherwise wait for every
+        // answer, to tell "not held" from "nodes unreachable".
+        while tally.yes < q && tally.no <= n - q {
+            let Some((i, reply)) = replies.next().await else {
                 break;
+            };
+            tally.add(i, reply);
+        }
+        for (i, reply) in replies.ready() {
+            tally.add(i, reply);
+        }
+        // The rest finish in the background, so that the lock is deleted wherever it is still
+        // ours. Once a quorum released it, the waiters know already.
+        let notify_late = tally.yes < q;
+        let (notices, name) = (self.notices.clone(), key.clone());
+        replies.finish_in_background(move |_, reply| {
+            if notify_late && matches!(reply, Ok(true)) {
+                notices.notify(&name);
             }
-        }
-        // Answers that arrived with the deciding one; the rest finish in the background, so
-        // that the lock is deleted wherever it is still ours.
-        for (_, reply) in replies.ready() {
-            released += usize::from(matches!(reply, Ok(true)));
-        }
-        if replies.len() > 0 {
-            let (notices, key) = (self.notices.clone(), key.clone());
-            replies.finish_in_background(move |_, reply| {
-                if matches!(reply, Ok(true)) {
-                    notices.notify(&key);
-                }
-            });
-        }
-        if released > 0 {
-            self.notices.notify(&key);
-        }
+        });
+        let Tally {
+            yes: released,
+            no: refused,
+            failed,
+        } = tally;
         if released >= q {
             Ok(())
         } else if refused > n - q {
@@ -658,10 +668,9 @@ impl Backend for RedlockBackend {
     /// The owner whose key is on a majority of the nodes (counting nodes that did not answer
     /// as possibly holding it), `None` when there is none: keys on a minority are leftovers
     /// of failed attempts and expire at their TTL. Fails with `QuorumNotReached` when fewer
-    /// than a majority answered. Its `fence`
-    /// is known when fencing is on and a majority of the answering nodes agree on it (the
-    /// write-back makes them); `expires_in` is when fewer than a quorum of its keys will be
-    /// left.
+    /// than a majority answered. Its `fence` is known when fencing is on and a majority of
+    /// the answering nodes agree on it (the write-back makes them); `expires_in` is when
+    /// fewer than a quorum of its keys will be left.
     async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
         let (n, q) = (self.members.len(), self.quorum);
         let name: Arc<str> = Arc::from(key);
@@ -750,6 +759,24 @@ impl Backend for RedlockBackend {
             return Err(self.quorum_error(n - failed.len(), failed));
         }
         Ok(removed)
+    }
+}
+
+/// Answers of the nodes to a yes/no request.
+#[derive(Default)]
+struct Tally {
+    yes: usize,
+    no: usize,
+    failed: Vec<(usize, Error)>,
+}
+
+impl Tally {
+    fn add(&mut self, i: usize, reply: Result<bool>) {
+        match reply {
+            Ok(true) => self.yes += 1,
+            Ok(false) => self.no += 1,
+            Err(e) => self.failed.push((i, e)),
+        }
     }
 }
 
