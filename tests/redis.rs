@@ -308,16 +308,13 @@ async fn kill_while_held_loses_the_lock_and_fails_fast() {
 
 /// Redis paused (SIGSTOP: connections open, nothing answered): acquire returns within its
 /// deadline plus 100 ms, never hangs, and everything works again after SIGCONT.
-///
-/// The backend's timeout (250 ms) is below the wait: the Locker's first, fast-path attempt
-/// is bounded by the backend timeout only (see the report on lock-core).
+/// With the default operation timeout (1 s), longer than the 500 ms wait: the wait's
+/// deadline, not the backend timeout, bounds the acquire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_server_never_hangs() {
     let server = RedisServer::start().await;
-    let timeout = Duration::from_millis(250);
-    let locker = distlock::connect(&format!("{}?timeout=250ms", server.url()))
-        .await
-        .unwrap();
+    let timeout = distlock::redis::DEFAULT_TIMEOUT;
+    let locker = distlock::connect(&server.url()).await.unwrap();
     let held = locker
         .acquire("paused/held", &skip(Duration::from_secs(30)))
         .await
@@ -345,11 +342,11 @@ async fn paused_server_never_hangs() {
 async fn blackholed_network_never_hangs() {
     let server = RedisServer::start().await;
     let proxy = FaultProxy::start(server.addr()).await;
-    let timeout = Duration::from_millis(250);
-    let locker = distlock::connect(&format!("redis://{}?timeout=250ms", proxy.addr()))
+    let timeout = distlock::redis::DEFAULT_TIMEOUT;
+    let locker = distlock::connect(&format!("redis://{}", proxy.addr()))
         .await
         .unwrap();
-    let ttl = Duration::from_millis(900);
+    let ttl = Duration::from_millis(1500);
     let guard = locker
         .acquire("blackhole/held", &LockOptions::new().ttl(ttl).skip())
         .await

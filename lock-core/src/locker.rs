@@ -316,10 +316,11 @@ impl Locker {
         if self.inner.queued.load(Ordering::SeqCst) == 0
             || !lock(&self.inner.queues).contains_key(key)
         {
-            match self.attempt(key, ttl, opts).await {
-                Ok(Ok(guard)) => return Ok(guard),
-                Err(e) if !e.is_transient() => return Err(e),
-                Ok(Err(_)) | Err(_) => {}
+            match within(deadline, self.attempt(key, ttl, opts)).await {
+                None => return Err(timeout_error(key, started)),
+                Some(Ok(Ok(guard))) => return Ok(guard),
+                Some(Err(e)) if !e.is_transient() => return Err(e),
+                Some(Ok(Err(_)) | Err(_)) => {}
             }
         }
         self.queued(key, ttl, opts, started, deadline).await
@@ -397,7 +398,10 @@ impl Locker {
             armed: true,
         };
         let result = self.inner.proto().try_acquire(key, owner, ttl).await;
-        cleanup.armed = false;
+        // A transient failure may come after the request reached the server (a reply lost
+        // to a timeout, a paused server resuming): the grant may exist, so release it.
+        cleanup.armed = matches!(&result, Err(e) if e.is_transient());
+        drop(cleanup);
         match result? {
             Attempt::Granted { fence, valid_until } => {
                 let lease = Lease::new(key, owner, fence, valid_until);
@@ -560,7 +564,8 @@ impl Drop for QueueSlot<'_> {
     }
 }
 
-/// Releases, in the background, what an attempt dropped mid-flight may have been granted.
+/// Releases, in the background, what an attempt that was dropped mid-flight or failed
+/// transiently may have been granted.
 struct CancelCleanup<'a> {
     inner: &'a Arc<Inner>,
     key: &'a str,
@@ -578,9 +583,9 @@ impl Drop for CancelCleanup<'_> {
         let key = self.key.to_owned();
         self.inner.tasks.spawn(async move {
             match backend.as_ref().release(&lease).await {
-                Ok(()) => tracing::debug!(key, "released a lock granted to a cancelled acquire"),
+                Ok(()) => tracing::debug!(key, "released a lock granted to an abandoned attempt"),
                 Err(Error::NotHeld { .. }) => {}
-                Err(e) => tracing::warn!(key, error = %e, "cleanup of a cancelled acquire failed"),
+                Err(e) => tracing::debug!(key, error = %e, "cleanup of an abandoned attempt failed; the lock expires at its TTL"),
             }
         });
     }

@@ -803,6 +803,11 @@ impl Shared {
             })
             .await
             .map(|response| response.succeeded());
+        if matches!(deleted, Ok(true)) {
+            // Waiters in this process need not wait for the watch event, which follows the
+            // answer; the event wakes them again, which costs at most one refused attempt.
+            self.notices.notify(lease.key());
+        }
         if let Some(entry) = entry {
             match (&deleted, entry.slot) {
                 // The key was on this lease (an operation cut off half-way would have kept
