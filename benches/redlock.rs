@@ -1,8 +1,12 @@
 //! Redlock backend against its peer, rslock 0.10, on the same 3 `redis-server` nodes in the
 //! same run: uncontended cycle on 1 task, 64 tasks on distinct keys, 16 tasks on one key
 //! holding 1 ms. Fencing off for like for like (rslock has no fencing tokens), and the cost
-//! of fencing on measured beside it. Watchdog off (rslock does not renew). The final report
-//! prints each result as a ratio to the peer.
+//! of fencing on measured beside it. Watchdog off (rslock does not renew).
+//!
+//! The final report prints each result as a ratio to the peer, taken over rounds that
+//! alternate the two (so a change of load on a shared machine hits both alike), and the CPU
+//! time per cycle of this process and of the Redis servers, which does not depend on what
+//! else the machine runs.
 
 mod common;
 

@@ -14,7 +14,10 @@ use distlock::{LockOptions, Outcome};
 async fn main() -> distlock::Result<()> {
     let locker = distlock::from_env().await?;
     let caps = locker.capabilities();
-    println!("backend: {} (monotonic fencing: {})", caps.name, caps.monotonic_fencing);
+    println!(
+        "backend: {} (monotonic fencing: {})",
+        caps.name, caps.monotonic_fencing
+    );
 
     // 1. A scheduled job on 8 replicas: Skip means only one of them runs it.
     println!("\n1. nightly job fired on 8 replicas at once (wait strategy: Skip)");
@@ -40,10 +43,16 @@ async fn main() -> distlock::Result<()> {
     println!("\n2. 8 buyers race for 5 items (wait strategy: Wait(2s)); fences order the writes");
     let stock = Arc::new(AtomicU64::new(5));
     let last_fence = Arc::new(AtomicU64::new(0));
-    let opts = LockOptions::new().ttl(Duration::from_secs(5)).wait_for(Duration::from_secs(2));
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(5))
+        .wait_for(Duration::from_secs(2));
     let buyers = (0..8).map(|buyer| {
-        let (locker, opts, stock, last_fence) =
-            (locker.clone(), opts.clone(), stock.clone(), last_fence.clone());
+        let (locker, opts, stock, last_fence) = (
+            locker.clone(),
+            opts.clone(),
+            stock.clone(),
+            last_fence.clone(),
+        );
         tokio::spawn(async move {
             let guard = locker.acquire("stock/item-42", &opts).await?;
             // The protected resource refuses a write whose fence is older than one it saw.
@@ -76,7 +85,11 @@ async fn main() -> distlock::Result<()> {
         .skip()
         .job_timeout(Duration::from_millis(200));
     let slow = locker
-        .run("jobs/slow", &opts, tokio::time::sleep(Duration::from_secs(5)))
+        .run(
+            "jobs/slow",
+            &opts,
+            tokio::time::sleep(Duration::from_secs(5)),
+        )
         .await?;
     println!("   slow job: {slow:?}");
     let backend = locker.backend().clone();
@@ -86,7 +99,11 @@ async fn main() -> distlock::Result<()> {
     });
     let opts = LockOptions::new().ttl(Duration::from_millis(300)).skip();
     let revoked = locker
-        .run("jobs/revoked", &opts, tokio::time::sleep(Duration::from_secs(5)))
+        .run(
+            "jobs/revoked",
+            &opts,
+            tokio::time::sleep(Duration::from_secs(5)),
+        )
         .await?;
     println!("   job whose lock was taken away: {revoked:?}");
     revoke.await.expect("task")?;

@@ -25,14 +25,14 @@
 
 pub use lock_core::*;
 
+#[cfg(feature = "etcd")]
+pub use lock_etcd as etcd;
 #[cfg(feature = "memory")]
 pub use lock_memory::MemoryBackend;
 #[cfg(feature = "redis")]
 pub use lock_redis as redis;
 #[cfg(feature = "redlock")]
 pub use lock_redlock as redlock;
-#[cfg(feature = "etcd")]
-pub use lock_etcd as etcd;
 
 /// The environment variable [`from_env`] reads.
 pub const URL_ENV: &str = "DISTLOCK_URL";

@@ -288,12 +288,16 @@ async fn minority_and_majority_presets() {
         matches!(result, Ok(Attempt::Taken { .. })),
         "2 of 3 held by another owner: {result:?}"
     );
+    // A node that had not answered when the attempt was decided is released in the
+    // background: allow a short settle.
+    tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!raw_exists(&nodes.nodes()[2], &lock_key("preset/majority")).await);
     let locker = Locker::new(b);
     assert!(matches!(
         locker.acquire("preset/majority", &skip(ttl)).await,
         Err(Error::Locked { .. })
     ));
+    tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!raw_exists(&nodes.nodes()[2], &lock_key("preset/majority")).await);
 
     // Held everywhere: the refusal says when a quorum of the holder's keys expires.

@@ -50,8 +50,8 @@ impl Capabilities {
         let mut ttl = ttl.max(self.min_ttl);
         let g = self.ttl_granularity.as_nanos();
         // Whole multiples (the usual case: ms or s TTLs) skip the 128-bit division.
-        let whole = u32::try_from(g)
-            .is_ok_and(|g| 1_000_000_000 % g == 0 && ttl.subsec_nanos() % g == 0);
+        let whole =
+            u32::try_from(g).is_ok_and(|g| 1_000_000_000 % g == 0 && ttl.subsec_nanos() % g == 0);
         if g > 1 && !whole {
             let n = ttl.as_nanos();
             let rounded = n.div_ceil(g) * g;

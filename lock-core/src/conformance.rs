@@ -184,7 +184,13 @@ pub async fn different_keys_are_independent(t: &Target) {
 }
 
 async fn grant(t: &Target, key: &str, owner: Owner, ttl: Duration) -> Lease {
-    match t.backend.as_ref().try_acquire(key, owner, ttl).await.unwrap() {
+    match t
+        .backend
+        .as_ref()
+        .try_acquire(key, owner, ttl)
+        .await
+        .unwrap()
+    {
         Attempt::Granted { fence, valid_until } => Lease::new(key, owner, fence, valid_until),
         Attempt::Taken { .. } => panic!("{key} should be free"),
     }
@@ -238,14 +244,21 @@ pub async fn extend_of_expired_or_foreign_lease_fails(t: &Target) {
         Instant::now(),
     );
     assert!(matches!(
-        t.backend.as_ref().extend(&foreign, Duration::from_secs(10)).await,
+        t.backend
+            .as_ref()
+            .extend(&foreign, Duration::from_secs(10))
+            .await,
         Err(Error::NotHeld { .. })
     ));
     assert!(matches!(
         t.backend.as_ref().release(&foreign).await,
         Err(Error::NotHeld { .. })
     ));
-    let extended = t.backend.as_ref().extend(&holder, Duration::from_secs(20)).await;
+    let extended = t
+        .backend
+        .as_ref()
+        .extend(&holder, Duration::from_secs(20))
+        .await;
     assert!(
         extended.is_ok(),
         "the real holder can still extend: {extended:?}"

@@ -443,6 +443,31 @@ impl RedlockBackend {
         }
     }
 
+    /// Sends `op` to every node and waits for every answer: the answers of the nodes that
+    /// answered and the number that failed, or the quorum error when fewer than a majority
+    /// answered.
+    async fn ask_all<T, F, Fut>(&self, op: F) -> Result<(Vec<T>, usize)>
+    where
+        F: Fn(RedisNode) -> Fut,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let n = self.members.len();
+        let replies = self.fan_out(0..n, self.timeout_for(None), op).all().await;
+        let mut answers = Vec::with_capacity(n);
+        let mut failed = Vec::new();
+        for (i, reply) in replies {
+            match reply {
+                Ok(answer) => answers.push(answer),
+                Err(e) => failed.push((i, e)),
+            }
+        }
+        if answers.len() < self.quorum {
+            return Err(self.quorum_error(answers.len(), failed));
+        }
+        Ok((answers, failed.len()))
+    }
+
     /// The error of an operation that missed its quorum because nodes failed: the first
     /// non-transient error when those alone rule the quorum out, else `QuorumNotReached`.
     fn quorum_error(&self, granted: usize, failed: Vec<(usize, Error)>) -> Error {
@@ -672,30 +697,17 @@ impl Backend for RedlockBackend {
     /// the answering nodes agree on it (the write-back makes them); `expires_in` is when
     /// fewer than a quorum of its keys will be left.
     async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
-        let (n, q) = (self.members.len(), self.quorum);
+        let q = self.quorum;
         let name: Arc<str> = Arc::from(key);
-        let replies = self
-            .fan_out(0..n, self.timeout_for(None), |node| {
+        let (answers, unknown) = self
+            .ask_all(|node| {
                 let name = name.clone();
                 async move { node.inspect(&name).await }
             })
-            .all()
-            .await;
-        let mut holders: Vec<Holder> = Vec::new();
-        let mut failed = Vec::new();
-        for (i, reply) in replies {
-            match reply {
-                Ok(Some(holder)) => holders.push(holder),
-                Ok(None) => {}
-                Err(e) => failed.push((i, e)),
-            }
-        }
-        if n - failed.len() < q {
-            return Err(self.quorum_error(n - failed.len(), failed));
-        }
+            .await?;
+        let holders: Vec<Holder> = answers.into_iter().flatten().collect();
         // The holder is the owner whose key is (or, counting the nodes that did not answer,
         // may be) on a majority; a key on a minority is a leftover that expires by itself.
-        let unknown = failed.len();
         let mut best: Option<(usize, Holder)> = None;
         for candidate in &holders {
             let same: Vec<&Holder> = holders
@@ -737,28 +749,15 @@ impl Backend for RedlockBackend {
     /// Fails with `QuorumNotReached` when fewer than a majority answered, since the holder
     /// may then still hold it.
     async fn force_release(&self, key: &str) -> Result<bool> {
-        let (n, q) = (self.members.len(), self.quorum);
         let name: Arc<str> = Arc::from(key);
-        let replies = self
-            .fan_out(0..n, self.timeout_for(None), |node| {
+        let answers = self
+            .ask_all(|node| {
                 let name = name.clone();
                 async move { node.force_release(&name).await }
             })
-            .all()
             .await;
         self.notices.notify(key);
-        let mut removed = false;
-        let mut failed = Vec::new();
-        for (i, reply) in replies {
-            match reply {
-                Ok(deleted) => removed |= deleted,
-                Err(e) => failed.push((i, e)),
-            }
-        }
-        if n - failed.len() < q {
-            return Err(self.quorum_error(n - failed.len(), failed));
-        }
-        Ok(removed)
+        Ok(answers?.0.contains(&true))
     }
 }
 
