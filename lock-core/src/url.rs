@@ -333,6 +333,20 @@ impl fmt::Display for UrlDisplay<'_> {
     }
 }
 
+/// Writes a duration so that [`parse_duration`] reads it back exactly (`2s`, `250ms`,
+/// `1.5ms`): the inverse used when a configuration is turned back into a URL.
+pub fn format_duration(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    if nanos % 1_000_000_000 == 0 {
+        format!("{}s", nanos / 1_000_000_000)
+    } else if nanos % 1_000_000 == 0 {
+        format!("{}ms", nanos / 1_000_000)
+    } else {
+        let frac = format!("{:06}", nanos % 1_000_000);
+        format!("{}.{}ms", nanos / 1_000_000, frac.trim_end_matches('0'))
+    }
+}
+
 /// Parses a duration with a required unit: an unsigned decimal number (`250`, `1.5`) followed
 /// by `ms`, `s`, `m` or `h`. A bare number (even `0`), an unknown unit, a sign, or a value too
 /// large for [`Duration`] is refused with a message saying why. Fractions below a nanosecond
@@ -703,6 +717,20 @@ fn percent_encode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn format_duration_round_trips() {
+        for d in [
+            Duration::from_secs(2),
+            Duration::from_millis(250),
+            Duration::from_micros(1500),
+            Duration::from_nanos(1),
+            Duration::ZERO,
+        ] {
+            assert_eq!(parse_duration(&format_duration(d)), Ok(d), "{d:?}");
+        }
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+    }
     use proptest::prelude::*;
 
     fn ok(s: &str) -> LockUrl {

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::url::HostPort;
+use lock_core::url::{format_duration, HostPort};
 use lock_core::{Error, LockUrl, Result, Scheme};
 
 use crate::{RedisBackend, RedisNode};
@@ -281,20 +281,6 @@ fn parse_addr(addr: String) -> std::result::Result<HostPort, (String, String)> {
         },
         Err(Error::InvalidUrl { reason, .. }) => refuse(reason),
         Err(other) => refuse(other.to_string()),
-    }
-}
-
-/// Writes a duration the way `parse_duration` reads it back exactly (`2s`, `250ms`,
-/// `1.5ms`).
-pub(crate) fn format_duration(d: Duration) -> String {
-    let nanos = d.as_nanos();
-    if nanos % 1_000_000_000 == 0 {
-        format!("{}s", nanos / 1_000_000_000)
-    } else if nanos % 1_000_000 == 0 {
-        format!("{}ms", nanos / 1_000_000)
-    } else {
-        let frac = format!("{:06}", nanos % 1_000_000);
-        format!("{}.{}ms", nanos / 1_000_000, frac.trim_end_matches('0'))
     }
 }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::url::{parse_duration, HostPort};
+use lock_core::url::{format_duration, HostPort};
 use lock_core::{Error, LockUrl, Result, Scheme};
 use lock_redis::{RedisBuilder, DEFAULT_PREFIX};
 
@@ -356,22 +356,6 @@ impl fmt::Debug for RedlockBuilder {
             .field(&format_args!("{}", self.redacted()))
             .finish()
     }
-}
-
-/// Writes a duration the way [`parse_duration`] reads it back exactly (`2s`, `250ms`,
-/// `1.5ms`).
-fn format_duration(d: Duration) -> String {
-    let nanos = d.as_nanos();
-    let text = if nanos % 1_000_000_000 == 0 {
-        format!("{}s", nanos / 1_000_000_000)
-    } else if nanos % 1_000_000 == 0 {
-        format!("{}ms", nanos / 1_000_000)
-    } else {
-        let frac = format!("{:06}", nanos % 1_000_000);
-        format!("{}.{}ms", nanos / 1_000_000, frac.trim_end_matches('0'))
-    };
-    debug_assert_eq!(parse_duration(&text), Ok(d));
-    text
 }
 
 #[cfg(test)]
