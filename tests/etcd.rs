@@ -223,9 +223,9 @@ impl Resource {
 /// the leader is paused for longer than an election: a new leader takes over, acquisitions
 /// resume during the pause, and no two holders are ever inside at once.
 ///
-/// etcd-client spreads requests over all endpoints, so a third of them still go to the
-/// paused member and time out (500 ms here); the Locker retries them, and a lock whose
-/// release was lost that way expires at its 1 s TTL.
+/// A request to the paused member times out (500 ms here) and moves the backend to the
+/// next member; the Locker retries it, and a lock whose release was lost that way expires
+/// at its 1 s TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_leader_is_replaced_and_holders_never_overlap() {
     let cluster = EtcdCluster::start(3).await;
@@ -284,6 +284,42 @@ async fn a_paused_leader_is_replaced_and_holders_never_overlap() {
         "acquisitions resume while the old leader is paused"
     );
     assert!(after > before + during, "and go on after it is back");
+}
+
+/// A hung member (paused) costs one failed call: the backend then sends its requests to
+/// the next member, instead of a share of every later call timing out on the hung one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_member_costs_one_failed_call() {
+    let cluster = EtcdCluster::start(3).await;
+    // A follower first: pausing it needs no election, so every failure is the backend's.
+    let leader = cluster.leader().await;
+    let order = [(leader + 1) % 3, (leader + 2) % 3, leader];
+    let endpoints: Vec<String> = order
+        .iter()
+        .map(|&i| cluster.member(i).endpoint())
+        .collect();
+    let locker = Locker::new(backend(&endpoints, "timeout=500ms").await);
+    let ttl = Duration::from_secs(10);
+    let warm = locker.acquire(&key("warm"), &opts(ttl)).await.unwrap();
+    warm.release().await.unwrap();
+
+    cluster.member(order[0]).pause();
+    let mut failures = 0;
+    for i in 0..10 {
+        match locker.acquire(&key(&format!("hung{i}")), &opts(ttl)).await {
+            Ok(g) => g.release().await.unwrap(),
+            Err(e) => {
+                assert!(e.is_transient(), "{e}");
+                failures += 1;
+            }
+        }
+    }
+    eprintln!("hung member: {failures} of 10 calls failed");
+    cluster.member(order[0]).resume();
+    assert!(
+        failures <= 1,
+        "{failures} of 10 calls failed with one member hung"
+    );
 }
 
 /// With a majority of members killed, every call fails with a transient error within its
@@ -702,5 +738,32 @@ async fn credentials_are_used_and_wrong_ones_refused() {
         .acquire(&key("auth"), &opts(Duration::from_secs(10)))
         .await
         .unwrap();
+    g.release().await.unwrap();
+}
+
+/// etcd's authentication tokens expire (here after 1 s; 5 min by default) and etcd-client
+/// does not renew them: the backend asks for a new token when etcd reports an expired one,
+/// and the caller's retry succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_auth_token_is_renewed() {
+    let server = EtcdServer::start_with_args(&["--auth-token-ttl", "1"]).await;
+    let mut client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    client.user_add("root", "hunter2", None).await.unwrap();
+    client.user_grant_role("root", "root").await.unwrap();
+    client.auth_enable().await.unwrap();
+    let locker = distlock::connect(&format!("etcd://root:hunter2@{}", server.endpoint()))
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(10);
+    let g = locker.acquire(&key("token"), &opts(ttl)).await.unwrap();
+    g.release().await.unwrap();
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let g = locker
+        .acquire(&key("token"), &opts(ttl).wait_for(Duration::from_secs(5)))
+        .await
+        .expect("a new token is used once the old one expired");
     g.release().await.unwrap();
 }

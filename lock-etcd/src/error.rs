@@ -16,6 +16,7 @@ mod code {
     pub const RESOURCE_EXHAUSTED: i32 = 8;
     pub const ABORTED: i32 = 10;
     pub const UNAVAILABLE: i32 = 14;
+    pub const UNAUTHENTICATED: i32 = 16;
 }
 
 /// A client error with what the backend was doing when it happened.
@@ -55,6 +56,7 @@ pub(crate) fn failed(doing: impl Into<String>) -> impl FnOnce(etcd_client::Error
 
 fn is_transient(e: &etcd_client::Error) -> bool {
     match e {
+        _ if is_expired_token(e) => true,
         etcd_client::Error::GRpcStatus(status) => matches!(
             status.code() as i32,
             code::CANCELLED
@@ -68,6 +70,24 @@ fn is_transient(e: &etcd_client::Error) -> bool {
         | etcd_client::Error::IoError(_)
         | etcd_client::Error::WatchError(_)
         | etcd_client::Error::LeaseKeepAliveError(_) => true,
+        _ => false,
+    }
+}
+
+/// Whether etcd refused a request because its authentication token expired (etcd-client
+/// does not renew tokens): transient, since authenticating again fixes it.
+fn is_expired_token(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(status)
+        if status.code() as i32 == code::UNAUTHENTICATED
+            && status.message().contains("invalid auth token"))
+}
+
+/// Whether `e` reports an expired authentication token.
+pub(crate) fn token_expired(e: &Error) -> bool {
+    match e {
+        Error::Unavailable { source, .. } => source
+            .downcast_ref::<Failure>()
+            .is_some_and(|f| is_expired_token(&f.source)),
         _ => false,
     }
 }

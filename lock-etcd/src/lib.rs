@@ -17,54 +17,79 @@
 //!   is the revision that created the key, strictly increasing across holders because etcd's
 //!   revision is one counter for the whole store.
 //! - **Release** is a transaction that deletes the key only while it holds our owner token.
-//!   **Extend** renews the lock's lease and reads the key to check it is still ours;
-//!   [`Error::NotHeld`] otherwise. **force_release** deletes the key and revokes its lease,
-//!   so the holder's next renewal fails.
+//!   **Extend** renews the lock's lease (one keep-alive) and reads the key to check it is
+//!   still ours on it; [`Error::NotHeld`] otherwise. A new TTL moves the key onto a new lease
+//!   (etcd leases keep their TTL), in place, so the fence stays. **force_release** deletes
+//!   the key and revokes its lease, so the holder's next renewal fails.
 //! - Every operation is bounded by the timeout (URL `timeout=`, default 2 s) and fails with
 //!   the transient [`Error::Unavailable`] when it passes or the cluster cannot be reached.
 //!
 //! ## One lease per lock, recycled
 //!
-//! Each held lock has its own lease, with the lock's TTL: a lock whose holder stops
-//! renewing expires after *its* TTL, and renewing one lock never extends another. (One
-//! session lease per backend would be cheaper but makes per-lock expiry impossible: every
-//! lock on it lives as long as the session.) Leases are whole seconds with a server
-//! minimum, which [`EtcdBackend`] measures when it connects (etcd raises a lease's TTL to
-//! 1.5 election timeouts: 2 s with etcd's defaults) and reports as
-//! [`Capabilities::min_ttl`], with a granularity of 1 s.
+//! Each held lock has a lease of its own: a lock whose holder stops renewing expires after
+//! *its* TTL, and renewing one lock never extends another. One session lease per backend,
+//! kept alive by one stream, would save the lease bookkeeping, but every lock on it would
+//! then live as long as the session, whatever its TTL.
 //!
-//! Granting a lease is a raft write, as are the acquire and release transactions; with a
-//! fresh lease per acquisition (grant, acquire, release, revoke: four writes per cycle)
-//! this backend measured 0.4× to 0.5× the throughput of etcd's own lock RPC. So a released
-//! lease is kept (its key is gone) and the next acquisition with the same TTL renews it
-//! (a keep-alive, which is not a raft write) in parallel with its transaction: two writes
-//! per cycle, like the lock RPC. The renewal runs on the lease's own open keep-alive
-//! stream, which the lock's extensions use too.
+//! Lease TTLs are whole seconds, so [`Capabilities::ttl_granularity`] is 1 s. Granting a
+//! lease, acquiring and releasing are each a raft write (a disk sync on the leader); with a
+//! fresh lease per acquisition (grant, acquire, release, revoke: four writes per cycle) this
+//! backend measured 0.45× the throughput of etcd's own lock RPC. So a released lease is kept
+//! in a small pool (its key is gone) for the next acquisition with the same TTL: two writes
+//! per cycle, like the lock RPC. Renewing the pooled lease on every acquisition cost
+//! another ~0.1 ms of etcd's CPU per cycle (a keep-alive is not a raft write, but etcd 3.4
+//! spends about as much CPU on it as on a transaction): at 64 tasks etcd's CPU is the
+//! bottleneck, and that was 0.6× the peer. Hence the **headroom**: a lock's lease lives 1 s longer than the lock, and a pooled
+//! lease known (from the instant its last grant or renewal was sent) to live past the new
+//! lock's validity is used as is; only older ones are renewed, in parallel with the
+//! acquisition. Within the lock's TTL nothing changes; when a holder stops renewing, etcd
+//! frees the lock between its TTL and its TTL + 1 s (plus etcd's expiry lag, below). The
+//! shortest lock is therefore the server's shortest lease (1.5 election timeouts, 2 s with
+//! etcd's defaults) less 1 s, at least 1 s: [`EtcdBackend`] asks the server when it connects
+//! and reports it as [`Capabilities::min_ttl`].
 //!
-//! The Jepsen rule: an acquisition never uses a lease that may have expired. A recycled
-//! lease is renewed by the acquisition itself, and a grant whose confirmation arrives after
-//! the lock's validity (computed from the moment before the lease was granted or renewed)
-//! is refused and its lease revoked: a waiter delayed past its lease is never granted.
+//! The Jepsen rule (etcd 3.4.3's lock RPC granted locks on expired leases): an acquisition
+//! never uses a lease that may have run out. A pooled lease is used as is only while known
+//! alive past the new lock's validity, otherwise renewed by the acquisition itself; and a
+//! grant whose confirmation arrives after the lock's validity (counted from the moment
+//! before its lease was granted or renewed) is refused and its lease revoked, so a waiter
+//! delayed past its lease is never granted.
 //!
 //! ## Waiting
 //!
 //! One watch per backend over the key prefix, for delete events only (releases, lease
 //! expiries, forced releases), wakes the waiters of the deleted key: no polling. A watch
-//! that fails or falls silent (checked with progress requests every second) is replaced,
-//! and every waiter is woken since deletes in between were missed. A refused attempt tells
-//! the waiter how long the holder has left: exactly for a holder in this backend, from the
-//! holder's lease TTL (whole seconds) for another process.
+//! that fails or falls silent (checked with a progress request every second) is replaced,
+//! and every waiter is woken, since deletes in between were missed. A release also wakes
+//! this process's waiters as soon as etcd confirms it. A refused attempt tells the waiter
+//! how long the holder has left: exactly for a holder in this backend, from the holder's
+//! lease TTL (whole seconds) for another process's.
 //!
-//! etcd removes an expired lease's keys when its lessor next checks, up to 500 ms after the
-//! expiry. A waiter in another process therefore gets an unrenewed lock up to ~0.5 s after
-//! its TTL. Within one backend (one process) the holder's validity is known exactly, and an
+//! etcd deletes an expired lease's keys when its lessor next checks, up to 500 ms after the
+//! expiry. Within one backend (one process) the holder's validity is known exactly, and an
 //! acquisition that finds the key held by an expired lock of this backend revokes that lease
-//! at once.
+//! at once; a waiter in another process gets an unrenewed lock up to ~1.5 s after its TTL.
+//!
+//! ## Several members
+//!
+//! etcd-client spreads one client's requests over all its endpoints at random, so a member
+//! that hangs (paused, partitioned) would keep receiving a share of the requests, each of
+//! which waits for the whole timeout. This backend keeps a client per member and sends
+//! everything to one preferred member, moving to the next one after a transient failure: a
+//! hung member costs one timeout.
+//!
+//! With credentials, a member whose authentication token expired (etcd's tokens last
+//! 5 minutes by default, and etcd-client does not renew them) gets a newly authenticated
+//! client; the operation that found the token expired fails with a transient error, which
+//! the Locker retries.
+//!
+//! TLS (`https://` endpoints) is not supported: etcd-client is built without it.
 #![deny(missing_docs)]
 
 mod config;
 mod error;
 mod leases;
+mod members;
 mod watch;
 
 use std::collections::HashMap;
@@ -85,6 +110,7 @@ use lock_core::{
 pub use config::{EtcdBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 use error::{failed, is_lease_not_found, timed_out, unexpected};
 use leases::{secs, Pool, Renewal, Slot, HEADROOM_SECS};
+use members::Members;
 
 /// The backend's name in errors and capabilities.
 pub(crate) const NAME: &str = "etcd";
@@ -100,14 +126,16 @@ const HELD_GRACE: Duration = Duration::from_secs(60);
 /// `Locker::new(EtcdBackend::connect(&url).await?)`, or configure it with
 /// [`EtcdBackend::builder`].
 ///
-/// Dropping it stops its release watch and revokes its idle leases.
+/// Dropping it stops its release watch and revokes its leases in the background: the idle
+/// ones, and those of locks it granted that were never released (a Locker keeps its backend
+/// alive while any of its guards is held).
 pub struct EtcdBackend {
     shared: Arc<Shared>,
     watch: tokio::task::AbortHandle,
 }
 
 struct Shared {
-    client: Client,
+    members: Arc<Members>,
     endpoints: Vec<String>,
     prefix: String,
     timeout: Duration,
@@ -193,17 +221,16 @@ impl EtcdBackend {
     pub(crate) async fn start(cfg: EtcdBuilder) -> Result<EtcdBackend> {
         let timeout = cfg.timeout;
         let doing = format!("connecting to etcd at {}", cfg.endpoints.join(","));
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_keep_alive(CONNECTION_PING, timeout)
+            .with_keep_alive_while_idle(false);
+        if let Some((name, password)) = &cfg.user {
+            options = options.with_user(name.clone(), password.clone());
+        }
+        let members = Members::connect(&cfg.endpoints, options, timeout, &doing).await?;
+        let client = members.client();
         let connect = async {
-            let mut options = ConnectOptions::new()
-                .with_connect_timeout(timeout)
-                .with_keep_alive(CONNECTION_PING, timeout)
-                .with_keep_alive_while_idle(false);
-            if let Some((name, password)) = &cfg.user {
-                options = options.with_user(name.clone(), password.clone());
-            }
-            let client = Client::connect(&cfg.endpoints, Some(options))
-                .await
-                .map_err(failed(doing.as_str()))?;
             // The shortest lease the server grants: it raises shorter TTLs to its minimum.
             let probe = new_lease_id();
             let granted = client
@@ -229,14 +256,15 @@ impl EtcdBackend {
             let first = watch::open(&client, &cfg.prefix)
                 .await
                 .map_err(failed(doing.as_str()))?;
-            Ok((client, granted.ttl(), first))
+            Ok((granted.ttl(), first))
         };
-        let (client, min_secs, first) = tokio::time::timeout(timeout, connect)
+        let (min_secs, first) = tokio::time::timeout(timeout, connect)
             .await
             .unwrap_or_else(|_| Err(timed_out(&doing, timeout)))?;
+        let members = Arc::new(members);
         let notices = Arc::new(ReleaseNotices::new());
         let watch = tokio::spawn(watch::run(
-            client.clone(),
+            members.clone(),
             cfg.prefix.clone(),
             notices.clone(),
             timeout,
@@ -244,7 +272,7 @@ impl EtcdBackend {
         ))
         .abort_handle();
         let shared = Shared {
-            client,
+            members,
             endpoints: cfg.endpoints,
             prefix: cfg.prefix,
             timeout,
@@ -279,7 +307,7 @@ impl Drop for EtcdBackend {
         }
         // Outside a runtime they simply expire at their TTL.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let mut client = self.shared.client.lease_client();
+            let mut client = self.shared.client().lease_client();
             let timeout = self.shared.timeout;
             runtime.spawn(async move {
                 for id in leases {
@@ -319,7 +347,9 @@ impl Backend for EtcdBackend {
         let key: Arc<str> = Arc::from(key);
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
+            let (member, _) = shared.members.pick();
             let result = shared.attempt(&key, owner, ttl, ttl_secs).await;
+            let result = shared.members.note(member, result);
             if let Err(Ok(Attempt::Granted { fence, valid_until })) = tx.send(result) {
                 let lease = Lease::new(key, owner, fence, valid_until);
                 let _ = shared.release(&lease).await;
@@ -330,11 +360,15 @@ impl Backend for EtcdBackend {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
-        self.shared.extend(lease, ttl).await
+        let (member, _) = self.shared.members.pick();
+        let result = self.shared.extend(lease, ttl).await;
+        self.shared.members.note(member, result)
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        self.shared.release(lease).await
+        let (member, _) = self.shared.members.pick();
+        let result = self.shared.release(lease).await;
+        self.shared.members.note(member, result)
     }
 
     fn listen(&self, key: &str) -> Option<ReleaseListener> {
@@ -342,15 +376,24 @@ impl Backend for EtcdBackend {
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
-        self.shared.inspect(key).await
+        let (member, _) = self.shared.members.pick();
+        let result = self.shared.inspect(key).await;
+        self.shared.members.note(member, result)
     }
 
     async fn force_release(&self, key: &str) -> Result<bool> {
-        self.shared.force_release(key).await
+        let (member, _) = self.shared.members.pick();
+        let result = self.shared.force_release(key).await;
+        self.shared.members.note(member, result)
     }
 }
 
 impl Shared {
+    /// The client of the preferred member.
+    fn client(&self) -> Arc<Client> {
+        self.members.client()
+    }
+
     fn full_key(&self, key: &str) -> String {
         let mut full = String::with_capacity(self.prefix.len() + key.len());
         full.push_str(&self.prefix);
@@ -383,7 +426,7 @@ impl Shared {
 
     /// Revokes a lease in the background (which deletes any key attached to it).
     fn revoke_later(&self, id: i64) {
-        let mut leases = self.client.lease_client();
+        let mut leases = self.client().lease_client();
         let timeout = self.timeout;
         tokio::spawn(async move {
             let _ = tokio::time::timeout(timeout, leases.revoke(id)).await;
@@ -392,7 +435,7 @@ impl Shared {
 
     /// Revokes a lease now; one already gone is fine.
     async fn revoke(&self, id: i64) -> Result<()> {
-        match self.client.lease_client().revoke(id).await {
+        match self.client().lease_client().revoke(id).await {
             Ok(_) => Ok(()),
             Err(e) if is_lease_not_found(&e) => Ok(()),
             Err(e) => Err(failed("revoking a lease")(e)),
@@ -477,7 +520,7 @@ impl Shared {
                     return Err(e);
                 }
                 response = match self
-                    .client
+                    .client()
                     .kv_client()
                     .txn(acquire_txn(&full, &value, slot.id))
                     .await
@@ -537,7 +580,8 @@ impl Shared {
         used: &mut Vec<i64>,
     ) -> Result<Option<(Slot, TxnResponse)>> {
         used.push(slot.id);
-        let mut kv = self.client.kv_client();
+        let client = self.client();
+        let mut kv = client.kv_client();
         let txn = acquire_txn(full, value, slot.id);
         if slot.covers(valid_until) {
             return match kv.txn(txn).await {
@@ -548,7 +592,7 @@ impl Shared {
                 }
             };
         }
-        let (renewal, txn) = tokio::join!(slot.keep_alive(&self.client), kv.txn(txn));
+        let (renewal, txn) = tokio::join!(slot.keep_alive(&client), kv.txn(txn));
         match (renewal, txn) {
             (Ok(Renewal::Alive), Ok(response)) => Ok(Some((slot, response))),
             (Ok(Renewal::Gone), Ok(response)) => {
@@ -577,7 +621,7 @@ impl Shared {
     ) -> Result<(Slot, TxnResponse)> {
         let slot = self.grant(ttl_secs, used).await?;
         match self
-            .client
+            .client()
             .kv_client()
             .txn(acquire_txn(full, value, slot.id))
             .await
@@ -598,7 +642,7 @@ impl Shared {
         let sent = Instant::now();
         let options = LeaseGrantOptions::new().with_id(id);
         match self
-            .client
+            .client()
             .lease_client()
             .grant(lease_secs, Some(options))
             .await
@@ -645,7 +689,7 @@ impl Shared {
             return None;
         }
         match self
-            .client
+            .client()
             .lease_client()
             .time_to_live(seen.lease, None)
             .await
@@ -691,8 +735,9 @@ impl Shared {
     ) -> Result<Instant> {
         let mut slot = slot.unwrap_or_else(|| Slot::known(lease_id, ttl_secs, lease.valid_until()));
         let full = self.full_key(lease.key());
-        let mut kv = self.client.kv_client();
-        let (renewal, current) = tokio::join!(slot.keep_alive(&self.client), kv.get(full, None));
+        let client = self.client();
+        let mut kv = client.kv_client();
+        let (renewal, current) = tokio::join!(slot.keep_alive(&client), kv.get(full, None));
         let renewal = renewal.map_err(failed("renewing the lock's lease"))?;
         let current = current.map_err(failed("checking the lock"))?;
         let value = lease.owner().to_string();
@@ -744,7 +789,7 @@ impl Shared {
                 value.as_str(),
                 Some(PutOptions::new().with_lease(slot.id)),
             )]);
-        let response = match self.client.kv_client().txn(txn).await {
+        let response = match self.client().kv_client().txn(txn).await {
             Ok(response) => response,
             Err(e) if is_lease_not_found(&e) => {
                 self.revoke_later(slot.id);
@@ -795,7 +840,7 @@ impl Shared {
             .and_then([TxnOp::delete(full.as_str(), None)]);
         let deleted = self
             .within("releasing", async {
-                self.client
+                self.client()
                     .kv_client()
                     .txn(txn)
                     .await
@@ -830,7 +875,7 @@ impl Shared {
         let full = self.full_key(key);
         self.within("inspecting", async {
             let current = self
-                .client
+                .client()
                 .kv_client()
                 .get(full, None)
                 .await
@@ -852,7 +897,7 @@ impl Shared {
         let removed = self
             .within("force-releasing", async {
                 let deleted = self
-                    .client
+                    .client()
                     .kv_client()
                     .delete(full, Some(DeleteOptions::new().with_prev_key()))
                     .await

@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchStream, Watcher};
+
+use crate::members::Members;
 use futures::FutureExt;
 use lock_core::ReleaseNotices;
 
@@ -41,33 +43,38 @@ pub(crate) async fn open(client: &Client, prefix: &str) -> Result<Open, etcd_cli
 /// listeners of that key. When the stream fails or falls silent, a new one is opened and
 /// every listener is woken, since deletes in between were not seen.
 pub(crate) async fn run(
-    client: Client,
+    members: Arc<Members>,
     prefix: String,
     notices: Arc<ReleaseNotices>,
     timeout: Duration,
     first: Open,
 ) {
-    let mut current = Some(first);
+    let mut current = Some((members.pick().0, first));
     let mut retry = RETRY_MIN;
     loop {
-        let (watcher, stream) = match current.take() {
+        let (member, (watcher, stream)) = match current.take() {
             Some(open_watch) => open_watch,
-            None => match tokio::time::timeout(timeout, open(&client, &prefix)).await {
-                Ok(Ok(open_watch)) => {
-                    notices.notify_all();
-                    retry = RETRY_MIN;
-                    open_watch
+            None => {
+                let (member, client) = members.pick();
+                match tokio::time::timeout(timeout, open(&client, &prefix)).await {
+                    Ok(Ok(open_watch)) => {
+                        notices.notify_all();
+                        retry = RETRY_MIN;
+                        (member, open_watch)
+                    }
+                    failed => {
+                        tracing::debug!(?failed, "cannot open the etcd release watch; retrying");
+                        members.suspect(member);
+                        tokio::time::sleep(retry).await;
+                        retry = (retry * 2).min(RETRY_MAX);
+                        continue;
+                    }
                 }
-                failed => {
-                    tracing::debug!(?failed, "cannot open the etcd release watch; retrying");
-                    tokio::time::sleep(retry).await;
-                    retry = (retry * 2).min(RETRY_MAX);
-                    continue;
-                }
-            },
+            }
         };
         follow(watcher, stream, prefix.as_bytes(), &notices, timeout).await;
         tracing::debug!("the etcd release watch ended; opening a new one");
+        members.suspect(member);
     }
 }
 

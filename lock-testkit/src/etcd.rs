@@ -54,7 +54,18 @@ impl EtcdServer {
     /// If `etcd` is not installed (the message says how to install it), or
     /// the server does not start (the message includes its log).
     pub async fn start() -> EtcdServer {
-        let mut cluster = EtcdCluster::start(1).await;
+        EtcdServer::start_with_args(&[]).await
+    }
+
+    /// Like [`start`](Self::start), with `extra_args` appended to etcd's command line
+    /// (for example `["--auth-token-ttl", "1"]`).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start); an argument etcd refuses makes it exit, and the message
+    /// includes its log.
+    pub async fn start_with_args(extra_args: &[&str]) -> EtcdServer {
+        let mut cluster = EtcdCluster::start_with_args(1, extra_args).await;
         cluster
             .members
             .pop()
@@ -243,10 +254,20 @@ impl EtcdCluster {
     /// install it), or if the cluster does not become healthy within 20 s
     /// (the message includes the failing member's log).
     pub async fn start(n: usize) -> EtcdCluster {
+        EtcdCluster::start_with_args(n, &[]).await
+    }
+
+    /// Like [`start`](Self::start), with `extra_args` appended to every member's command
+    /// line.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub async fn start_with_args(n: usize, extra_args: &[&str]) -> EtcdCluster {
         assert!(n > 0, "an etcd cluster needs at least one member");
         let binary = find_binary("etcd", "etcd-server");
         for attempt in 1..=START_ATTEMPTS {
-            let cluster = EtcdCluster::spawn(&binary, n);
+            let cluster = EtcdCluster::spawn(&binary, n, extra_args);
             match cluster.wait_all_healthy().await {
                 Ok(()) => return cluster,
                 Err(e) if e.is_addr_in_use() && attempt < START_ATTEMPTS => continue,
@@ -257,7 +278,7 @@ impl EtcdCluster {
     }
 
     /// Spawns all members on fresh ports without waiting.
-    fn spawn(binary: &Path, n: usize) -> EtcdCluster {
+    fn spawn(binary: &Path, n: usize, extra_args: &[&str]) -> EtcdCluster {
         let ports = free_ports(2 * n);
         let token = cluster_token();
         let names: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
@@ -280,7 +301,7 @@ impl EtcdCluster {
                 let data_dir = dir.path().join("data");
                 let client_url = format!("http://127.0.0.1:{client_port}");
                 let peer_url = format!("http://127.0.0.1:{peer_port}");
-                let args: Vec<OsString> = vec![
+                let mut args: Vec<OsString> = vec![
                     "--name".into(),
                     name.clone().into(),
                     "--data-dir".into(),
@@ -310,6 +331,7 @@ impl EtcdCluster {
                     "--log-level".into(),
                     "error".into(),
                 ];
+                args.extend(extra_args.iter().map(OsString::from));
                 let process = ManagedProcess::spawn(
                     format!(
                         "etcd {name} (client 127.0.0.1:{client_port}, peer 127.0.0.1:{peer_port})"
