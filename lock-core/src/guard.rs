@@ -25,9 +25,11 @@ pub(crate) struct GuardShared {
     lost: AtomicBool,
     /// Wakes `lost()` futures on every change of `lost` or of the validity.
     changed: Notify,
-    /// Set once by whoever ends the hold: `release`, `Drop` or `Locker::shutdown`.
+    /// Whether a `lost()` future was ever made: if not, nobody needs waking.
+    watched: AtomicBool,
+    /// Set once by whoever ends the hold: `release`, `Drop` or `Locker::shutdown`; the
+    /// watchdog stops when it sees it.
     done: AtomicBool,
-    watchdog: Mutex<Option<AbortHandle>>,
 }
 
 impl GuardShared {
@@ -37,14 +39,20 @@ impl GuardShared {
 
     fn renewed(&self, valid_until: Instant) {
         lock(&self.lease).set_valid_until(valid_until);
-        self.changed.notify_waiters();
+        self.wake_watchers();
+    }
+
+    fn wake_watchers(&self) {
+        if self.watched.load(Ordering::SeqCst) {
+            self.changed.notify_waiters();
+        }
     }
 
     /// Marks the hold ended (released, dropped) so `lost()` futures resolve.
     fn set_gone(&self) -> bool {
         let was_lost = self.lost.swap(true, Ordering::SeqCst);
         if !was_lost {
-            self.changed.notify_waiters();
+            self.wake_watchers();
         }
         was_lost
     }
@@ -67,9 +75,6 @@ impl GuardShared {
     fn finish(&self) -> bool {
         if self.done.swap(true, Ordering::SeqCst) {
             return false;
-        }
-        if let Some(handle) = lock(&self.watchdog).take() {
-            handle.abort();
         }
         lock(&self.locker.held).remove(&self.id);
         true
@@ -118,6 +123,7 @@ impl GuardShared {
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     shared: Arc<GuardShared>,
+    watchdog: Option<AbortHandle>,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -148,17 +154,15 @@ impl LockGuard {
             ttl: Mutex::new(ttl),
             lost: AtomicBool::new(false),
             changed: Notify::new(),
+            watched: AtomicBool::new(false),
             done: AtomicBool::new(false),
-            watchdog: Mutex::new(None),
         });
         lock(&locker.held).insert(id, shared.clone());
-        if watchdog {
-            if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                let task = handle.spawn(run_watchdog(shared.clone()));
-                *lock(&shared.watchdog) = Some(task.abort_handle());
-            }
-        }
-        LockGuard { shared }
+        let watchdog = watchdog
+            .then(|| tokio::runtime::Handle::try_current().ok())
+            .flatten()
+            .map(|rt| rt.spawn(run_watchdog(shared.clone())).abort_handle());
+        LockGuard { shared, watchdog }
     }
 
     /// The lock's key.
@@ -198,6 +202,7 @@ impl LockGuard {
     /// the Locker was shut down, or the guard was dropped. It does not borrow the guard.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         let shared = self.shared.clone();
+        shared.watched.store(true, Ordering::SeqCst);
         async move {
             loop {
                 let changed = shared.changed.notified();
@@ -256,8 +261,9 @@ impl LockGuard {
     ///
     /// # Cancel safety
     /// If the future is dropped before completing, the release continues in the background.
-    pub async fn release(self) -> Result<()> {
+    pub async fn release(mut self) -> Result<()> {
         let shared = self.shared.clone();
+        self.stop_watchdog();
         let claimed = shared.finish();
         // `finish` has run, so the guard's Drop does nothing more.
         drop(self);
@@ -276,8 +282,17 @@ impl LockGuard {
     }
 }
 
+impl LockGuard {
+    fn stop_watchdog(&mut self) {
+        if let Some(handle) = self.watchdog.take() {
+            handle.abort();
+        }
+    }
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
+        self.stop_watchdog();
         if self.shared.finish() {
             self.shared.release_in_background();
         }
@@ -302,6 +317,10 @@ async fn run_watchdog(shared: Arc<GuardShared>) {
     let mut next = Instant::now() + *lock(&shared.ttl) / 3;
     loop {
         tokio::time::sleep_until(next.into()).await;
+        if shared.done.load(Ordering::SeqCst) {
+            // Released by `Locker::shutdown`, which cannot reach this task's handle.
+            return;
+        }
         let ttl = *lock(&shared.ttl);
         let period = ttl / 3;
         let lease = shared.lease();

@@ -316,14 +316,22 @@ impl Locker {
         if self.inner.queued.load(Ordering::SeqCst) == 0
             || !lock(&self.inner.queues).contains_key(key)
         {
-            match within(deadline, self.attempt(key, ttl, opts)).await {
+            let first = match deadline {
+                None => Some(self.attempt(key, ttl, opts).await),
+                Some(d) => tokio::time::timeout_at(d.into(), self.attempt(key, ttl, opts))
+                    .await
+                    .ok(),
+            };
+            match first {
                 None => return Err(timeout_error(key, started)),
                 Some(Ok(Ok(guard))) => return Ok(guard),
                 Some(Err(e)) if !e.is_transient() => return Err(e),
                 Some(Ok(Err(_)) | Err(_)) => {}
             }
         }
-        self.queued(key, ttl, opts, started, deadline).await
+        // Boxed: the waiting state machine is large, and the uncontended path above should
+        // not carry (and move) it.
+        Box::pin(self.queued(key, ttl, opts, started, deadline)).await
     }
 
     /// The slow path: take this key's local turn (FIFO), then attempt and wait until
