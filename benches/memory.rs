@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{distinct_keys, one_key, rate, uncontended, Distlock, Subject};
+use common::{
+    bench_subject, distinct_keys, rate, runtime, uncontended, Distlock, OneKey, Subject, WORKLOADS,
+};
 use criterion::{criterion_group, criterion_main, Criterion};
 use distlock::{Locker, MemoryBackend};
 
@@ -54,47 +56,16 @@ fn ours() -> Distlock {
     Distlock::new(Locker::new(MemoryBackend::new()))
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn bench(c: &mut Criterion) {
     let rt = runtime();
     let (dl, peer) = (ours(), MutexMap::default());
 
-    let mut g = c.benchmark_group("memory/uncontended");
-    g.bench_function("distlock", |b| {
-        b.to_async(&rt).iter_custom(|n| {
-            let dl = dl.clone();
-            async move { uncontended(&dl, n).await }
-        })
-    });
-    g.bench_function("tokio-mutex-map", |b| {
-        b.to_async(&rt).iter_custom(|n| {
-            let peer = peer.clone();
-            async move { uncontended(&peer, n).await }
-        })
-    });
-    g.finish();
-
-    let mut g = c.benchmark_group("memory/64-tasks-distinct-keys");
-    g.bench_function("distlock", |b| {
-        b.to_async(&rt).iter_custom(|n| {
-            let dl = dl.clone();
-            async move { distinct_keys(&dl, 64, n).await }
-        })
-    });
-    g.bench_function("tokio-mutex-map", |b| {
-        b.to_async(&rt).iter_custom(|n| {
-            let peer = peer.clone();
-            async move { distinct_keys(&peer, 64, n).await }
-        })
-    });
-    g.finish();
+    for w in WORKLOADS {
+        let mut g = c.benchmark_group(w.group("memory"));
+        bench_subject(&mut g, &rt, "distlock", &dl, w);
+        bench_subject(&mut g, &rt, "tokio-mutex-map", &peer, w);
+        g.finish();
+    }
 
     report(&rt, &dl, &peer);
 }
@@ -107,9 +78,7 @@ fn report(rt: &tokio::runtime::Runtime, dl: &Distlock, peer: &MutexMap) {
         let peer_1 = rate(run_for, |n| uncontended(peer, n)).await;
         let ours_64 = rate(run_for, |n| distinct_keys(dl, 64, n)).await;
         let peer_64 = rate(run_for, |n| distinct_keys(peer, 64, n)).await;
-        let hold = Duration::from_millis(1);
-        let ours_one = one_key(dl, 16, hold, Duration::from_secs(2)).await;
-        let peer_one = one_key(peer, 16, hold, Duration::from_secs(2)).await;
+        let one = OneKey::run(dl, peer, Duration::from_secs(2)).await;
         eprintln!("\n== memory backend vs HashMap<tokio::sync::Mutex> (same run) ==");
         eprintln!(
             "uncontended, 1 task: {ours_1:.0} vs {peer_1:.0} cycles/s: peer/ours time ratio {:.2}x (goal: ours within 2x of the peer)",
@@ -119,22 +88,17 @@ fn report(rt: &tokio::runtime::Runtime, dl: &Distlock, peer: &MutexMap) {
             "64 tasks, distinct keys: {ours_64:.0} vs {peer_64:.0} cycles/s: ours/peer {:.2}",
             ours_64 / peer_64
         );
-        eprintln!("16 tasks, one key, 1 ms hold:");
-        eprintln!("  {}", ours_one.summary("distlock"));
-        eprintln!("  {}", peer_one.summary("tokio-mutex-map"));
+        one.print("tokio-mutex-map");
         eprintln!(
             "  worst wait within goal: {}",
-            ours_one.worst_wait < ours_one.wait_bound()
+            one.ours.worst_wait < one.ours.wait_bound()
         );
     });
 }
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(2));
+    config = common::criterion(Duration::from_secs(2));
     targets = bench
 }
 criterion_main!(benches);

@@ -9,37 +9,21 @@
 //! else the machine runs.
 
 mod common;
+#[path = "common/rslock.rs"]
+mod rslock_peer;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{distinct_keys, one_key, uncontended, Distlock, Subject};
+use common::{
+    batch_size, bench_subject, cpu_seconds, distinct_keys, median, one_key, runtime, uncontended,
+    Distlock, WORKLOADS,
+};
 use criterion::{criterion_group, criterion_main, Criterion};
 use distlock::redlock::RedlockBackend;
 use distlock::{LockUrl, Locker};
 use lock_testkit::RedisNodes;
-
-const TTL: Duration = Duration::from_secs(10);
-
-/// The peer: rslock's `LockManager` over the same nodes, waiting with its own retry loop.
-#[derive(Clone)]
-struct Rslock {
-    manager: rslock::LockManager,
-}
-
-impl Subject for Rslock {
-    type Guard = rslock::Lock;
-    async fn lock(&self, key: Arc<str>) -> rslock::Lock {
-        self.manager
-            .acquire_no_guard(&*key, TTL)
-            .await
-            .expect("rslock acquire")
-    }
-    async fn unlock(&self, lock: rslock::Lock) {
-        self.manager.unlock(&lock).await;
-    }
-}
+use rslock_peer::Rslock;
 
 async fn ours(addrs: &[SocketAddr], fencing: bool) -> Distlock {
     let hosts: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
@@ -50,88 +34,26 @@ async fn ours(addrs: &[SocketAddr], fencing: bool) -> Distlock {
     Distlock::new(Locker::new(backend))
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn bench(c: &mut Criterion) {
     let rt = runtime();
     let (nodes, plain, fenced, peer) = rt.block_on(async {
         let nodes = RedisNodes::start(3).await;
         let plain = ours(&nodes.addrs(), false).await;
         let fenced = ours(&nodes.addrs(), true).await;
-        let peer = Rslock {
-            manager: rslock::LockManager::new(nodes.urls()),
-        };
+        let peer = Rslock::new(nodes.urls());
         (nodes, plain, fenced, peer)
     });
 
-    let mut g = c.benchmark_group("redlock/uncontended");
-    g.bench_function("distlock", |b| {
-        b.to_async(&rt).iter_custom(|n| {
-            let s = plain.clone();
-            async move { uncontended(&s, n).await }
-        })
-    });
-    g.bench_function("distlock-fencing", |b| {
-        b.to_async(&rt).iter_custom(|n| {
-            let s = fenced.clone();
-            async move { uncontended(&s, n).await }
-        })
-    });
-    g.bench_function("rslock", |b| {
-        b.to_async(&rt).iter_custom(|n| {
-            let s = peer.clone();
-            async move { uncontended(&s, n).await }
-        })
-    });
-    g.finish();
-
-    let mut g = c.benchmark_group("redlock/64-tasks-distinct-keys");
-    g.bench_function("distlock", |b| {
-        b.to_async(&rt).iter_custom(|n| {
-            let s = plain.clone();
-            async move { distinct_keys(&s, 64, n).await }
-        })
-    });
-    g.bench_function("distlock-fencing", |b| {
-        b.to_async(&rt).iter_custom(|n| {
-            let s = fenced.clone();
-            async move { distinct_keys(&s, 64, n).await }
-        })
-    });
-    g.bench_function("rslock", |b| {
-        b.to_async(&rt).iter_custom(|n| {
-            let s = peer.clone();
-            async move { distinct_keys(&s, 64, n).await }
-        })
-    });
-    g.finish();
+    for w in WORKLOADS {
+        let mut g = c.benchmark_group(w.group("redlock"));
+        bench_subject(&mut g, &rt, "distlock", &plain, w);
+        bench_subject(&mut g, &rt, "distlock-fencing", &fenced, w);
+        bench_subject(&mut g, &rt, "rslock", &peer, w);
+        g.finish();
+    }
 
     let servers: Vec<u32> = nodes.nodes().iter().filter_map(|n| n.pid()).collect();
     report(&rt, &servers, &plain, &fenced, &peer);
-}
-
-/// CPU time (user + system, in clock ticks of 10 ms) of process `pid` so far.
-fn cpu_ticks(pid: u32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    // Fields after the command name (which may hold spaces): state is field 3, utime 14.
-    let fields: Vec<&str> = stat[stat.rfind(')').map_or(0, |i| i + 2)..]
-        .split(' ')
-        .collect();
-    let field = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    field(11) + field(12)
 }
 
 /// One measurement: cycles per second, and CPU per cycle of this process (client) and of
@@ -150,21 +72,13 @@ where
     Fut: std::future::Future<Output = Duration>,
 {
     // Calibrate as `rate` does, then measure one batch of about `run_for`.
-    let mut n = 64u64;
-    loop {
-        let took = batch(n).await;
-        if took >= run_for / 4 || n > 1 << 26 {
-            n = ((n as f64 * run_for.as_secs_f64() / took.as_secs_f64().max(1e-9)) as u64).max(1);
-            break;
-        }
-        n *= 4;
-    }
-    let ticks = |pids: &[u32]| pids.iter().map(|p| cpu_ticks(*p)).sum::<u64>();
+    let n = batch_size(run_for, 64, &mut batch).await;
+    let cpu = |pids: &[u32]| pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>();
     let me = [std::process::id()];
-    let (c0, s0) = (ticks(&me), ticks(servers));
+    let (c0, s0) = (cpu(&me), cpu(servers));
     let took = batch(n).await;
-    let (c1, s1) = (ticks(&me), ticks(servers));
-    let per_cycle = |t: u64| t as f64 * 10_000.0 / n as f64;
+    let (c1, s1) = (cpu(&me), cpu(servers));
+    let per_cycle = |secs: f64| secs * 1e6 / n as f64;
     Sample {
         rate: n as f64 / took.as_secs_f64(),
         client_us: per_cycle(c1 - c0),
@@ -193,11 +107,6 @@ where
         }
     }
     samples
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 /// One report line: median rates, median per-round ratio with its range, CPU per cycle.
@@ -300,10 +209,7 @@ fn report(
 
 criterion_group! {
     name = benches;
-    config = Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(3));
+    config = common::criterion(Duration::from_secs(3));
     targets = bench
 }
 criterion_main!(benches);
