@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock::conformance::{run_all, Target};
+use distlock::conformance::{self, run_all, Target};
 use distlock::redis::{RedisBackend, RedisNode, CAPABILITIES, MAX_FENCE};
 use distlock::{Backend, Error, LockOptions, LockUrl, Locker, Owner, WaitStrategy};
 use lock_testkit::{EtcdServer, FaultProxy, ProxyMode, RedisOptions, RedisServer};
@@ -136,34 +136,9 @@ async fn conformance_on_a_current_thread_runtime() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_notice_reaches_another_process() {
     let server = RedisServer::start().await;
-    let (a, b) = (
-        Locker::new(backend(&server.url()).await),
-        Locker::new(backend(&server.url()).await),
-    );
-    let ttl = Duration::from_secs(30);
-    for round in 0..3 {
-        let guard = a.acquire("handoff/x", &skip(ttl)).await.unwrap();
-        let waiter = {
-            let b = b.clone();
-            tokio::spawn(async move {
-                let g = b
-                    .acquire("handoff/x", &skip(ttl).wait_for(Duration::from_secs(10)))
-                    .await;
-                (Instant::now(), g)
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let released_at = Instant::now();
-        guard.release().await.unwrap();
-        let (granted_at, g) = waiter.await.unwrap();
-        let g = g.expect("the other process gets the lock");
-        let delay = granted_at - released_at;
-        assert!(
-            delay < Duration::from_millis(250),
-            "round {round}: hand-off across processes took {delay:?}"
-        );
-        g.release().await.unwrap();
-    }
+    let a = Target::new(Arc::new(backend(&server.url()).await));
+    let b = Target::new(Arc::new(backend(&server.url()).await));
+    conformance::release_wakes_a_waiter_on_another_instance(&a, &b).await;
 }
 
 /// `inspect` reports the holder's owner token, fence and remaining time; `None` when free.

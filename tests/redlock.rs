@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock::conformance::{run_all, Target};
+use distlock::conformance::{self, run_all, Target};
 use distlock::redlock::{RedlockBackend, MIN_TTL};
 use distlock::{Attempt, Backend, Error, Lease, LockOptions, LockUrl, Locker, Owner};
 use lock_testkit::{FaultProxy, ManagedProcess, ProxyMode, RedisNodes, RedisOptions, RedisServer};
@@ -759,32 +759,9 @@ async fn fencing_holds_across_different_majorities() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_notice_reaches_another_process() {
     let nodes = RedisNodes::start(3).await;
-    let a = Locker::new(backend(&nodes.addrs(), "").await);
-    let b = Locker::new(backend(&nodes.addrs(), "").await);
-    let ttl = Duration::from_secs(30);
-    for round in 0..3 {
-        let guard = a.acquire("notice/x", &skip(ttl)).await.unwrap();
-        let waiter = {
-            let b = b.clone();
-            tokio::spawn(async move {
-                let g = b
-                    .acquire("notice/x", &skip(ttl).wait_for(Duration::from_secs(10)))
-                    .await;
-                (Instant::now(), g)
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let released_at = Instant::now();
-        guard.release().await.unwrap();
-        let (granted_at, g) = waiter.await.unwrap();
-        let g = g.expect("the other process gets the lock");
-        let delay = granted_at - released_at;
-        assert!(
-            delay < Duration::from_millis(250),
-            "round {round}: hand-off across processes took {delay:?}"
-        );
-        g.release().await.unwrap();
-    }
+    let a = Target::new(Arc::new(backend(&nodes.addrs(), "").await));
+    let b = Target::new(Arc::new(backend(&nodes.addrs(), "").await));
+    conformance::release_wakes_a_waiter_on_another_instance(&a, &b).await;
 }
 
 /// `inspect` reports the majority's holder (owner, fence, time left), also with a node

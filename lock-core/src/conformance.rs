@@ -701,6 +701,38 @@ pub async fn shutdown_releases_every_held_lock(t: &Target) {
     ));
 }
 
+/// A release through one backend instance (another process, as far as the server can
+/// tell) wakes a waiter on a second instance of the same server promptly, long before the
+/// holder's TTL. Not part of [`run_all`]: it needs two instances.
+pub async fn release_wakes_a_waiter_on_another_instance(a: &Target, b: &Target) {
+    let key = a.key("instances");
+    let (a, b, bound) = (a.locker(), b.locker(), slack(a));
+    let ttl = Duration::from_secs(30);
+    for round in 0..3 {
+        let guard = a.acquire(&key, &opts(ttl)).await.unwrap();
+        let waiter = {
+            let (b, key) = (b.clone(), key.clone());
+            tokio::spawn(async move {
+                let g = b
+                    .acquire(&key, &opts(ttl).wait_for(Duration::from_secs(10)))
+                    .await;
+                (Instant::now(), g)
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let released_at = Instant::now();
+        guard.release().await.unwrap();
+        let (granted_at, g) = waiter.await.unwrap();
+        let g = g.expect("the other instance gets the lock");
+        let delay = granted_at - released_at;
+        assert!(
+            delay < bound,
+            "round {round}: hand-off across instances took {delay:?} (bound {bound:?})"
+        );
+        g.release().await.unwrap();
+    }
+}
+
 /// Invalid keys and TTLs are refused with typed errors before any I/O.
 pub async fn invalid_input_is_refused(t: &Target) {
     let locker = t.locker();
