@@ -2,7 +2,8 @@
 //! job and a read-check-write section, on whatever `DISTLOCK_URL` names (`memory://` when
 //! unset). Shows contention, fencing tokens, and every `run` outcome.
 //!
-//! Run with `cargo run --example demo`.
+//! Run with `cargo run -p lock-cli --no-default-features --example demo` (memory only; any
+//! backend compiled into lock-cli can be named in `DISTLOCK_URL`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
