@@ -158,6 +158,21 @@ pub trait Backend: Send + Sync + 'static {
     /// Deletes the lock if it is still ours; `NotHeld` if it was not.
     async fn release(&self, lease: &Lease) -> Result<()>;
 
+    /// [`try_acquire`](Self::try_acquire) answered at once, for a backend that never waits
+    /// on I/O (the in-process one): the Locker calls this first and skips the boxed future
+    /// when it answers. `None` (the default) means "call `try_acquire`".
+    fn try_acquire_now(&self, key: &str, owner: Owner, ttl: Duration) -> Option<Result<Attempt>> {
+        let _ = (key, owner, ttl);
+        None
+    }
+
+    /// [`release`](Self::release) answered at once, like
+    /// [`try_acquire_now`](Self::try_acquire_now); `None` (the default) means "call `release`".
+    fn release_now(&self, lease: &Lease) -> Option<Result<()>> {
+        let _ = lease;
+        None
+    }
+
     /// Registers for the next release notice of `key` (called before an attempt). The
     /// default is `None`: the backend cannot announce releases.
     fn listen(&self, key: &str) -> Option<ReleaseListener> {
@@ -209,6 +224,17 @@ macro_rules! forward_backend {
             }
             async fn release(&self, lease: &Lease) -> Result<()> {
                 (**self).release(lease).await
+            }
+            fn try_acquire_now(
+                &self,
+                key: &str,
+                owner: Owner,
+                ttl: Duration,
+            ) -> Option<Result<Attempt>> {
+                (**self).try_acquire_now(key, owner, ttl)
+            }
+            fn release_now(&self, lease: &Lease) -> Option<Result<()>> {
+                (**self).release_now(lease)
             }
             fn listen(&self, key: &str) -> Option<ReleaseListener> {
                 (**self).listen(key)

@@ -82,7 +82,11 @@ impl GuardShared {
 
     async fn release_on_backend(&self) -> Result<()> {
         let lease = self.lease();
-        let result = self.locker.proto().release(&lease).await;
+        let proto = self.locker.proto();
+        let result = match proto.release_now(&lease) {
+            Some(answer) => answer,
+            None => proto.release(&lease).await,
+        };
         self.set_gone();
         match &result {
             Ok(()) => tracing::debug!(key = lease.key(), fence = lease.fence(), "lock released"),

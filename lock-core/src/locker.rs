@@ -405,7 +405,11 @@ impl Locker {
             owner,
             armed: true,
         };
-        let result = self.inner.proto().try_acquire(key, owner, ttl).await;
+        let proto = self.inner.proto();
+        let result = match proto.try_acquire_now(key, owner, ttl) {
+            Some(answer) => answer,
+            None => proto.try_acquire(key, owner, ttl).await,
+        };
         // A transient failure may come after the request reached the server (a reply lost
         // to a timeout, a paused server resuming): the grant may exist, so release it.
         cleanup.armed = matches!(&result, Err(e) if e.is_transient());

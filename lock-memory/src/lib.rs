@@ -117,6 +117,67 @@ impl Backend for MemoryBackend {
     }
 
     async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
+        self.acquire_in_table(key, owner, ttl)
+    }
+
+    fn try_acquire_now(&self, key: &str, owner: Owner, ttl: Duration) -> Option<Result<Attempt>> {
+        Some(self.acquire_in_table(key, owner, ttl))
+    }
+
+    fn release_now(&self, lease: &Lease) -> Option<Result<()>> {
+        Some(self.release_in_table(lease))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.release_in_table(lease)
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
+        let now = Instant::now();
+        let mut table = self.table();
+        match table.entries.get_mut(lease.key()) {
+            Some(e) if e.owner == lease.owner() && e.valid_until > now => {
+                e.valid_until = now.checked_add(ttl).ok_or_else(|| Error::InvalidTtl {
+                    ttl,
+                    backend: CAPABILITIES.name,
+                    reason: "does not fit the monotonic clock".into(),
+                })?;
+                Ok(e.valid_until)
+            }
+            _ => Err(not_held(lease)),
+        }
+    }
+
+    fn listen(&self, key: &str) -> Option<ReleaseListener> {
+        Some(self.notices.listen(key))
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
+        let now = Instant::now();
+        Ok(self
+            .table()
+            .entries
+            .get(key)
+            .filter(|e| e.valid_until > now)
+            .map(|e| Holder {
+                owner: Some(e.owner),
+                fence: Some(e.fence),
+                expires_in: Some(e.valid_until - now),
+            }))
+    }
+
+    async fn force_release(&self, key: &str) -> Result<bool> {
+        let now = Instant::now();
+        let removed = self.table().entries.remove(key);
+        self.notices.notify(key);
+        Ok(removed.is_some_and(|e| e.valid_until > now))
+    }
+}
+
+/// The table operations, synchronous: the async trait methods and their `_now` variants
+/// both call them.
+impl MemoryBackend {
+    fn acquire_in_table(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
         let now = Instant::now();
         let valid_until = now.checked_add(ttl).ok_or_else(|| Error::InvalidTtl {
             ttl,
@@ -153,23 +214,7 @@ impl Backend for MemoryBackend {
         }
     }
 
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
-        let now = Instant::now();
-        let mut table = self.table();
-        match table.entries.get_mut(lease.key()) {
-            Some(e) if e.owner == lease.owner() && e.valid_until > now => {
-                e.valid_until = now.checked_add(ttl).ok_or_else(|| Error::InvalidTtl {
-                    ttl,
-                    backend: CAPABILITIES.name,
-                    reason: "does not fit the monotonic clock".into(),
-                })?;
-                Ok(e.valid_until)
-            }
-            _ => Err(not_held(lease)),
-        }
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<()> {
+    fn release_in_table(&self, lease: &Lease) -> Result<()> {
         let now = Instant::now();
         let mut table = self.table();
         // One hash lookup on the common path: take the entry out, put it back if foreign.
@@ -191,33 +236,6 @@ impl Backend for MemoryBackend {
         }
     }
 
-    fn listen(&self, key: &str) -> Option<ReleaseListener> {
-        Some(self.notices.listen(key))
-    }
-
-    async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
-        let now = Instant::now();
-        Ok(self
-            .table()
-            .entries
-            .get(key)
-            .filter(|e| e.valid_until > now)
-            .map(|e| Holder {
-                owner: Some(e.owner),
-                fence: Some(e.fence),
-                expires_in: Some(e.valid_until - now),
-            }))
-    }
-
-    async fn force_release(&self, key: &str) -> Result<bool> {
-        let now = Instant::now();
-        let removed = self.table().entries.remove(key);
-        self.notices.notify(key);
-        Ok(removed.is_some_and(|e| e.valid_until > now))
-    }
-}
-
-impl MemoryBackend {
     fn next_fence(&self) -> u64 {
         self.next_fence.fetch_add(1, Ordering::Relaxed)
     }
