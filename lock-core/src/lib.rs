@@ -33,5 +33,5 @@ pub use guard::LockGuard;
 pub use lease::{Lease, Owner};
 pub use locker::{validate_key, Locker, LockerStats, Outcome, MAX_KEY_LEN};
 pub use notices::{ReleaseListener, ReleaseNotices};
-pub use options::{LockOptions, WaitStrategy};
+pub use options::{Backoff, LockOptions, WaitStrategy};
 pub use url::{LockUrl, Scheme};

@@ -360,7 +360,7 @@ impl Locker {
                 Some(Ok(Ok(guard))) => return Ok(guard),
                 Some(Ok(Err(expires_in))) => {
                     last_error = None;
-                    error_backoff = Backoff::new(ERROR_BACKOFF.0, ERROR_BACKOFF.1);
+                    error_backoff.reset();
                     Pause {
                         expires_in,
                         backoff: wait_backoff.next_delay(),

@@ -86,16 +86,18 @@ impl LockOptions {
 }
 
 /// Exponential backoff with full jitter: attempt `n` sleeps a uniform random time in
-/// `[0, min(cap, base * 2^n))`, so contenders spread out instead of retrying in step.
+/// `[0, min(cap, base * 2^n))`, so contenders spread out instead of retrying in step. The
+/// one retry pacing of distlock: the Locker's waits and backends' reconnect loops use it.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     base: Duration,
     cap: Duration,
     attempt: u32,
 }
 
 impl Backoff {
-    pub(crate) fn new(base: Duration, cap: Duration) -> Self {
+    /// A backoff starting at `base` and growing to at most `cap`.
+    pub fn new(base: Duration, cap: Duration) -> Self {
         Backoff {
             base,
             cap,
@@ -103,7 +105,14 @@ impl Backoff {
         }
     }
 
-    pub(crate) fn next_delay(&mut self) -> Duration {
+    /// Starts over from `base` (after a success).
+    pub fn reset(&mut self) {
+        self.attempt = 0;
+    }
+
+    /// The next pause: uniform in `[0, min(cap, base * 2^n))` for the `n`-th call since the
+    /// last reset.
+    pub fn next_delay(&mut self) -> Duration {
         let exp = self
             .base
             .saturating_mul(1u32.checked_shl(self.attempt).unwrap_or(u32::MAX))

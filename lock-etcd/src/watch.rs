@@ -50,7 +50,7 @@ pub(crate) async fn run(
     first: Open,
 ) {
     let mut current = Some((members.pick().0, first));
-    let mut retry = RETRY_MIN;
+    let mut retry = lock_core::Backoff::new(RETRY_MIN, RETRY_MAX);
     loop {
         let (member, (watcher, stream)) = match current.take() {
             Some(open_watch) => open_watch,
@@ -59,14 +59,13 @@ pub(crate) async fn run(
                 match tokio::time::timeout(timeout, open(&client, &prefix)).await {
                     Ok(Ok(open_watch)) => {
                         notices.notify_all();
-                        retry = RETRY_MIN;
+                        retry.reset();
                         (member, open_watch)
                     }
                     failed => {
                         tracing::debug!(?failed, "cannot open the etcd release watch; retrying");
                         members.suspect(member);
-                        tokio::time::sleep(retry).await;
-                        retry = (retry * 2).min(RETRY_MAX);
+                        tokio::time::sleep(retry.next_delay()).await;
                         continue;
                     }
                 }

@@ -52,7 +52,7 @@ async fn run(
     timeout: Duration,
     notices: Arc<ReleaseNotices>,
 ) {
-    let mut backoff = MIN_BACKOFF;
+    let mut backoff = lock_core::Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
     loop {
         let subscribed = tokio::time::timeout(timeout, async {
             let (mut sink, stream) = client.get_async_pubsub().await?.split();
@@ -62,7 +62,7 @@ async fn run(
         .await;
         match subscribed {
             Ok(Ok((mut sink, mut stream))) => {
-                backoff = MIN_BACKOFF;
+                backoff.reset();
                 // Releases between the last notice and this subscription were not heard.
                 notices.notify_all();
                 tracing::debug!(channel, "release subscription active");
@@ -87,9 +87,7 @@ async fn run(
             Ok(Err(e)) => tracing::debug!(channel, error = %e, "release subscription failed"),
             Err(_) => tracing::debug!(channel, "release subscription timed out"),
         }
-        let jitter = backoff.mul_f64(rand::random::<f64>());
-        tokio::time::sleep(backoff / 2 + jitter / 2).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 
