@@ -50,8 +50,13 @@ impl Capabilities {
         let mut ttl = ttl.max(self.min_ttl);
         let g = self.ttl_granularity.as_nanos();
         // Whole multiples (the usual case: ms or s TTLs) skip the 128-bit division.
-        let whole =
-            u32::try_from(g).is_ok_and(|g| 1_000_000_000 % g == 0 && ttl.subsec_nanos() % g == 0);
+        let whole = match g {
+            // The usual granularities, with divisions the compiler turns into multiplications.
+            1_000_000 => ttl.subsec_nanos() % 1_000_000 == 0,
+            1_000_000_000 => ttl.subsec_nanos() == 0,
+            _ => u32::try_from(g)
+                .is_ok_and(|g| 1_000_000_000 % g == 0 && ttl.subsec_nanos() % g == 0),
+        };
         if g > 1 && !whole {
             let n = ttl.as_nanos();
             let rounded = n.div_ceil(g) * g;
@@ -160,8 +165,14 @@ pub trait Backend: Send + Sync + 'static {
 
     /// [`try_acquire`](Self::try_acquire) answered at once, for a backend that never waits
     /// on I/O (the in-process one): the Locker calls this first and skips the boxed future
-    /// when it answers. `None` (the default) means "call `try_acquire`".
-    fn try_acquire_now(&self, key: &str, owner: Owner, ttl: Duration) -> Option<Result<Attempt>> {
+    /// when it answers. `None` (the default) means "call `try_acquire`". The key comes as
+    /// the shared string the lease will hold, so a backend may keep it without copying.
+    fn try_acquire_now(
+        &self,
+        key: &Arc<str>,
+        owner: Owner,
+        ttl: Duration,
+    ) -> Option<Result<Attempt>> {
         let _ = (key, owner, ttl);
         None
     }
@@ -227,7 +238,7 @@ macro_rules! forward_backend {
             }
             fn try_acquire_now(
                 &self,
-                key: &str,
+                key: &Arc<str>,
                 owner: Owner,
                 ttl: Duration,
             ) -> Option<Result<Attempt>> {

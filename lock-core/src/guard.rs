@@ -12,15 +12,15 @@ use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::locker::Inner;
 use crate::notices::lock;
+use crate::registry::Slot;
 
 pub(crate) struct GuardShared {
-    id: u64,
+    slot: Slot,
     locker: Arc<Inner>,
-    /// The key and fence never change during a hold: kept outside the mutex.
-    key: Arc<str>,
-    fence: u64,
-    lease: Mutex<Lease>,
-    ttl: Mutex<Duration>,
+    /// The lease as granted: its key, owner and fence never change during a hold.
+    granted: Lease,
+    /// The validity now (moved by renewals) and the TTL renewals use.
+    validity: Mutex<(Instant, Duration)>,
     /// Set when the lock is known gone (or the hold ended); never cleared.
     lost: AtomicBool,
     /// Wakes `lost()` futures on every change of `lost` or of the validity.
@@ -34,11 +34,21 @@ pub(crate) struct GuardShared {
 
 impl GuardShared {
     fn lease(&self) -> Lease {
-        lock(&self.lease).clone()
+        let mut lease = self.granted.clone();
+        lease.set_valid_until(self.valid_until());
+        lease
+    }
+
+    fn valid_until(&self) -> Instant {
+        lock(&self.validity).0
+    }
+
+    fn key(&self) -> &str {
+        self.granted.key()
     }
 
     fn renewed(&self, valid_until: Instant) {
-        lock(&self.lease).set_valid_until(valid_until);
+        lock(&self.validity).0 = valid_until;
         self.wake_watchers();
     }
 
@@ -60,10 +70,9 @@ impl GuardShared {
     fn mark_lost(&self, why: &str) {
         let was_lost = self.set_gone();
         if !was_lost && !self.done.load(Ordering::SeqCst) {
-            let lease = self.lease();
             tracing::warn!(
-                key = lease.key(),
-                fence = lease.fence(),
+                key = self.key(),
+                fence = self.granted.fence(),
                 backend = self.locker.caps.name,
                 why,
                 "lock lost"
@@ -76,21 +85,33 @@ impl GuardShared {
         if self.done.swap(true, Ordering::SeqCst) {
             return false;
         }
-        lock(&self.locker.held).remove(&self.id);
+        self.locker.held.remove(self.slot);
         true
     }
 
     async fn release_on_backend(&self) -> Result<()> {
-        let lease = self.lease();
-        let proto = self.locker.proto();
-        let result = match proto.release_now(&lease) {
+        match self.release_now() {
             Some(answer) => answer,
-            None => proto.release(&lease).await,
-        };
+            None => {
+                let result = self.locker.proto().release(&self.lease()).await;
+                self.released(result)
+            }
+        }
+    }
+
+    /// The release answered at once by an in-process backend (no copy of the lease);
+    /// `None` when the backend needs the async call.
+    fn release_now(&self) -> Option<Result<()>> {
+        let result = self.locker.proto().release_now(&self.granted)?;
+        Some(self.released(result))
+    }
+
+    fn released(&self, result: Result<()>) -> Result<()> {
         self.set_gone();
+        let key = self.key();
         match &result {
-            Ok(()) => tracing::debug!(key = lease.key(), fence = lease.fence(), "lock released"),
-            Err(e) => tracing::debug!(key = lease.key(), error = %e, "release found the lock gone"),
+            Ok(()) => tracing::debug!(key, fence = self.granted.fence(), "lock released"),
+            Err(e) => tracing::debug!(key, error = %e, "release found the lock gone"),
         }
         result
     }
@@ -102,7 +123,7 @@ impl GuardShared {
         });
         if !spawned {
             tracing::debug!(
-                key = &*self.key,
+                key = self.key(),
                 "guard dropped outside a tokio runtime; the lock expires at its TTL"
             );
         }
@@ -128,6 +149,7 @@ impl GuardShared {
 pub struct LockGuard {
     shared: Arc<GuardShared>,
     watchdog: Option<AbortHandle>,
+    state: State,
 }
 
 impl std::fmt::Debug for LockGuard {
@@ -142,52 +164,50 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(
-        locker: Arc<Inner>,
-        id: u64,
-        lease: Lease,
-        ttl: Duration,
-        watchdog: bool,
-    ) -> Self {
-        let shared = Arc::new(GuardShared {
-            id,
-            locker: locker.clone(),
-            key: lease.key_arc().clone(),
-            fence: lease.fence(),
-            lease: Mutex::new(lease),
-            ttl: Mutex::new(ttl),
-            lost: AtomicBool::new(false),
-            changed: Notify::new(),
-            watched: AtomicBool::new(false),
-            done: AtomicBool::new(false),
+    pub(crate) fn new(locker: &Arc<Inner>, lease: Lease, ttl: Duration, watchdog: bool) -> Self {
+        let shared = locker.held.insert(|slot| {
+            let shared = Arc::new(GuardShared {
+                slot,
+                locker: locker.clone(),
+                validity: Mutex::new((lease.valid_until(), ttl)),
+                granted: lease,
+                lost: AtomicBool::new(false),
+                changed: Notify::new(),
+                watched: AtomicBool::new(false),
+                done: AtomicBool::new(false),
+            });
+            (shared.clone(), shared)
         });
-        lock(&locker.held).insert(id, shared.clone());
         let watchdog = watchdog
             .then(|| tokio::runtime::Handle::try_current().ok())
             .flatten()
             .map(|rt| rt.spawn(run_watchdog(shared.clone())).abort_handle());
-        LockGuard { shared, watchdog }
+        LockGuard {
+            shared,
+            watchdog,
+            state: State::Held,
+        }
     }
 
     /// The lock's key.
     pub fn key(&self) -> &str {
-        &self.shared.key
+        self.shared.key()
     }
 
     /// The fencing token of this grant: pass it to the protected resource, which refuses
     /// writes carrying a token lower than one it has already seen.
     pub fn fence(&self) -> u64 {
-        self.shared.fence
+        self.shared.granted.fence()
     }
 
     /// Until when the lock is ours unless renewed (monotonic clock of this process).
     pub fn valid_until(&self) -> Instant {
-        lock(&self.shared.lease).valid_until()
+        self.shared.valid_until()
     }
 
     /// The TTL the lock is renewed with (after the backend's rounding).
     pub fn ttl(&self) -> Duration {
-        *lock(&self.shared.ttl)
+        lock(&self.shared.validity).1
     }
 
     /// A copy of the lease as the backend granted it.
@@ -215,11 +235,11 @@ impl LockGuard {
                 if shared.lost.load(Ordering::SeqCst) {
                     return;
                 }
-                let valid_until = lock(&shared.lease).valid_until();
+                let valid_until = shared.valid_until();
                 tokio::select! {
                     _ = changed => {}
                     _ = tokio::time::sleep_until(valid_until.into()) => {
-                        if lock(&shared.lease).valid_until() <= valid_until {
+                        if shared.valid_until() <= valid_until {
                             return;
                         }
                     }
@@ -243,7 +263,7 @@ impl LockGuard {
         let lease = self.shared.lease();
         match self.shared.locker.proto().extend(&lease, ttl).await {
             Ok(valid_until) => {
-                *lock(&self.shared.ttl) = ttl;
+                lock(&self.shared.validity).1 = ttl;
                 self.shared.renewed(valid_until);
                 tracing::debug!(key = lease.key(), ?ttl, "lock extended");
                 Ok(())
@@ -266,24 +286,32 @@ impl LockGuard {
     /// # Cancel safety
     /// If the future is dropped before completing, the release continues in the background.
     pub async fn release(mut self) -> Result<()> {
-        let shared = self.shared.clone();
         self.stop_watchdog();
-        let claimed = shared.finish();
-        // `finish` has run, so the guard's Drop does nothing more.
-        drop(self);
-        if !claimed {
+        if !self.shared.finish() {
             return Err(Error::NotHeld {
-                key: shared.key.to_string(),
+                key: self.key().to_owned(),
             });
         }
-        let mut pending = PendingRelease {
-            shared: &shared,
-            armed: true,
-        };
-        let result = shared.release_on_backend().await;
-        pending.armed = false;
+        // From here until the answer, a dropped future leaves the release to `Drop`, which
+        // finishes it in the background.
+        if let Some(answer) = self.shared.release_now() {
+            self.state = State::Ended;
+            return answer;
+        }
+        self.state = State::Releasing;
+        let result = self.shared.release_on_backend().await;
+        self.state = State::Ended;
         result
     }
+}
+
+/// Where a guard is in its life, for `Drop`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    Held,
+    /// `release` claimed the end of the hold and awaits the backend.
+    Releasing,
+    Ended,
 }
 
 impl LockGuard {
@@ -297,35 +325,29 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         self.stop_watchdog();
-        if self.shared.finish() {
-            self.shared.release_in_background();
+        match self.state {
+            State::Held => {
+                if self.shared.finish() {
+                    self.shared.release_in_background();
+                }
+            }
+            State::Releasing => self.shared.release_in_background(),
+            // The release's answer already marked the hold gone.
+            State::Ended => return,
         }
         self.shared.set_gone();
     }
 }
 
-struct PendingRelease<'a> {
-    shared: &'a Arc<GuardShared>,
-    armed: bool,
-}
-
-impl Drop for PendingRelease<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            self.shared.release_in_background();
-        }
-    }
-}
-
 async fn run_watchdog(shared: Arc<GuardShared>) {
-    let mut next = Instant::now() + *lock(&shared.ttl) / 3;
+    let mut next = Instant::now() + lock(&shared.validity).1 / 3;
     loop {
         tokio::time::sleep_until(next.into()).await;
         if shared.done.load(Ordering::SeqCst) {
             // Released by `Locker::shutdown`, which cannot reach this task's handle.
             return;
         }
-        let ttl = *lock(&shared.ttl);
+        let ttl = lock(&shared.validity).1;
         let period = ttl / 3;
         let lease = shared.lease();
         let valid_until = lease.valid_until();

@@ -114,9 +114,76 @@ impl Lease {
     }
 }
 
+/// A lock key as [`Locker::acquire`](crate::Locker::acquire) takes it: any string. A shared
+/// `Arc<str>` is kept as it is (one reference more); other forms are copied once into the
+/// lease.
+pub trait LockKey {
+    /// The key as a string slice.
+    fn as_key(&self) -> &str;
+
+    /// The key as the shared string the lease holds.
+    fn to_shared(&self) -> Arc<str> {
+        Arc::from(self.as_key())
+    }
+}
+
+impl LockKey for str {
+    fn as_key(&self) -> &str {
+        self
+    }
+}
+
+impl LockKey for String {
+    fn as_key(&self) -> &str {
+        self
+    }
+}
+
+impl LockKey for Box<str> {
+    fn as_key(&self) -> &str {
+        self
+    }
+}
+
+impl LockKey for std::borrow::Cow<'_, str> {
+    fn as_key(&self) -> &str {
+        self
+    }
+}
+
+impl LockKey for Arc<str> {
+    fn as_key(&self) -> &str {
+        self
+    }
+
+    fn to_shared(&self) -> Arc<str> {
+        self.clone()
+    }
+}
+
+impl<T: LockKey + ?Sized> LockKey for &T {
+    fn as_key(&self) -> &str {
+        (**self).as_key()
+    }
+
+    fn to_shared(&self) -> Arc<str> {
+        (**self).to_shared()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_keys_are_kept_and_others_copied() {
+        let shared: Arc<str> = Arc::from("jobs/a");
+        assert!(Arc::ptr_eq(&shared.to_shared(), &shared));
+        assert!(Arc::ptr_eq(&(&shared).to_shared(), &shared));
+        assert_eq!(&*"jobs/b".to_shared(), "jobs/b");
+        assert_eq!(&*String::from("jobs/c").to_shared(), "jobs/c");
+        assert_eq!((&&"jobs/d").as_key(), "jobs/d");
+    }
 
     #[test]
     fn owner_tokens_are_random_and_round_trip() {

@@ -22,6 +22,7 @@ mod lease;
 mod locker;
 mod notices;
 mod options;
+mod registry;
 pub mod url;
 
 #[cfg(feature = "conformance")]
@@ -30,7 +31,7 @@ pub mod conformance;
 pub use backend::{Attempt, Backend, Capabilities, Holder, Pause};
 pub use error::{BoxError, Error, Result};
 pub use guard::LockGuard;
-pub use lease::{Lease, Owner};
+pub use lease::{Lease, LockKey, Owner};
 pub use locker::{validate_key, Locker, LockerStats, Outcome, MAX_KEY_LEN};
 pub use notices::{ReleaseListener, ReleaseNotices};
 pub use options::{Backoff, LockOptions, WaitStrategy};

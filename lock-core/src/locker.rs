@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,9 +11,10 @@ use tokio::sync::Notify;
 use crate::backend::{Attempt, Backend, Capabilities, Pause};
 use crate::error::{Error, Result};
 use crate::guard::{GuardShared, LockGuard};
-use crate::lease::{Lease, Owner};
+use crate::lease::{Lease, LockKey, Owner};
 use crate::notices::lock;
 use crate::options::{Backoff, LockOptions, WaitStrategy};
+use crate::registry::Registry;
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -110,26 +111,6 @@ impl Tracker {
 
 type Turn = Arc<tokio::sync::Mutex<()>>;
 
-/// Guard ids are unique counters: hashing them is wasted work.
-#[derive(Default)]
-pub(crate) struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8) | u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-pub(crate) type HeldMap = HashMap<u64, Arc<GuardShared>, std::hash::BuildHasherDefault<IdHasher>>;
-
 pub(crate) struct Inner {
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) caps: Capabilities,
@@ -138,8 +119,7 @@ pub(crate) struct Inner {
     /// Number of keys in `queues`, so the uncontended path skips the map.
     queued: AtomicUsize,
     /// Guards held through this Locker, for `shutdown`.
-    pub(crate) held: Mutex<HeldMap>,
-    next_guard: AtomicU64,
+    pub(crate) held: Registry<Arc<GuardShared>>,
     pub(crate) tasks: Arc<Tracker>,
     shut_down: AtomicBool,
     defaults: LockOptions,
@@ -208,8 +188,7 @@ impl Locker {
                 caps,
                 queues: Mutex::new(HashMap::new()),
                 queued: AtomicUsize::new(0),
-                held: Mutex::new(HeldMap::default()),
-                next_guard: AtomicU64::new(1),
+                held: Registry::new(),
                 tasks: Arc::new(Tracker::default()),
                 shut_down: AtomicBool::new(false),
                 defaults,
@@ -235,7 +214,7 @@ impl Locker {
     /// What this Locker holds in memory now.
     pub fn stats(&self) -> LockerStats {
         LockerStats {
-            held: lock(&self.inner.held).len(),
+            held: self.inner.held.len(),
             queued_keys: lock(&self.inner.queues).len(),
             background_tasks: self.inner.tasks.count.load(Ordering::SeqCst),
         }
@@ -245,7 +224,7 @@ impl Locker {
     ///
     /// # Errors
     /// As [`acquire`](Self::acquire).
-    pub async fn lock(&self, key: &str) -> Result<LockGuard> {
+    pub async fn lock<K: LockKey + ?Sized>(&self, key: &K) -> Result<LockGuard> {
         let opts = self.inner.defaults.clone();
         self.acquire(key, &opts).await
     }
@@ -255,7 +234,7 @@ impl Locker {
     ///
     /// # Errors
     /// Invalid key or TTL, or the backend failed.
-    pub async fn try_acquire(&self, key: &str) -> Result<Option<LockGuard>> {
+    pub async fn try_acquire<K: LockKey + ?Sized>(&self, key: &K) -> Result<Option<LockGuard>> {
         let opts = self.inner.defaults.clone().skip();
         match self.acquire(key, &opts).await {
             Ok(guard) => Ok(Some(guard)),
@@ -264,7 +243,8 @@ impl Locker {
         }
     }
 
-    /// Acquires `key` following `opts`: attempts on the backend, waits for a release notice
+    /// Acquires `key` (any string; an `Arc<str>` is kept without a copy) following `opts`:
+    /// attempts on the backend, waits for a release notice
     /// (or the holder's expiry, or a jittered exponential backoff) between attempts, and
     /// retries transient errors until the wait strategy's deadline.
     ///
@@ -283,8 +263,13 @@ impl Locker {
     /// Dropping the future at any await leaves no lock held and no waiter queued: an attempt
     /// in flight when the future is dropped is released in the background (tracked by
     /// [`shutdown`](Self::shutdown)).
-    pub async fn acquire(&self, key: &str, opts: &LockOptions) -> Result<LockGuard> {
-        validate_key(key)?;
+    pub async fn acquire<K: LockKey + ?Sized>(
+        &self,
+        key: &K,
+        opts: &LockOptions,
+    ) -> Result<LockGuard> {
+        let key_str = key.as_key();
+        validate_key(key_str)?;
         let ttl = self.inner.caps.effective_ttl(opts.ttl)?;
         if self.inner.shut_down.load(Ordering::SeqCst) {
             return Err(Error::Shutdown);
@@ -292,9 +277,29 @@ impl Locker {
         // An in-process backend never yields: take part in tokio's cooperative budget, as
         // tokio's own mutex does, so a task looping on locks cannot starve its neighbours.
         tokio::task::coop::consume_budget().await;
+        // One shared copy of the key, for the lease and (in memory) the lock table.
+        let shared_key: Arc<str> = key.to_shared();
+        let key: &str = &shared_key;
+        let skip = matches!(opts.wait, WaitStrategy::Skip);
+        // Fast path: nobody of ours is queued on this key, so trying first is fair.
+        let first_try = skip
+            || self.inner.queued.load(Ordering::SeqCst) == 0
+            || !lock(&self.inner.queues).contains_key(key);
+        // An in-process backend answers at once: no deadline is needed for that attempt.
+        let mut tried = false;
+        if first_try {
+            if let Some(answer) = self.attempt_now(&shared_key, ttl, opts) {
+                match answer {
+                    Ok(Ok(guard)) => return Ok(guard),
+                    Ok(Err(_)) if skip => return Err(Error::Locked { key: key.to_owned() }),
+                    Err(e) if skip || !e.is_transient() => return Err(e),
+                    Ok(Err(_)) | Err(_) => tried = true,
+                }
+            }
+        }
         let (started, deadline) = match opts.wait {
             WaitStrategy::Skip => {
-                return match self.attempt(key, ttl, opts).await? {
+                return match self.attempt(&shared_key, ttl, opts).await? {
                     Ok(guard) => Ok(guard),
                     Err(_) => Err(Error::Locked {
                         key: key.to_owned(),
@@ -311,14 +316,10 @@ impl Locker {
             // The start only matters for the error message of a bounded wait.
             WaitStrategy::WaitForever => (None, None),
         };
-
-        // Fast path: nobody of ours is queued on this key, so trying first is fair.
-        if self.inner.queued.load(Ordering::SeqCst) == 0
-            || !lock(&self.inner.queues).contains_key(key)
-        {
+        if first_try && !tried {
             let first = match deadline {
-                None => Some(self.attempt(key, ttl, opts).await),
-                Some(d) => tokio::time::timeout_at(d.into(), self.attempt(key, ttl, opts))
+                None => Some(self.attempt(&shared_key, ttl, opts).await),
+                Some(d) => tokio::time::timeout_at(d.into(), self.attempt(&shared_key, ttl, opts))
                     .await
                     .ok(),
             };
@@ -331,19 +332,20 @@ impl Locker {
         }
         // Boxed: the waiting state machine is large, and the uncontended path above should
         // not carry (and move) it.
-        Box::pin(self.queued(key, ttl, opts, started, deadline)).await
+        Box::pin(self.queued(&shared_key, ttl, opts, started, deadline)).await
     }
 
     /// The slow path: take this key's local turn (FIFO), then attempt and wait until
     /// granted or the deadline passes.
     async fn queued(
         &self,
-        key: &str,
+        shared_key: &Arc<str>,
         ttl: Duration,
         opts: &LockOptions,
         started: Option<Instant>,
         deadline: Option<Instant>,
     ) -> Result<LockGuard> {
+        let key: &str = shared_key;
         let queue = QueueSlot::join(&self.inner, key);
         let _turn = match within(deadline, queue.turn.clone().lock_owned()).await {
             Some(turn) => turn,
@@ -355,7 +357,7 @@ impl Locker {
         loop {
             // Listen before attempting, so a release right after a refusal is not missed.
             let listener = self.inner.proto().listen(key);
-            let pause = match within(deadline, self.attempt(key, ttl, opts)).await {
+            let pause = match within(deadline, self.attempt(shared_key, ttl, opts)).await {
                 None => break,
                 Some(Ok(Ok(guard))) => return Ok(guard),
                 Some(Ok(Err(expires_in))) => {
@@ -394,10 +396,14 @@ impl Locker {
     /// releases whatever that call may have granted.
     async fn attempt(
         &self,
-        key: &str,
+        shared_key: &Arc<str>,
         ttl: Duration,
         opts: &LockOptions,
     ) -> Result<std::result::Result<LockGuard, Option<Duration>>> {
+        if let Some(answer) = self.attempt_now(shared_key, ttl, opts) {
+            return answer;
+        }
+        let key: &str = shared_key;
         let owner = Owner::random();
         let mut cleanup = CancelCleanup {
             inner: &self.inner,
@@ -405,34 +411,53 @@ impl Locker {
             owner,
             armed: true,
         };
-        let proto = self.inner.proto();
-        let result = match proto.try_acquire_now(key, owner, ttl) {
-            Some(answer) => answer,
-            None => proto.try_acquire(key, owner, ttl).await,
-        };
+        let result = self.inner.proto().try_acquire(key, owner, ttl).await;
         // A transient failure may come after the request reached the server (a reply lost
         // to a timeout, a paused server resuming): the grant may exist, so release it.
         cleanup.armed = matches!(&result, Err(e) if e.is_transient());
         drop(cleanup);
         match result? {
             Attempt::Granted { fence, valid_until } => {
-                let lease = Lease::new(key, owner, fence, valid_until);
+                let lease = Lease::new(shared_key.clone(), owner, fence, valid_until);
                 if self.inner.shut_down.load(Ordering::SeqCst) {
                     let _ = self.inner.proto().release(&lease).await;
                     return Err(Error::Shutdown);
                 }
-                let id = self.inner.next_guard.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(key, fence, backend = self.inner.caps.name, "lock granted");
-                Ok(Ok(LockGuard::new(
-                    self.inner.clone(),
-                    id,
-                    lease,
-                    ttl,
-                    opts.watchdog,
-                )))
+                Ok(Ok(LockGuard::new(&self.inner, lease, ttl, opts.watchdog)))
             }
             Attempt::Taken { expires_in } => Ok(Err(expires_in)),
         }
+    }
+
+    /// One attempt answered at once by an in-process backend
+    /// ([`Backend::try_acquire_now`]); `None` when the backend needs the async call. A
+    /// synchronous answer has no reply in flight, so nothing needs cleaning up.
+    #[allow(clippy::type_complexity)]
+    fn attempt_now(
+        &self,
+        shared_key: &Arc<str>,
+        ttl: Duration,
+        opts: &LockOptions,
+    ) -> Option<Result<std::result::Result<LockGuard, Option<Duration>>>> {
+        let owner = Owner::random();
+        let proto = self.inner.proto();
+        Some(match proto.try_acquire_now(shared_key, owner, ttl)? {
+            Ok(Attempt::Granted { fence, valid_until }) => {
+                let lease = Lease::new(shared_key.clone(), owner, fence, valid_until);
+                if self.inner.shut_down.load(Ordering::SeqCst) {
+                    if proto.release_now(&lease).is_none() {
+                        self.inner.cleanup_in_background(lease);
+                    }
+                    return Some(Err(Error::Shutdown));
+                }
+                let key: &str = shared_key;
+                tracing::debug!(key, fence, backend = self.inner.caps.name, "lock granted");
+                Ok(Ok(LockGuard::new(&self.inner, lease, ttl, opts.watchdog)))
+            }
+            Ok(Attempt::Taken { expires_in }) => Ok(Err(expires_in)),
+            Err(e) => Err(e),
+        })
     }
 
     /// Runs `job` only if `key` is won, and says what happened.
@@ -444,8 +469,9 @@ impl Locker {
     ///
     /// # Errors
     /// Invalid input, and backend failures while acquiring (other than a wait timeout).
-    pub async fn run<F, T>(&self, key: &str, opts: &LockOptions, job: F) -> Result<Outcome<T>>
+    pub async fn run<K, F, T>(&self, key: &K, opts: &LockOptions, job: F) -> Result<Outcome<T>>
     where
+        K: LockKey + ?Sized,
         F: Future<Output = T>,
     {
         let guard = match self.acquire(key, opts).await {
@@ -453,6 +479,7 @@ impl Locker {
             Err(Error::Locked { .. } | Error::Timeout { .. }) => return Ok(Outcome::Skipped),
             Err(e) => return Err(e),
         };
+        let key = key.as_key();
         let lost = guard.lost();
         let hard_timeout = async {
             match opts.job_timeout {
@@ -534,8 +561,7 @@ impl Locker {
     /// `lost()` fires), and waits for background releases to finish. For a graceful stop.
     pub async fn shutdown(&self) {
         self.inner.shut_down.store(true, Ordering::SeqCst);
-        let held: Vec<Arc<GuardShared>> = lock(&self.inner.held).drain().map(|(_, g)| g).collect();
-        for guard in held {
+        for guard in self.inner.held.drain() {
             guard.release_for_shutdown().await;
         }
         self.inner.tasks.wait_idle().await;
@@ -590,10 +616,17 @@ impl Drop for CancelCleanup<'_> {
         if !self.armed {
             return;
         }
-        let backend = self.inner.backend.clone();
-        let lease = Lease::new(self.key, self.owner, 0, Instant::now());
-        let key = self.key.to_owned();
-        self.inner.tasks.spawn(async move {
+        self.inner
+            .cleanup_in_background(Lease::new(self.key, self.owner, 0, Instant::now()));
+    }
+}
+
+impl Inner {
+    /// Releases, in the background, what `lease` may hold (an abandoned or refused grant).
+    fn cleanup_in_background(&self, lease: Lease) {
+        let backend = self.backend.clone();
+        self.tasks.spawn(async move {
+            let key = lease.key();
             match backend.as_ref().release(&lease).await {
                 Ok(()) => tracing::debug!(key, "released a lock granted to an abandoned attempt"),
                 Err(Error::NotHeld { .. }) => {}

@@ -9,22 +9,26 @@
 //!   waiter is woken, the head of the Locker's FIFO queue.
 //! - A holder that neither renews nor releases loses the lock at its TTL; the waiter wakes
 //!   at that instant by a timer set from the holder's remaining time, not by polling.
-//! - Fencing tokens come from one counter for the whole backend, so they strictly increase
-//!   across the successive holders of every key.
+//! - Fencing tokens come from a counter per shard of the table; a key always lives in the
+//!   same shard, so they strictly increase across the successive holders of every key.
 //! - An entry exists only while a key has a holder (expired entries are swept
 //!   incrementally), and listeners only while a key has a waiter.
 #![deny(missing_docs)]
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use hashbrown::HashTable;
 use lock_core::{
     Attempt, Backend, Capabilities, Error, Holder, Lease, Owner, ReleaseListener, ReleaseNotices,
     Result,
 };
+
+/// Number of independently locked shards of the table (a power of two): tasks on different
+/// keys rarely meet on one mutex.
+const SHARDS: usize = 16;
 
 const CAPABILITIES: Capabilities = Capabilities {
     name: "memory",
@@ -38,23 +42,34 @@ const CAPABILITIES: Capabilities = Capabilities {
 };
 
 struct Entry {
+    /// Shared with the holder's lease: no second copy of the key per hold.
+    key: Arc<str>,
+    hash: u64,
     owner: Owner,
     fence: u64,
     valid_until: Instant,
 }
 
-struct Table {
-    /// Seeded fast hashing: keys may come from users, so the seed stays random.
-    entries: HashMap<Box<str>, Entry, foldhash::fast::RandomState>,
+/// A shard on cache lines of its own, so threads working on two shards do not slow each
+/// other down.
+#[repr(align(128))]
+struct Padded(Mutex<Shard>);
+
+struct Shard {
+    entries: HashTable<Entry>,
     /// Size after the last sweep of expired entries; the next sweep runs at twice that.
     swept_at: usize,
+    /// The last fencing token this shard granted. A key always lives in the same shard, so
+    /// a per-shard counter strictly increases across the successive holders of each key.
+    last_fence: u64,
 }
 
 /// The in-process lock table. Build a [`Locker`](lock_core::Locker) over it with
 /// `Locker::new(MemoryBackend::new())`.
 pub struct MemoryBackend {
-    table: Mutex<Table>,
-    next_fence: AtomicU64,
+    shards: Box<[Padded]>,
+    /// Seeded fast hashing: keys may come from users, so the seed stays random.
+    hasher: foldhash::fast::RandomState,
     notices: ReleaseNotices,
 }
 
@@ -77,18 +92,23 @@ impl MemoryBackend {
     /// An empty lock table.
     pub fn new() -> Self {
         MemoryBackend {
-            table: Mutex::new(Table {
-                entries: HashMap::default(),
-                swept_at: 0,
-            }),
-            next_fence: AtomicU64::new(1),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Padded(Mutex::new(Shard {
+                        entries: HashTable::new(),
+                        swept_at: 0,
+                        last_fence: 0,
+                    }))
+                })
+                .collect(),
+            hasher: foldhash::fast::RandomState::default(),
             notices: ReleaseNotices::new(),
         }
     }
 
     /// Number of entries in the table (holders, including expired ones not yet swept).
     pub fn held_keys(&self) -> usize {
-        self.table().entries.len()
+        self.shards.iter().map(|s| lock(&s.0).entries.len()).sum()
     }
 
     /// Number of keys that waiters listen on.
@@ -96,19 +116,31 @@ impl MemoryBackend {
         self.notices.listened_keys()
     }
 
-    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    /// The key's hash and its shard, locked.
+    fn shard(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = self.hasher.hash_one(key);
+        // The top bits pick the shard; the table uses the low bits and the control bytes.
+        let shard = (hash >> 60) as usize % SHARDS;
+        (hash, lock(&self.shards[shard].0))
     }
 }
 
-impl Table {
+/// Locks a shard, ignoring poisoning: every critical section leaves the table valid.
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shard {
     fn sweep_if_due(&mut self, now: Instant) {
         if self.entries.len() >= 64 && self.entries.len() >= self.swept_at * 2 {
-            self.entries.retain(|_, e| e.valid_until > now);
+            self.entries.retain(|e| e.valid_until > now);
             self.swept_at = self.entries.len();
         }
     }
-}
+
+    fn find_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
+        self.entries.find_mut(hash, |e| *e.key == *key)
+    }}
 
 #[async_trait]
 impl Backend for MemoryBackend {
@@ -117,11 +149,16 @@ impl Backend for MemoryBackend {
     }
 
     async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
-        self.acquire_in_table(key, owner, ttl)
+        self.acquire_in_table(key, owner, ttl, || Arc::from(key))
     }
 
-    fn try_acquire_now(&self, key: &str, owner: Owner, ttl: Duration) -> Option<Result<Attempt>> {
-        Some(self.acquire_in_table(key, owner, ttl))
+    fn try_acquire_now(
+        &self,
+        key: &Arc<str>,
+        owner: Owner,
+        ttl: Duration,
+    ) -> Option<Result<Attempt>> {
+        Some(self.acquire_in_table(key, owner, ttl, || key.clone()))
     }
 
     fn release_now(&self, lease: &Lease) -> Option<Result<()>> {
@@ -134,8 +171,8 @@ impl Backend for MemoryBackend {
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
         let now = Instant::now();
-        let mut table = self.table();
-        match table.entries.get_mut(lease.key()) {
+        let (hash, mut shard) = self.shard(lease.key());
+        match shard.find_mut(hash, lease.key()) {
             Some(e) if e.owner == lease.owner() && e.valid_until > now => {
                 e.valid_until = now.checked_add(ttl).ok_or_else(|| Error::InvalidTtl {
                     ttl,
@@ -154,10 +191,10 @@ impl Backend for MemoryBackend {
 
     async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
         let now = Instant::now();
-        Ok(self
-            .table()
+        let (hash, shard) = self.shard(key);
+        Ok(shard
             .entries
-            .get(key)
+            .find(hash, |e| *e.key == *key)
             .filter(|e| e.valid_until > now)
             .map(|e| Holder {
                 owner: Some(e.owner),
@@ -168,7 +205,13 @@ impl Backend for MemoryBackend {
 
     async fn force_release(&self, key: &str) -> Result<bool> {
         let now = Instant::now();
-        let removed = self.table().entries.remove(key);
+        let (hash, mut shard) = self.shard(key);
+        let removed = shard
+            .entries
+            .find_entry(hash, |e| *e.key == *key)
+            .ok()
+            .map(|found| found.remove().0);
+        drop(shard);
         self.notices.notify(key);
         Ok(removed.is_some_and(|e| e.valid_until > now))
     }
@@ -177,37 +220,49 @@ impl Backend for MemoryBackend {
 /// The table operations, synchronous: the async trait methods and their `_now` variants
 /// both call them.
 impl MemoryBackend {
-    fn acquire_in_table(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
+    /// `shared_key` gives the key as stored in a new entry (the caller's own `Arc` when it
+    /// has one).
+    fn acquire_in_table(
+        &self,
+        key: &str,
+        owner: Owner,
+        ttl: Duration,
+        shared_key: impl FnOnce() -> Arc<str>,
+    ) -> Result<Attempt> {
         let now = Instant::now();
         let valid_until = now.checked_add(ttl).ok_or_else(|| Error::InvalidTtl {
             ttl,
             backend: CAPABILITIES.name,
             reason: "does not fit the monotonic clock".into(),
         })?;
-        let mut table = self.table();
-        match table.entries.get_mut(key) {
+        let (hash, mut guard) = self.shard(key);
+        let shard = &mut *guard;
+        match shard.entries.find_mut(hash, |e| *e.key == *key) {
             Some(held) if held.valid_until > now => Ok(Attempt::Taken {
                 expires_in: Some(held.valid_until - now),
             }),
             Some(expired) => {
-                let fence = self.next_fence();
-                *expired = Entry {
-                    owner,
-                    fence,
-                    valid_until,
-                };
+                shard.last_fence += 1;
+                let fence = shard.last_fence;
+                expired.owner = owner;
+                expired.fence = fence;
+                expired.valid_until = valid_until;
                 Ok(Attempt::Granted { fence, valid_until })
             }
             None => {
-                table.sweep_if_due(now);
-                let fence = self.next_fence();
-                table.entries.insert(
-                    Box::from(key),
+                shard.sweep_if_due(now);
+                shard.last_fence += 1;
+                let fence = shard.last_fence;
+                shard.entries.insert_unique(
+                    hash,
                     Entry {
+                        key: shared_key(),
+                        hash,
                         owner,
                         fence,
                         valid_until,
                     },
+                    |e| e.hash,
                 );
                 Ok(Attempt::Granted { fence, valid_until })
             }
@@ -216,11 +271,11 @@ impl MemoryBackend {
 
     fn release_in_table(&self, lease: &Lease) -> Result<()> {
         let now = Instant::now();
-        let mut table = self.table();
-        // One hash lookup on the common path: take the entry out, put it back if foreign.
-        match table.entries.remove_entry(lease.key()) {
-            Some((_, e)) if e.owner == lease.owner() => {
-                drop(table);
+        let (hash, mut shard) = self.shard(lease.key());
+        match shard.entries.find_entry(hash, |e| *e.key == *lease.key()) {
+            Ok(found) if found.get().owner == lease.owner() => {
+                let (e, _) = found.remove();
+                drop(shard);
                 self.notices.notify(lease.key());
                 if e.valid_until > now {
                     Ok(())
@@ -228,16 +283,8 @@ impl MemoryBackend {
                     Err(not_held(lease))
                 }
             }
-            Some((key, foreign)) => {
-                table.entries.insert(key, foreign);
-                Err(not_held(lease))
-            }
-            None => Err(not_held(lease)),
+            _ => Err(not_held(lease)),
         }
-    }
-
-    fn next_fence(&self) -> u64 {
-        self.next_fence.fetch_add(1, Ordering::Relaxed)
     }
 }
 
