@@ -179,7 +179,7 @@ mod tests {
     fn shared_keys_are_kept_and_others_copied() {
         let shared: Arc<str> = Arc::from("jobs/a");
         assert!(Arc::ptr_eq(&shared.to_shared(), &shared));
-        assert!(Arc::ptr_eq(&(&shared).to_shared(), &shared));
+        assert!(Arc::ptr_eq(&LockKey::to_shared(&&shared), &shared));
         assert_eq!(&*"jobs/b".to_shared(), "jobs/b");
         assert_eq!(&*String::from("jobs/c").to_shared(), "jobs/c");
         assert_eq!((&&"jobs/d").as_key(), "jobs/d");

@@ -291,7 +291,11 @@ impl Locker {
             if let Some(answer) = self.attempt_now(&shared_key, ttl, opts) {
                 match answer {
                     Ok(Ok(guard)) => return Ok(guard),
-                    Ok(Err(_)) if skip => return Err(Error::Locked { key: key.to_owned() }),
+                    Ok(Err(_)) if skip => {
+                        return Err(Error::Locked {
+                            key: key.to_owned(),
+                        })
+                    }
                     Err(e) if skip || !e.is_transient() => return Err(e),
                     Ok(Err(_)) | Err(_) => tried = true,
                 }

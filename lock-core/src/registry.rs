@@ -142,7 +142,11 @@ mod tests {
         assert_eq!(r.remove(a), None, "a slot is removed once");
         let c = r.insert(|s| ("c", s));
         assert_eq!(c.index, a.index, "a freed slot is reused");
-        assert_eq!(r.remove(a), None, "a stale slot never removes the newer entry");
+        assert_eq!(
+            r.remove(a),
+            None,
+            "a stale slot never removes the newer entry"
+        );
         assert_eq!(r.remove(b), Some("b"));
         assert_eq!(r.remove(c), Some("c"));
         assert_eq!(r.len(), 0);

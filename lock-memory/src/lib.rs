@@ -15,6 +15,8 @@
 //!   incrementally), and listeners only while a key has a waiter.
 #![deny(missing_docs)]
 
+mod coarse;
+
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -71,6 +73,8 @@ pub struct MemoryBackend {
     /// Seeded fast hashing: keys may come from users, so the seed stays random.
     hasher: foldhash::fast::RandomState,
     notices: ReleaseNotices,
+    /// Answers "expired yet?" on release without a precise clock reading.
+    clock: coarse::CoarseClock,
 }
 
 impl Default for MemoryBackend {
@@ -103,6 +107,7 @@ impl MemoryBackend {
                 .collect(),
             hasher: foldhash::fast::RandomState::default(),
             notices: ReleaseNotices::new(),
+            clock: coarse::CoarseClock::new(),
         }
     }
 
@@ -140,7 +145,8 @@ impl Shard {
 
     fn find_mut(&mut self, hash: u64, key: &str) -> Option<&mut Entry> {
         self.entries.find_mut(hash, |e| *e.key == *key)
-    }}
+    }
+}
 
 #[async_trait]
 impl Backend for MemoryBackend {
@@ -270,14 +276,13 @@ impl MemoryBackend {
     }
 
     fn release_in_table(&self, lease: &Lease) -> Result<()> {
-        let now = Instant::now();
         let (hash, mut shard) = self.shard(lease.key());
         match shard.entries.find_entry(hash, |e| *e.key == *lease.key()) {
             Ok(found) if found.get().owner == lease.owner() => {
                 let (e, _) = found.remove();
                 drop(shard);
                 self.notices.notify(lease.key());
-                if e.valid_until > now {
+                if self.clock.ahead(e.valid_until) {
                     Ok(())
                 } else {
                     Err(not_held(lease))

@@ -105,3 +105,37 @@ fn a_guard_dropped_outside_a_runtime_does_not_panic() {
     let again = rt.block_on(locker.try_acquire("orphan")).unwrap();
     assert!(again.is_some(), "the lock expired at its TTL");
 }
+
+/// A release reports exactly whether the TTL had passed, whether the lock ends long before,
+/// just before or after its expiry (the table answers from a coarse clock when it can).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_reports_expiry_exactly() {
+    let locker = Locker::new(MemoryBackend::new());
+    let long = LockOptions::new()
+        .ttl(Duration::from_secs(60))
+        .skip()
+        .watchdog(false);
+    let guard = locker.acquire("long", &long).await.unwrap();
+    guard.release().await.expect("a fresh lock is still ours");
+
+    let short = LockOptions::new()
+        .ttl(Duration::from_millis(30))
+        .skip()
+        .watchdog(false);
+    // Released a few ms before the expiry: within the coarse clock's margin.
+    let guard = locker.acquire("short", &short).await.unwrap();
+    tokio::time::sleep_until((guard.valid_until() - Duration::from_millis(5)).into()).await;
+    guard
+        .release()
+        .await
+        .expect("still ours 5 ms before expiry");
+    // Released just after and long after the expiry.
+    for after in [Duration::from_millis(1), Duration::from_millis(100)] {
+        let guard = locker.acquire("short", &short).await.unwrap();
+        tokio::time::sleep_until((guard.valid_until() + after).into()).await;
+        assert!(
+            matches!(guard.release().await, Err(lock_core::Error::NotHeld { .. })),
+            "{after:?} after expiry the lock is not ours"
+        );
+    }
+}
