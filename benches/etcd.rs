@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    bench_subject, interleaved, no_cpu, runtime, timed, Distlock, OneKey, Subject, WORKLOADS,
+    bench_subject, cpu_seconds, interleaved, runtime, timed, Distlock, OneKey, Subject, WORKLOADS,
 };
 use criterion::{criterion_group, criterion_main, Criterion};
 use distlock::etcd::EtcdBackend;
@@ -65,7 +65,7 @@ impl Subject for LockRpc {
 }
 
 struct Subjects {
-    _server: EtcdServer,
+    server: EtcdServer,
     ours: Distlock,
     peer: LockRpc,
 }
@@ -83,11 +83,7 @@ async fn subjects() -> Subjects {
             .expect("peer connect"),
         leases: Arc::default(),
     };
-    Subjects {
-        _server: server,
-        ours,
-        peer,
-    }
+    Subjects { server, ours, peer }
 }
 
 fn bench(c: &mut Criterion) {
@@ -112,9 +108,15 @@ const ROUND: Duration = Duration::from_millis(400);
 fn report(rt: &tokio::runtime::Runtime, s: &Subjects) {
     rt.block_on(async {
         let mut measured = Vec::new();
+        let server_pid = s.server.pid();
         for w in WORKLOADS {
             let subjects = vec![timed(&s.ours, w), timed(&s.peer, w)];
-            measured.push((w, interleaved(ROUND, subjects, no_cpu).await));
+            let cpu = || {
+                let client = cpu_seconds(std::process::id());
+                let server = server_pid.map_or(0.0, cpu_seconds);
+                std::future::ready((client, server))
+            };
+            measured.push((w, interleaved(ROUND, subjects, cpu).await));
         }
         let one = OneKey::run(&s.ours, &s.peer, Duration::from_secs(3)).await;
         eprintln!("\n== etcd backend vs etcd's lock RPC (same server, same run) ==");
@@ -122,6 +124,11 @@ fn report(rt: &tokio::runtime::Runtime, s: &Subjects) {
         for (w, rounds) in &measured {
             let names = ["ours", "lock RPC"];
             eprintln!("{}", rounds.lines(*w, &names, &[" (goal >= 1.0)"]));
+            let [o, p] = [0, 1].map(|i| rounds.cpu_per_cycle(i));
+            eprintln!(
+                "  CPU per cycle (client + etcd, µs): ours {:.0} + {:.0}, lock RPC {:.0} + {:.0}",
+                o.0, o.1, p.0, p.1
+            );
         }
         one.print("etcd-lock-rpc");
         one.print_ratio("lock RPC", "");

@@ -47,6 +47,36 @@ impl GuardShared {
         self.granted.key()
     }
 
+    /// Whether the hold is known ended (released, lost).
+    pub(crate) fn is_gone(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Resolves as soon as the hold is known ended: `lost` set, or the validity passed
+    /// without a renewal.
+    pub(crate) fn ended(shared: Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        shared.watched.store(true, Ordering::SeqCst);
+        async move {
+            loop {
+                let changed = shared.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if shared.lost.load(Ordering::SeqCst) {
+                    return;
+                }
+                let valid_until = shared.valid_until();
+                tokio::select! {
+                    _ = changed => {}
+                    _ = tokio::time::sleep_until(valid_until.into()) => {
+                        if shared.valid_until() <= valid_until {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     fn renewed(&self, valid_until: Instant) {
         lock(&self.validity).0 = valid_until;
         self.wake_watchers();
@@ -194,6 +224,10 @@ impl LockGuard {
         self.shared.key()
     }
 
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<GuardShared> {
+        Arc::downgrade(&self.shared)
+    }
+
     /// The fencing token of this grant: pass it to the protected resource, which refuses
     /// writes carrying a token lower than one it has already seen.
     pub fn fence(&self) -> u64 {
@@ -225,27 +259,7 @@ impl LockGuard {
     /// validity passed without a successful renewal (server unreachable, or watchdog off),
     /// the Locker was shut down, or the guard was dropped. It does not borrow the guard.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
-        let shared = self.shared.clone();
-        shared.watched.store(true, Ordering::SeqCst);
-        async move {
-            loop {
-                let changed = shared.changed.notified();
-                tokio::pin!(changed);
-                changed.as_mut().enable();
-                if shared.lost.load(Ordering::SeqCst) {
-                    return;
-                }
-                let valid_until = shared.valid_until();
-                tokio::select! {
-                    _ = changed => {}
-                    _ = tokio::time::sleep_until(valid_until.into()) => {
-                        if shared.valid_until() <= valid_until {
-                            return;
-                        }
-                    }
-                }
-            }
-        }
+        GuardShared::ended(self.shared.clone())
     }
 
     /// Renews the lock for `ttl` from now (also changing the watchdog's TTL).

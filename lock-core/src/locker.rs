@@ -109,7 +109,23 @@ impl Tracker {
     }
 }
 
-type Turn = Arc<tokio::sync::Mutex<()>>;
+/// A key's local queue: the turn its waiters take in order, and the guard of the waiter
+/// that last won it through the queue.
+#[derive(Default)]
+struct QueueEntry {
+    turn: tokio::sync::Mutex<()>,
+    holder: Mutex<std::sync::Weak<GuardShared>>,
+}
+
+impl QueueEntry {
+    /// The guard of this Locker that holds the key, if one does: the head of the queue
+    /// waits for its end rather than spend a refused attempt on the server.
+    fn local_holder(&self) -> Option<Arc<GuardShared>> {
+        lock(&self.holder).upgrade().filter(|g| !g.is_gone())
+    }
+}
+
+type Turn = Arc<QueueEntry>;
 
 pub(crate) struct Inner {
     pub(crate) backend: Arc<dyn Backend>,
@@ -351,7 +367,7 @@ impl Locker {
     ) -> Result<LockGuard> {
         let key: &str = shared_key;
         let queue = QueueSlot::join(&self.inner, key);
-        let _turn = match within(deadline, queue.turn.clone().lock_owned()).await {
+        let _turn = match within(deadline, queue.turn.turn.lock()).await {
             Some(turn) => turn,
             None => return Err(timeout_error(key, started)),
         };
@@ -360,10 +376,21 @@ impl Locker {
         let mut last_error: Option<Error> = None;
         loop {
             // Listen before attempting, so a release right after a refusal is not missed.
+            // A sibling holds the key: its release (or loss) ends the wait, and a refused
+            // attempt would only cost the server work.
+            if let Some(holder) = queue.turn.local_holder() {
+                if within(deadline, GuardShared::ended(holder)).await.is_none() {
+                    break;
+                }
+                continue;
+            }
             let listener = self.inner.proto().listen(key);
             let pause = match within(deadline, self.attempt(shared_key, ttl, opts)).await {
                 None => break,
-                Some(Ok(Ok(guard))) => return Ok(guard),
+                Some(Ok(Ok(guard))) => {
+                    *lock(&queue.turn.holder) = guard.downgrade();
+                    return Ok(guard);
+                }
                 Some(Ok(Err(expires_in))) => {
                     last_error = None;
                     error_backoff.reset();

@@ -54,7 +54,7 @@ pub(crate) fn failed(doing: impl Into<String>) -> impl FnOnce(etcd_client::Error
     }
 }
 
-fn is_transient(e: &etcd_client::Error) -> bool {
+pub(crate) fn is_transient(e: &etcd_client::Error) -> bool {
     match e {
         _ if is_expired_token(e) => true,
         etcd_client::Error::GRpcStatus(status) => matches!(

@@ -86,6 +86,7 @@
 //! TLS (`https://` endpoints) is not supported: etcd-client is built without it.
 #![deny(missing_docs)]
 
+mod batch;
 mod config;
 mod error;
 mod leases;
@@ -107,6 +108,7 @@ use lock_core::{
     ReleaseNotices, Result,
 };
 
+use batch::{Answer, Batcher};
 pub use config::{EtcdBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 use error::{failed, is_lease_not_found, timed_out, unexpected};
 use leases::{secs, Pool, Renewal, Slot, HEADROOM_SECS};
@@ -141,8 +143,12 @@ struct Shared {
     timeout: Duration,
     caps: Capabilities,
     notices: Arc<ReleaseNotices>,
+    /// Announces each release once, from this backend's releases and from the watch.
+    announcer: Arc<watch::Announcer>,
     held: Mutex<HeldTable>,
     pool: Mutex<Pool>,
+    /// Acquire and release transactions go through it, grouped under load.
+    batch: Arc<Batcher>,
 }
 
 /// A lock granted through this backend and not yet released, by owner token.
@@ -263,15 +269,17 @@ impl EtcdBackend {
             .unwrap_or_else(|_| Err(timed_out(&doing, timeout)))?;
         let members = Arc::new(members);
         let notices = Arc::new(ReleaseNotices::new());
+        let announcer = Arc::new(watch::Announcer::new(notices.clone()));
         let watch = tokio::spawn(watch::run(
             members.clone(),
             cfg.prefix.clone(),
-            notices.clone(),
+            announcer.clone(),
             timeout,
             first,
         ))
         .abort_handle();
         let shared = Shared {
+            batch: Batcher::new(members.clone(), timeout),
             members,
             endpoints: cfg.endpoints,
             prefix: cfg.prefix,
@@ -287,6 +295,7 @@ impl EtcdBackend {
                 cross_process: true,
             },
             notices,
+            announcer,
             held: Mutex::new(HeldTable::default()),
             pool: Mutex::new(Pool::default()),
         };
@@ -343,20 +352,12 @@ impl Backend for EtcdBackend {
     async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
         // Also bounds `ttl` by `max_ttl`, so `Instant + ttl` cannot overflow.
         let ttl_secs = self.shared.lease_secs(ttl)?;
-        let shared = self.shared.clone();
-        let key: Arc<str> = Arc::from(key);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let (member, _) = shared.members.pick();
-            let result = shared.attempt(&key, owner, ttl, ttl_secs).await;
-            let result = shared.members.note(member, result);
-            if let Err(Ok(Attempt::Granted { fence, valid_until })) = tx.send(result) {
-                let lease = Lease::new(key, owner, fence, valid_until);
-                let _ = shared.release(&lease).await;
-            }
-        });
-        rx.await
-            .unwrap_or_else(|_| Err(Error::backend(NAME, "the acquire task ended early")))
+        // Run in place: if the caller drops this future mid-flight, the Locker releases by
+        // owner token whatever the attempt may have been granted, and a lease the attempt
+        // took expires on the server by itself (it holds no key then).
+        let (member, _) = self.shared.members.pick();
+        let result = self.shared.attempt(key, owner, ttl, ttl_secs).await;
+        self.shared.members.note(member, result)
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
@@ -511,7 +512,7 @@ impl Shared {
             }
         };
         if !response.succeeded() {
-            let stale = holder_in(&response).and_then(|seen| self.expired_holder(&seen));
+            let stale = holder_in(&response.response).and_then(|seen| self.expired_holder(&seen));
             if let Some(stale) = stale {
                 // The holder is a lock of this backend past its validity that etcd has not
                 // expired yet: its lease can go now.
@@ -520,9 +521,8 @@ impl Shared {
                     return Err(e);
                 }
                 response = match self
-                    .client()
-                    .kv_client()
-                    .txn(acquire_txn(&full, &value, slot.id))
+                    .batch
+                    .txn(&full, acquire_txn(&full, &value, slot.id))
                     .await
                 {
                     Ok(response) => response,
@@ -534,9 +534,7 @@ impl Shared {
             }
         }
         if response.succeeded() {
-            let fence = response
-                .header()
-                .map(|h| h.revision())
+            let fence = Some(response.revision)
                 .filter(|&r| r > 0)
                 .ok_or_else(|| unexpected("a transaction without a revision"))?;
             if Instant::now() >= valid_until {
@@ -561,7 +559,7 @@ impl Shared {
                 valid_until,
             });
         }
-        let holder = holder_in(&response);
+        let holder = holder_in(&response.response);
         self.recycle(slot);
         Ok(Attempt::Taken {
             expires_in: self.expires_in(holder.as_ref()).await,
@@ -578,13 +576,12 @@ impl Shared {
         full: &str,
         value: &str,
         used: &mut Vec<i64>,
-    ) -> Result<Option<(Slot, TxnResponse)>> {
+    ) -> Result<Option<(Slot, Answer)>> {
         used.push(slot.id);
         let client = self.client();
-        let mut kv = client.kv_client();
         let txn = acquire_txn(full, value, slot.id);
         if slot.covers(valid_until) {
-            return match kv.txn(txn).await {
+            return match self.batch.txn(full, txn).await {
                 Ok(response) => Ok(Some((slot, response))),
                 Err(e) => {
                     self.revoke_later(slot.id);
@@ -592,7 +589,7 @@ impl Shared {
                 }
             };
         }
-        let (renewal, txn) = tokio::join!(slot.keep_alive(&client), kv.txn(txn));
+        let (renewal, txn) = tokio::join!(slot.keep_alive(&client), self.batch.txn(full, txn));
         match (renewal, txn) {
             (Ok(Renewal::Alive), Ok(response)) => Ok(Some((slot, response))),
             (Ok(Renewal::Gone), Ok(response)) => {
@@ -618,12 +615,11 @@ impl Shared {
         full: &str,
         value: &str,
         used: &mut Vec<i64>,
-    ) -> Result<(Slot, TxnResponse)> {
+    ) -> Result<(Slot, Answer)> {
         let slot = self.grant(ttl_secs, used).await?;
         match self
-            .client()
-            .kv_client()
-            .txn(acquire_txn(full, value, slot.id))
+            .batch
+            .txn(full, acquire_txn(full, value, slot.id))
             .await
         {
             Ok(response) => Ok((slot, response)),
@@ -840,19 +836,19 @@ impl Shared {
             .and_then([TxnOp::delete(full.as_str(), None)]);
         let deleted = self
             .within("releasing", async {
-                self.client()
-                    .kv_client()
-                    .txn(txn)
+                self.batch
+                    .txn(&full, txn)
                     .await
                     .map_err(failed("releasing"))
             })
             .await
-            .map(|response| response.succeeded());
-        if matches!(deleted, Ok(true)) {
-            // Waiters in this process need not wait for the watch event, which follows the
-            // answer; the event wakes them again, which costs at most one refused attempt.
-            self.notices.notify(lease.key());
+            .map(|answer| (answer.succeeded(), answer.revision));
+        if let Ok((true, revision)) = deleted {
+            // Waiters in this process need not wait for the watch event of this deletion,
+            // which then wakes nobody again.
+            self.announcer.deleted(lease.key(), revision);
         }
+        let deleted = deleted.map(|(succeeded, _)| succeeded);
         if let Some(entry) = entry {
             match (&deleted, entry.slot) {
                 // The key was on this lease (an operation cut off half-way would have kept

@@ -1,7 +1,8 @@
 //! Release notices: one watch over the whole key prefix, for delete events only.
 
+use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchStream, Watcher};
@@ -17,6 +18,53 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Bounds of the pause between attempts to open a new watch.
 const RETRY_MIN: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Deletions remembered to tell the two announcements of one release apart; past it the
+/// memory is cleared (costing at most one extra wake per key).
+const REMEMBERED: usize = 4096;
+
+/// Release notices from two sources, each deletion announced once: a release of this
+/// backend announces its deletion as soon as etcd confirms it, and the watch then reports
+/// the same deletion (same revision) again. Announcing it twice would wake the next waiter
+/// for a release it has already seen, and its attempt would be refused at the cost of an
+/// etcd write.
+pub(crate) struct Announcer {
+    pub(crate) notices: Arc<ReleaseNotices>,
+    /// The last deletion revision announced per key by one source and not yet by the other.
+    once: Mutex<HashMap<Box<str>, i64>>,
+}
+
+impl Announcer {
+    pub(crate) fn new(notices: Arc<ReleaseNotices>) -> Self {
+        Announcer {
+            notices,
+            once: Mutex::default(),
+        }
+    }
+
+    /// Wakes `key`'s listeners for its deletion at `revision`, unless that deletion was
+    /// announced already.
+    pub(crate) fn deleted(&self, key: &str, revision: i64) {
+        {
+            let mut once = self.once.lock().unwrap_or_else(|e| e.into_inner());
+            if once.get(key) == Some(&revision) {
+                once.remove(key);
+                return;
+            }
+            if once.len() >= REMEMBERED {
+                once.clear();
+            }
+            once.insert(key.into(), revision);
+        }
+        self.notices.notify(key);
+    }
+
+    /// Number of deletions remembered.
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        self.once.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
 
 /// An open watch: the handle to send requests on and the stream of responses.
 pub(crate) type Open = (Watcher, WatchStream);
@@ -45,10 +93,11 @@ pub(crate) async fn open(client: &Client, prefix: &str) -> Result<Open, etcd_cli
 pub(crate) async fn run(
     members: Arc<Members>,
     prefix: String,
-    notices: Arc<ReleaseNotices>,
+    announcer: Arc<Announcer>,
     timeout: Duration,
     first: Open,
 ) {
+    let notices = &announcer.notices;
     let mut current = Some((members.pick().0, first));
     let mut retry = lock_core::Backoff::new(RETRY_MIN, RETRY_MAX);
     loop {
@@ -71,7 +120,7 @@ pub(crate) async fn run(
                 }
             }
         };
-        follow(watcher, stream, prefix.as_bytes(), &notices, timeout).await;
+        follow(watcher, stream, prefix.as_bytes(), &announcer, timeout).await;
         tracing::debug!("the etcd release watch ended; opening a new one");
         members.suspect(member);
     }
@@ -82,7 +131,7 @@ async fn follow(
     mut watcher: Watcher,
     mut stream: WatchStream,
     prefix: &[u8],
-    notices: &ReleaseNotices,
+    announcer: &Announcer,
     timeout: Duration,
 ) {
     let mut heard = Instant::now();
@@ -100,9 +149,10 @@ async fn follow(
                     if event.event_type() != EventType::Delete {
                         continue;
                     }
-                    let key = event.kv().and_then(|kv| kv.key().strip_prefix(prefix));
-                    if let Some(Ok(key)) = key.map(std::str::from_utf8) {
-                        notices.notify(key);
+                    let Some(kv) = event.kv() else { continue };
+                    let key = kv.key().strip_prefix(prefix).map(std::str::from_utf8);
+                    if let Some(Ok(key)) = key {
+                        announcer.deleted(key, kv.mod_revision());
                     }
                 }
             }
@@ -116,5 +166,36 @@ async fn follow(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The two announcements of one deletion wake a listener once; a later deletion of the
+    /// same key wakes it again, and nothing stays remembered.
+    #[tokio::test]
+    async fn each_deletion_is_announced_once() {
+        let notices = Arc::new(ReleaseNotices::new());
+        let announcer = Announcer::new(notices.clone());
+        let mut first = notices.listen("k");
+        announcer.deleted("k", 10);
+        tokio::time::timeout(Duration::from_secs(1), first.released())
+            .await
+            .expect("the first announcement wakes");
+        let mut second = notices.listen("k");
+        announcer.deleted("k", 10);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), second.released())
+                .await
+                .is_err(),
+            "the same deletion from the other source must not wake again"
+        );
+        assert_eq!(announcer.remembered(), 0);
+        announcer.deleted("k", 12);
+        tokio::time::timeout(Duration::from_secs(1), second.released())
+            .await
+            .expect("a new deletion wakes");
     }
 }

@@ -139,3 +139,76 @@ async fn release_reports_expiry_exactly() {
         );
     }
 }
+
+/// Counts the attempts that reach the backend.
+struct Counting {
+    inner: MemoryBackend,
+    attempts: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl lock_core::Backend for Counting {
+    fn capabilities(&self) -> &lock_core::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: lock_core::Owner,
+        ttl: Duration,
+    ) -> lock_core::Result<lock_core::Attempt> {
+        self.attempts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.try_acquire(key, owner, ttl).await
+    }
+    async fn extend(
+        &self,
+        lease: &lock_core::Lease,
+        ttl: Duration,
+    ) -> lock_core::Result<std::time::Instant> {
+        self.inner.extend(lease, ttl).await
+    }
+    async fn release(&self, lease: &lock_core::Lease) -> lock_core::Result<()> {
+        self.inner.release(lease).await
+    }
+    fn listen(&self, key: &str) -> Option<lock_core::ReleaseListener> {
+        self.inner.listen(key)
+    }
+}
+
+/// While a guard of the Locker holds a key, the head of its queue waits for that guard's
+/// release instead of spending refused attempts on the backend: one attempt per grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_waiters_do_not_attempt_while_a_sibling_holds() {
+    let backend = Arc::new(Counting {
+        inner: MemoryBackend::new(),
+        attempts: Default::default(),
+    });
+    let locker = Locker::with_backend(backend.clone());
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .watchdog(false);
+    let (tasks, rounds) = (8, 10);
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (locker, opts) = (locker.clone(), opts.clone());
+            tokio::spawn(async move {
+                for _ in 0..rounds {
+                    let guard = locker.acquire("sibling", &opts).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
+    let attempts = backend.attempts.load(std::sync::atomic::Ordering::SeqCst);
+    let grants = tasks * rounds;
+    // The first waiters each try once before the queue forms; after that, one per grant.
+    assert!(
+        attempts <= grants + tasks,
+        "{attempts} attempts for {grants} grants: waiters attempted while a sibling held"
+    );
+}
