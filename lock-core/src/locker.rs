@@ -374,17 +374,34 @@ impl Locker {
         let mut wait_backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
         let mut error_backoff = Backoff::new(ERROR_BACKOFF.0, ERROR_BACKOFF.1);
         let mut last_error: Option<Error> = None;
+        // Set when a release notice ended the last wait: attempt then, even if the
+        // sibling's release has not returned yet (a backend may announce it as soon as the
+        // release is queued ahead of our attempt).
+        let mut noticed = false;
         loop {
             // Listen before attempting, so a release right after a refusal is not missed.
+            let mut listener = self.inner.proto().listen(key);
             // A sibling holds the key: its release (or loss) ends the wait, and a refused
             // attempt would only cost the server work.
-            if let Some(holder) = queue.turn.local_holder() {
-                if within(deadline, GuardShared::ended(holder)).await.is_none() {
-                    break;
+            if let Some(holder) = queue.turn.local_holder().filter(|_| !noticed) {
+                let released = async {
+                    match listener.as_mut() {
+                        Some(l) => l.released().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let woken = tokio::select! {
+                    _ = GuardShared::ended(holder) => Some(false),
+                    _ = released => Some(true),
+                    _ = sleep_until_deadline(deadline) => None,
+                };
+                match woken {
+                    Some(by_notice) => noticed = by_notice,
+                    None => break,
                 }
                 continue;
             }
-            let listener = self.inner.proto().listen(key);
+            noticed = false;
             let pause = match within(deadline, self.attempt(shared_key, ttl, opts)).await {
                 None => break,
                 Some(Ok(Ok(guard))) => {
@@ -675,6 +692,14 @@ fn timeout_error(key: &str, started: Option<Instant>) -> Error {
     Error::Timeout {
         key: key.to_owned(),
         waited: started.map(|s| s.elapsed()).unwrap_or_default(),
+    }
+}
+
+/// Sleeps until `deadline`, forever without one.
+async fn sleep_until_deadline(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
     }
 }
 
