@@ -203,6 +203,80 @@ async fn raise_fence_lifts_the_next_fence() {
     assert_eq!(node.lock_key("k"), "raise:{k}");
 }
 
+/// Calls of `cmd` the server has answered so far (`INFO commandstats`).
+async fn calls(server: &RedisServer, cmd: &str) -> u64 {
+    let mut raw = server.client().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{cmd}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Concurrent acquires and releases on one node go to the server in groups (one script
+/// call for several locks), and each caller still gets its own answer: grants with their
+/// own fences, refusals for the keys already held, releases only of its own locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_operations_are_grouped_with_their_own_answers() {
+    let server = RedisServer::start().await;
+    let node: RedisNode = RedisBackend::builder(server.addr().to_string())
+        .build_node()
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(10);
+    let holder = Owner::random();
+    assert!(matches!(
+        node.try_acquire("group/taken", holder, ttl).await.unwrap(),
+        distlock::Attempt::Granted { .. }
+    ));
+    let before = calls(&server, "evalsha").await;
+    let names: Vec<String> = (0..48)
+        .map(|i| format!("group/{i}"))
+        .chain(["group/taken".to_owned()])
+        .collect();
+    let owners: Vec<Owner> = names.iter().map(|_| Owner::random()).collect();
+    let attempts = futures::future::join_all(
+        names
+            .iter()
+            .zip(&owners)
+            .map(|(n, o)| node.try_acquire(n, *o, ttl)),
+    )
+    .await;
+    let mut fences = std::collections::HashSet::new();
+    for (name, attempt) in names.iter().zip(attempts) {
+        match attempt.unwrap() {
+            distlock::Attempt::Granted { fence, .. } => {
+                assert_ne!(name, "group/taken", "a held key was granted in a group");
+                fences.insert(fence);
+            }
+            distlock::Attempt::Taken { expires_in } => {
+                assert_eq!(name, "group/taken", "{name} refused");
+                assert!(expires_in.is_some_and(|e| e > Duration::from_secs(9)));
+            }
+        }
+    }
+    assert_eq!(fences.len(), 48, "each grant has its own fence");
+    // Each caller releases its own lock, and "taken" with the wrong owner is refused.
+    let releases =
+        futures::future::join_all(names.iter().zip(&owners).map(|(n, o)| node.release(n, *o)))
+            .await;
+    for (name, released) in names.iter().zip(releases) {
+        assert_eq!(released.unwrap(), name != "group/taken", "{name}");
+    }
+    assert!(raw_exists(&server, &node.lock_key("group/taken")).await);
+    assert!(!raw_exists(&server, &node.lock_key("group/0")).await);
+    let used = calls(&server, "evalsha").await - before;
+    assert!(
+        used < 2 * 49 / 2,
+        "98 concurrent operations took {used} script calls: not grouped"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Faults
 // ---------------------------------------------------------------------------------------

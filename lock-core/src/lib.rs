@@ -10,6 +10,8 @@
 //! - [`LockGuard`]: a held lock with a fencing token, a renewal watchdog, a `lost()` signal
 //!   and release on drop.
 //! - [`Error`]: one error type with actionable variants.
+//! - [`group`]: group commit, which backends use to send requests that arrive while the
+//!   server is busy as one call.
 //! - [`url`]: parsing of `memory://`, `redis://`, `rediss://`, `redlock://` and `etcd://`
 //!   URLs, independent of which backends are compiled.
 //! - `conformance` (feature `conformance`): the rules every backend must pass.
@@ -17,6 +19,7 @@
 
 mod backend;
 mod error;
+pub mod group;
 mod guard;
 mod lease;
 mod locker;

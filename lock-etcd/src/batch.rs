@@ -17,12 +17,11 @@
 // at once, as they did when they sent their transactions themselves.
 #![allow(clippy::result_large_err)]
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Txn, TxnOp, TxnOpResponse, TxnResponse};
-use tokio::sync::oneshot;
+use lock_core::group::{GroupCommit, GroupSend};
 
 use crate::error::is_transient;
 use crate::members::Members;
@@ -53,203 +52,83 @@ impl Answer {
     }
 }
 
-type Reply = oneshot::Sender<Result<Answer, etcd_client::Error>>;
+/// The acquire and release transactions of one backend, sent alone or grouped.
+pub(crate) type Batcher = GroupCommit<Txns>;
 
-struct Pending {
-    key: String,
-    txn: Txn,
-    reply: Reply,
+/// A new batcher over the backend's members.
+pub(crate) fn batcher(members: Arc<Members>, timeout: Duration) -> Arc<Batcher> {
+    GroupCommit::new(Txns { members, timeout }, MAX_IN_FLIGHT, MAX_GROUP)
 }
 
-#[derive(Default)]
-struct State {
-    in_flight: usize,
-    queue: VecDeque<Pending>,
-}
-
-/// Sends transactions, grouping those that arrive while the way is busy.
-pub(crate) struct Batcher {
+/// Sends transactions to the preferred member, each call bounded by the timeout.
+pub(crate) struct Txns {
     members: Arc<Members>,
     timeout: Duration,
-    state: Mutex<State>,
 }
 
-impl Batcher {
-    pub(crate) fn new(members: Arc<Members>, timeout: Duration) -> Arc<Self> {
-        Arc::new(Batcher {
-            members,
-            timeout,
-            state: Mutex::default(),
-        })
-    }
-
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Runs `txn`, which writes only `key`, alone or in a group. Not bounded here: callers
-    /// bound it with their operation's deadline (a group is bounded by the timeout too).
-    pub(crate) async fn txn(
-        self: &Arc<Self>,
-        key: &str,
-        txn: Txn,
-    ) -> Result<Answer, etcd_client::Error> {
-        let waiting = {
-            let mut state = self.state();
-            if state.in_flight < MAX_IN_FLIGHT && state.queue.is_empty() {
-                state.in_flight += 1;
-                Err(txn)
-            } else {
-                let (reply, answer) = oneshot::channel();
-                state.queue.push_back(Pending {
-                    key: key.to_owned(),
-                    txn,
-                    reply,
-                });
-                self.launch(&mut state);
-                Ok(answer)
-            }
-        };
-        match waiting {
-            Ok(answer) => answer.await.unwrap_or_else(|_| Err(dropped())),
-            Err(txn) => {
-                let _slot = Slot(self);
-                let response = self.members.client().kv_client().txn(txn).await?;
-                Ok(Answer::alone(response))
-            }
+impl Txns {
+    async fn alone(&self, txn: Txn) -> Result<Answer, etcd_client::Error> {
+        let mut kv = self.members.client().kv_client();
+        match tokio::time::timeout(self.timeout, kv.txn(txn)).await {
+            Ok(answer) => answer.map(Answer::alone),
+            Err(_) => Err(timed_out()),
         }
     }
+}
 
-    /// Sends queued transactions as groups while there is room on the way.
-    fn launch(self: &Arc<Self>, state: &mut State) {
-        while state.in_flight < MAX_IN_FLIGHT && !state.queue.is_empty() {
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                // No runtime (shutting down): the callers get an error from their dropped
-                // replies.
-                state.queue.clear();
-                return;
-            };
-            let group = take_group(&mut state.queue);
-            state.in_flight += 1;
-            let me = self.clone();
-            runtime.spawn(async move {
-                let _slot = Slot(&me);
-                me.send_group(group).await;
-            });
-        }
+impl GroupSend for Txns {
+    type Request = Txn;
+    type Answer = Answer;
+    type Error = etcd_client::Error;
+
+    async fn send_one(&self, txn: Txn) -> Result<Answer, etcd_client::Error> {
+        self.alone(txn).await
     }
 
-    async fn send_group(&self, group: Vec<Pending>) {
-        let client = self.members.client();
-        let mut kv = client.kv_client();
-        if group.len() == 1 {
-            let Some(Pending { txn, reply, .. }) = group.into_iter().next() else {
-                return;
-            };
-            let answer = tokio::time::timeout(self.timeout, kv.txn(txn)).await;
-            let _ = reply.send(
-                answer
-                    .unwrap_or_else(|_| Err(timed_out()))
-                    .map(Answer::alone),
-            );
-            return;
-        }
-        let outer = Txn::new().and_then(
-            group
-                .iter()
-                .map(|p| TxnOp::txn(p.txn.clone()))
-                .collect::<Vec<_>>(),
-        );
+    async fn send_group(&self, txns: Vec<Txn>) -> Vec<Result<Answer, etcd_client::Error>> {
+        let mut kv = self.members.client().kv_client();
+        let outer = Txn::new().and_then(txns.iter().cloned().map(TxnOp::txn).collect::<Vec<_>>());
         match tokio::time::timeout(self.timeout, kv.txn(outer)).await {
             Ok(Ok(response)) => {
                 let revision = response.header().map_or(0, |h| h.revision());
                 let mut answers = response.op_responses().into_iter();
-                for Pending { reply, .. } in group {
-                    let answer = match answers.next() {
+                txns.iter()
+                    .map(|_| match answers.next() {
                         Some(TxnOpResponse::Txn(response)) => Ok(Answer { response, revision }),
                         _ => Err(etcd_client::Error::InvalidArgs(
                             "etcd answered a group without one answer per transaction".into(),
                         )),
-                    };
-                    let _ = reply.send(answer);
-                }
+                    })
+                    .collect()
             }
             Ok(Err(e)) if !is_transient(&e) => {
                 // Refused as a whole, perhaps for one member's sake: nothing of it was
                 // applied, so each member goes alone and gets its own answer.
-                let alone = group.into_iter().map(|Pending { txn, reply, .. }| {
-                    let mut kv = client.kv_client();
-                    async move {
-                        let answer = tokio::time::timeout(self.timeout, kv.txn(txn)).await;
-                        let _ = reply.send(
-                            answer
-                                .unwrap_or_else(|_| Err(timed_out()))
-                                .map(Answer::alone),
-                        );
-                    }
-                });
-                futures::future::join_all(alone).await;
+                futures::future::join_all(txns.into_iter().map(|txn| self.alone(txn))).await
             }
-            Ok(Err(e)) => {
-                for Pending { reply, .. } in group {
-                    let _ = reply.send(Err(etcd_client::Error::IoError(std::io::Error::other(
+            Ok(Err(e)) => txns
+                .iter()
+                .map(|_| {
+                    Err(etcd_client::Error::IoError(std::io::Error::other(
                         e.to_string(),
-                    ))));
-                }
-            }
-            Err(_) => {
-                for Pending { reply, .. } in group {
-                    let _ = reply.send(Err(timed_out()));
-                }
-            }
+                    )))
+                })
+                .collect(),
+            Err(_) => txns.iter().map(|_| Err(timed_out())).collect(),
         }
     }
 
-    /// Number of transactions waiting for a group.
-    #[cfg(test)]
-    fn queued(&self) -> usize {
-        self.state().queue.len()
+    fn no_answer(&self) -> etcd_client::Error {
+        etcd_client::Error::IoError(std::io::Error::other(
+            "the group carrying this request ended without an answer",
+        ))
     }
-}
-
-/// A place on the way; leaving it sends what waits.
-struct Slot<'a>(&'a Arc<Batcher>);
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        let mut state = self.0.state();
-        state.in_flight -= 1;
-        self.0.launch(&mut state);
-    }
-}
-
-/// Up to [`MAX_GROUP`] queued transactions on distinct keys, oldest first; the others keep
-/// their place.
-fn take_group(queue: &mut VecDeque<Pending>) -> Vec<Pending> {
-    let mut keys = HashSet::new();
-    let mut group = Vec::new();
-    let mut later = VecDeque::new();
-    while let Some(p) = queue.pop_front() {
-        if group.len() < MAX_GROUP && keys.insert(p.key.clone()) {
-            group.push(p);
-        } else {
-            later.push_back(p);
-        }
-    }
-    *queue = later;
-    group
 }
 
 fn timed_out() -> etcd_client::Error {
     etcd_client::Error::IoError(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
         "no answer from etcd within the operation timeout",
-    ))
-}
-
-fn dropped() -> etcd_client::Error {
-    etcd_client::Error::IoError(std::io::Error::other(
-        "the group carrying this request ended without an answer",
     ))
 }
 
@@ -266,44 +145,13 @@ mod tests {
             .and_then([TxnOp::put(key, "v", options)])
     }
 
-    fn pending(
-        key: &str,
-    ) -> (
-        Pending,
-        oneshot::Receiver<Result<Answer, etcd_client::Error>>,
-    ) {
-        let (reply, answer) = oneshot::channel();
-        let txn = create(key, 0);
-        let key = key.to_owned();
-        (Pending { key, txn, reply }, answer)
-    }
-
-    #[test]
-    fn a_group_holds_each_key_once_and_at_most_max_group() {
-        let mut queue: VecDeque<Pending> = ["a", "b", "a", "c", "b"]
-            .into_iter()
-            .map(|k| pending(k).0)
-            .collect();
-        let group = take_group(&mut queue);
-        let keys: Vec<&str> = group.iter().map(|p| p.key.as_str()).collect();
-        assert_eq!(keys, ["a", "b", "c"]);
-        let left: Vec<&str> = queue.iter().map(|p| p.key.as_str()).collect();
-        assert_eq!(left, ["a", "b"], "the later ones keep their order");
-
-        let mut many: VecDeque<Pending> = (0..MAX_GROUP + 5)
-            .map(|i| pending(&format!("k{i}")).0)
-            .collect();
-        assert_eq!(take_group(&mut many).len(), MAX_GROUP);
-        assert_eq!(many.len(), 5);
-    }
-
-    async fn batcher(server: &EtcdServer) -> Arc<Batcher> {
+    async fn connect(server: &EtcdServer) -> Arc<Batcher> {
         let timeout = Duration::from_secs(5);
         let members =
             Members::connect(&[server.endpoint()], ConnectOptions::new(), timeout, "test")
                 .await
                 .expect("connect");
-        Batcher::new(Arc::new(members), timeout)
+        batcher(Arc::new(members), timeout)
     }
 
     /// Transactions sent together are grouped, and each gets its own outcome and the
@@ -311,15 +159,15 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_transactions_are_grouped_with_their_own_outcomes() {
         let server = EtcdServer::start().await;
-        let b = batcher(&server).await;
+        let b = connect(&server).await;
         // "taken" exists already, so its creation must fail inside the group.
-        b.txn("g/taken", create("g/taken", 0)).await.unwrap();
+        b.send("g/taken", create("g/taken", 0)).await.unwrap();
         let keys: Vec<String> = (0..40)
             .map(|i| format!("g/{i}"))
             .chain(["g/taken".to_owned()])
             .collect();
-        let answers = futures::future::join_all(keys.iter().map(|k| b.txn(k, create(k, 0)))).await;
-        let mut revisions = HashSet::new();
+        let answers = futures::future::join_all(keys.iter().map(|k| b.send(k, create(k, 0)))).await;
+        let mut revisions = std::collections::HashSet::new();
         for (key, answer) in keys.iter().zip(answers) {
             let answer = answer.expect("answered");
             assert_eq!(answer.succeeded(), key != "g/taken", "{key}");
@@ -339,7 +187,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_bad_member_does_not_fail_its_group() {
         let server = EtcdServer::start().await;
-        let b = batcher(&server).await;
+        let b = connect(&server).await;
         let mut calls = Vec::new();
         for i in 0..20 {
             let key = format!("bad/{i}");
@@ -347,7 +195,7 @@ mod tests {
             calls.push((key.clone(), create(&key, lease)));
         }
         let answers =
-            futures::future::join_all(calls.iter().map(|(k, txn)| b.txn(k, txn.clone()))).await;
+            futures::future::join_all(calls.iter().map(|(k, txn)| b.send(k, txn.clone()))).await;
         for (i, answer) in answers.into_iter().enumerate() {
             match answer {
                 Ok(answer) => {

@@ -55,13 +55,24 @@
 //! before its lease was granted or renewed) is refused and its lease revoked, so a waiter
 //! delayed past its lease is never granted.
 //!
+//! ## Group commit
+//!
+//! Every etcd write is a raft round and a WAL sync, and on etcd 3.4 every transaction with
+//! a comparison also copies the server's read buffer. Acquire and release transactions
+//! that arrive while two others are on their way therefore queue and go together as the
+//! nested transactions of one transaction ([`lock_core::group`]; etcd ≥ 3.3): each keeps
+//! its own comparison and outcome, and the group costs one write. The fencing token of a
+//! grant in a group is the group's revision, which is the revision that created the key.
+//! A lone caller's transaction goes at once, alone.
+//!
 //! ## Waiting
 //!
 //! One watch per backend over the key prefix, for delete events only (releases, lease
 //! expiries, forced releases), wakes the waiters of the deleted key: no polling. A watch
 //! that fails or falls silent (checked with a progress request every second) is replaced,
 //! and every waiter is woken, since deletes in between were missed. A release also wakes
-//! this process's waiters as soon as etcd confirms it. A refused attempt tells the waiter
+//! this process's waiters as soon as etcd confirms it, and the watch event of that same
+//! deletion (same revision) then wakes nobody again. A refused attempt tells the waiter
 //! how long the holder has left: exactly for a holder in this backend, from the holder's
 //! lease TTL (whole seconds) for another process's.
 //!
@@ -279,7 +290,7 @@ impl EtcdBackend {
         ))
         .abort_handle();
         let shared = Shared {
-            batch: Batcher::new(members.clone(), timeout),
+            batch: batch::batcher(members.clone(), timeout),
             members,
             endpoints: cfg.endpoints,
             prefix: cfg.prefix,
@@ -522,7 +533,7 @@ impl Shared {
                 }
                 response = match self
                     .batch
-                    .txn(&full, acquire_txn(&full, &value, slot.id))
+                    .send(&full, acquire_txn(&full, &value, slot.id))
                     .await
                 {
                     Ok(response) => response,
@@ -581,7 +592,7 @@ impl Shared {
         let client = self.client();
         let txn = acquire_txn(full, value, slot.id);
         if slot.covers(valid_until) {
-            return match self.batch.txn(full, txn).await {
+            return match self.batch.send(full, txn).await {
                 Ok(response) => Ok(Some((slot, response))),
                 Err(e) => {
                     self.revoke_later(slot.id);
@@ -589,7 +600,7 @@ impl Shared {
                 }
             };
         }
-        let (renewal, txn) = tokio::join!(slot.keep_alive(&client), self.batch.txn(full, txn));
+        let (renewal, txn) = tokio::join!(slot.keep_alive(&client), self.batch.send(full, txn));
         match (renewal, txn) {
             (Ok(Renewal::Alive), Ok(response)) => Ok(Some((slot, response))),
             (Ok(Renewal::Gone), Ok(response)) => {
@@ -619,7 +630,7 @@ impl Shared {
         let slot = self.grant(ttl_secs, used).await?;
         match self
             .batch
-            .txn(full, acquire_txn(full, value, slot.id))
+            .send(full, acquire_txn(full, value, slot.id))
             .await
         {
             Ok(response) => Ok((slot, response)),
@@ -837,7 +848,7 @@ impl Shared {
         let deleted = self
             .within("releasing", async {
                 self.batch
-                    .txn(&full, txn)
+                    .send(&full, txn)
                     .await
                     .map_err(failed("releasing"))
             })

@@ -42,6 +42,12 @@
 //!   release notice;
 //! - neither extend nor release ever touches another owner's lock.
 //!
+//! Acquires and releases are grouped under load ([`lock_core::group`]): while two calls
+//! of a kind are on their way, further ones queue and then go as one call of the same
+//! script over several locks (up to 64, on distinct keys), each with its own answer. A lone
+//! caller's call goes at once. The scripts then touch keys of several hash slots, so a
+//! node is one Redis server, not a Redis Cluster.
+//!
 //! Scripts are sent with `EVALSHA` and re-sent with `EVAL` when the server answers
 //! `NOSCRIPT` (a restarted server has an empty script cache); callers never see `NOSCRIPT`.
 //!
@@ -203,8 +209,13 @@ impl Backend for RedisBackend {
         // on the same connection behind it, so the server runs it after the release. The
         // second notice, once the release is confirmed, covers an attempt that still came
         // too early (e.g. the release had to be re-sent).
-        let woke = || self.notices.notify(key);
-        if self.node.release_queued(key, lease.owner(), &woke).await? {
+        let (notices, name) = (self.notices.clone(), key.to_owned());
+        let woke: node::Queued = Arc::new(move || notices.notify(&name));
+        if self
+            .node
+            .release_queued(key, lease.owner(), Some(woke))
+            .await?
+        {
             self.notices.notify(key);
             Ok(())
         } else {

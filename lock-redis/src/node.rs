@@ -2,9 +2,10 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use lock_core::group::{GroupCommit, GroupSend};
 use lock_core::{Attempt, Error, Holder, Owner, ReleaseNotices, Result};
 use redis::aio::MultiplexedConnection;
 use redis::{
@@ -64,7 +65,16 @@ struct Shared {
     /// Prefix of this node's release notices, so its own watch can skip them.
     origin: String,
     link: Connector,
+    /// Acquires and releases, grouped into one script call each under load.
+    acquires: Arc<GroupCommit<Acquires>>,
+    releases: Arc<GroupCommit<Releases>>,
 }
+
+/// Calls on their way at once per kind (acquire, release) before requests queue for a
+/// group; the connection pipelines them.
+const MAX_IN_FLIGHT: usize = 2;
+/// Locks per group: one script call of at most this many.
+const MAX_GROUP: usize = 64;
 
 impl fmt::Debug for RedisNode {
     /// The server's URL with the password hidden, and the timeout.
@@ -115,13 +125,15 @@ impl RedisNode {
         let timeout = config.operation_timeout();
         let channel = format!("{}released:{}", config.key_prefix(), config.database());
         let node = RedisNode {
-            shared: Arc::new(Shared {
+            shared: Arc::new_cyclic(|me| Shared {
                 link: Connector::new(client.clone()),
                 addr,
                 client,
                 channel,
                 origin: format!("{} ", Owner::random()),
                 config,
+                acquires: GroupCommit::new(Acquires(me.clone()), MAX_IN_FLIGHT, MAX_GROUP),
+                releases: GroupCommit::new(Releases(me.clone()), MAX_IN_FLIGHT, MAX_GROUP),
             }),
             timeout,
         };
@@ -205,25 +217,28 @@ impl RedisNode {
         let ttl = CAPABILITIES.effective_ttl(ttl)?;
         let ttl_ms = millis(ttl);
         let started = Instant::now();
-        let (lock_key, fence_key) = (self.lock_key(name), self.fence_key(name));
-        let owner = hex(owner);
-        let retention = ttl_ms + millis(FENCE_RETENTION);
-        let reply = self
-            .eval(&scripts::ACQUIRE, "acquire", |cmd| {
-                cmd.arg(2)
-                    .arg(&lock_key)
-                    .arg(&fence_key)
-                    .arg(&owner[..])
-                    .arg(ttl_ms)
-                    .arg(retention);
-            })
-            .await?;
-        match pair(&reply) {
-            Some((1, fence)) if fence > 0 => Ok(Attempt::Granted {
+        let lock_key = self.lock_key(name);
+        let op = AcquireOp {
+            fence_key: self.fence_key(name),
+            owner: hex(owner),
+            ttl_ms,
+            retention: ttl_ms + millis(FENCE_RETENTION),
+            timeout: self.timeout,
+        };
+        let acquires = &self.shared.acquires;
+        let reply = tokio::time::timeout(
+            self.timeout,
+            acquires.send(&lock_key, (lock_key.clone(), op)),
+        )
+        .await
+        .unwrap_or_else(|_| Err(Arc::new(Failure::Timeout)))
+        .map_err(|failure| self.failure("acquire", Failure::Shared(failure)))?;
+        match reply {
+            (1, fence) if fence > 0 => Ok(Attempt::Granted {
                 fence: fence as u64,
                 valid_until: started + ttl,
             }),
-            Some((0, pttl)) => Ok(Attempt::Taken {
+            (0, pttl) => Ok(Attempt::Taken {
                 expires_in: match pttl {
                     // Redis rounds PTTL down: wake a millisecond later rather than too early.
                     0.. => Some(Duration::from_millis(pttl as u64 + 1)),
@@ -231,7 +246,10 @@ impl RedisNode {
                     _ => None,
                 },
             }),
-            _ => Err(self.unexpected("acquire", &reply)),
+            (flag, value) => Err(self.failure(
+                "acquire",
+                Failure::Reply(format!("unexpected reply {{{flag}, {value}}}")),
+            )),
         }
     }
 
@@ -265,7 +283,7 @@ impl RedisNode {
     /// # Errors
     /// As [`ping`](Self::ping).
     pub async fn release(&self, name: &str, owner: Owner) -> Result<bool> {
-        self.release_queued(name, owner, &|| {}).await
+        self.release_queued(name, owner, None).await
     }
 
     /// [`release`](Self::release), calling `queued` as soon as the request is queued on
@@ -277,21 +295,24 @@ impl RedisNode {
         &self,
         name: &str,
         owner: Owner,
-        queued: &(dyn Fn() + Sync),
+        queued: Option<Queued>,
     ) -> Result<bool> {
         let lock_key = self.lock_key(name);
-        let owner = hex(owner);
-        let notice = self.notice(name);
-        let reply = self
-            .eval_queued(&scripts::RELEASE, "release", queued, |cmd| {
-                cmd.arg(1)
-                    .arg(&lock_key)
-                    .arg(&owner[..])
-                    .arg(&self.shared.channel)
-                    .arg(&notice);
-            })
-            .await?;
-        self.flag("release", reply)
+        let op = ReleaseOp {
+            owner: hex(owner),
+            notice: self.notice(name),
+            queued,
+            timeout: self.timeout,
+        };
+        let releases = &self.shared.releases;
+        let reply = tokio::time::timeout(
+            self.timeout,
+            releases.send(&lock_key, (lock_key.clone(), op)),
+        )
+        .await
+        .unwrap_or_else(|_| Err(Arc::new(Failure::Timeout)))
+        .map_err(|failure| self.failure("release", Failure::Shared(failure)))?;
+        self.flag("release", Value::Int(reply))
     }
 
     /// Deletes lock `name` whoever holds it and announces the release; `true` when a lock
@@ -426,20 +447,10 @@ impl RedisNode {
         F: Fn(&mut Cmd),
     {
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.sha());
-        fill(&mut cmd);
-        let link = &self.shared.link;
-        match link.send(&cmd, deadline, queued).await {
-            Err(Failure::Redis(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(script.source);
-                fill(&mut cmd);
-                link.send(&cmd, deadline, queued).await
-            }
-            other => other,
-        }
-        .map_err(|failure| self.failure(op, failure))
+        self.shared
+            .eval_raw(script, deadline, queued, fill)
+            .await
+            .map_err(|failure| self.failure(op, failure))
     }
 
     async fn send(&self, cmd: &Cmd, op: &'static str) -> Result<Value> {
@@ -472,6 +483,206 @@ impl RedisNode {
     }
 }
 
+impl Shared {
+    /// Runs `script` with the arguments `fill` adds after the script: `EVALSHA`, and `EVAL`
+    /// when the server does not know the script (empty cache after a restart or a
+    /// `SCRIPT FLUSH`), both before `deadline`; `queued` is called whenever a request of it
+    /// is queued on the connection.
+    async fn eval_raw<F>(
+        &self,
+        script: &Script,
+        deadline: tokio::time::Instant,
+        queued: &(dyn Fn() + Sync),
+        fill: F,
+    ) -> std::result::Result<Value, Failure>
+    where
+        F: Fn(&mut Cmd),
+    {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.sha());
+        fill(&mut cmd);
+        match self.link.send(&cmd, deadline, queued).await {
+            Err(Failure::Redis(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(script.source);
+                fill(&mut cmd);
+                self.link.send(&cmd, deadline, queued).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// A callback run once a release request is queued on the connection.
+pub(crate) type Queued = Arc<dyn Fn() + Send + Sync>;
+
+/// One acquire of a group (its lock key travels with it).
+pub(crate) struct AcquireOp {
+    fence_key: String,
+    owner: [u8; 32],
+    ttl_ms: u64,
+    retention: u64,
+    timeout: Duration,
+}
+
+/// One release of a group (its lock key travels with it).
+pub(crate) struct ReleaseOp {
+    owner: [u8; 32],
+    notice: String,
+    queued: Option<Queued>,
+    timeout: Duration,
+}
+
+/// A group's deadline: the longest of its members' timeouts from now (each caller also
+/// bounds its own wait by its own timeout).
+fn group_deadline(timeouts: impl Iterator<Item = Duration>) -> tokio::time::Instant {
+    tokio::time::Instant::now() + timeouts.max().unwrap_or(Duration::from_secs(1))
+}
+
+/// The node's acquires, as calls of [`scripts::ACQUIRE`] with one or more locks.
+pub(crate) struct Acquires(Weak<Shared>);
+
+/// The node's releases, as calls of [`scripts::RELEASE`] with one or more locks.
+pub(crate) struct Releases(Weak<Shared>);
+
+/// An acquire's answer in a group: `(1, fence)` or `(0, pttl)`.
+type AcquireAnswer = std::result::Result<(i64, i64), Arc<Failure>>;
+
+impl Acquires {
+    async fn run(
+        &self,
+        ops: &[(String, AcquireOp)],
+    ) -> std::result::Result<Vec<(i64, i64)>, Failure> {
+        let shared = self.0.upgrade().ok_or_else(gone)?;
+        let deadline = group_deadline(ops.iter().map(|(_, op)| op.timeout));
+        let reply = shared
+            .eval_raw(&scripts::ACQUIRE, deadline, &|| {}, |cmd| {
+                cmd.arg(ops.len() * 2);
+                for (lock_key, op) in ops {
+                    cmd.arg(lock_key).arg(&op.fence_key);
+                }
+                for (_, op) in ops {
+                    cmd.arg(&op.owner[..]).arg(op.ttl_ms).arg(op.retention);
+                }
+            })
+            .await?;
+        let numbers = integers(&reply, ops.len() * 2)?;
+        Ok(numbers.chunks(2).map(|p| (p[0], p[1])).collect())
+    }
+}
+
+impl GroupSend for Acquires {
+    type Request = (String, AcquireOp);
+    type Answer = (i64, i64);
+    type Error = Arc<Failure>;
+
+    async fn send_one(&self, op: Self::Request) -> AcquireAnswer {
+        let mut answers = self
+            .run(std::slice::from_ref(&op))
+            .await
+            .map_err(Arc::new)?;
+        answers
+            .pop()
+            .ok_or_else(|| Arc::new(Failure::Reply("an empty reply".into())))
+    }
+
+    async fn send_group(&self, ops: Vec<Self::Request>) -> Vec<AcquireAnswer> {
+        match self.run(&ops).await {
+            Ok(answers) => answers.into_iter().map(Ok).collect(),
+            Err(failure) => {
+                let failure = Arc::new(failure);
+                ops.iter().map(|_| Err(failure.clone())).collect()
+            }
+        }
+    }
+
+    fn no_answer(&self) -> Arc<Failure> {
+        Arc::new(gone())
+    }
+}
+
+impl Releases {
+    async fn run(&self, ops: &[(String, ReleaseOp)]) -> std::result::Result<Vec<i64>, Failure> {
+        let shared = self.0.upgrade().ok_or_else(gone)?;
+        let deadline = group_deadline(ops.iter().map(|(_, op)| op.timeout));
+        let queued = || {
+            for (_, op) in ops {
+                if let Some(queued) = &op.queued {
+                    queued();
+                }
+            }
+        };
+        let reply = shared
+            .eval_raw(&scripts::RELEASE, deadline, &queued, |cmd| {
+                cmd.arg(ops.len());
+                for (lock_key, _) in ops {
+                    cmd.arg(lock_key);
+                }
+                cmd.arg(&shared.channel);
+                for (_, op) in ops {
+                    cmd.arg(&op.owner[..]).arg(&op.notice);
+                }
+            })
+            .await?;
+        integers(&reply, ops.len())
+    }
+}
+
+impl GroupSend for Releases {
+    type Request = (String, ReleaseOp);
+    type Answer = i64;
+    type Error = Arc<Failure>;
+
+    async fn send_one(&self, op: Self::Request) -> std::result::Result<i64, Arc<Failure>> {
+        let mut answers = self
+            .run(std::slice::from_ref(&op))
+            .await
+            .map_err(Arc::new)?;
+        answers
+            .pop()
+            .ok_or_else(|| Arc::new(Failure::Reply("an empty reply".into())))
+    }
+
+    async fn send_group(
+        &self,
+        ops: Vec<Self::Request>,
+    ) -> Vec<std::result::Result<i64, Arc<Failure>>> {
+        match self.run(&ops).await {
+            Ok(answers) => answers.into_iter().map(Ok).collect(),
+            Err(failure) => {
+                let failure = Arc::new(failure);
+                ops.iter().map(|_| Err(failure.clone())).collect()
+            }
+        }
+    }
+
+    fn no_answer(&self) -> Arc<Failure> {
+        Arc::new(gone())
+    }
+}
+
+/// The failure of a request whose node handle went away, or whose group ended unanswered.
+fn gone() -> Failure {
+    Failure::Reply(
+        "the request ended without an answer (node dropped or runtime shutting down)".into(),
+    )
+}
+
+/// `n` integers of an array reply.
+fn integers(reply: &Value, n: usize) -> std::result::Result<Vec<i64>, Failure> {
+    let unexpected = || Failure::Reply(format!("unexpected reply {reply:?}"));
+    match reply {
+        Value::Array(items) if items.len() == n => items
+            .iter()
+            .map(|v| match v {
+                Value::Int(i) => Ok(*i),
+                _ => Err(unexpected()),
+            })
+            .collect(),
+        _ => Err(unexpected()),
+    }
+}
+
 /// Milliseconds of a duration, rounded up.
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
@@ -500,17 +711,6 @@ fn hex(owner: Owner) -> [u8; 32] {
     out
 }
 
-/// `{a, b}` of two integers.
-fn pair(reply: &Value) -> Option<(i64, i64)> {
-    match reply {
-        Value::Array(items) => match items.as_slice() {
-            [Value::Int(a), Value::Int(b)] => Some((*a, *b)),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
 /// What went wrong with one request.
 #[derive(Debug)]
 pub(crate) enum Failure {
@@ -520,13 +720,24 @@ pub(crate) enum Failure {
     Redis(RedisError),
     /// The server answered something the protocol does not allow.
     Reply(String),
+    /// The failure of a group this request was part of.
+    Shared(Arc<Failure>),
 }
 
 impl Failure {
+    /// The failure itself, looking through a group's.
+    fn own(&self) -> &Failure {
+        match self {
+            Failure::Shared(inner) => inner.own(),
+            other => other,
+        }
+    }
+
     fn is_transient(&self) -> bool {
         match self {
             Failure::Timeout => true,
             Failure::Reply(_) => false,
+            Failure::Shared(failure) => failure.is_transient(),
             Failure::Redis(e) => match e.kind() {
                 ErrorKind::Io => true,
                 ErrorKind::Server(kind) => matches!(
@@ -560,7 +771,7 @@ impl fmt::Display for NodeError {
         write!(f, "redis at {} ({}): ", self.addr, self.op)?;
         // The first PING of a connection is where a wrong port or a missing TLS shows.
         let checking = self.op == "PING";
-        match &self.failure {
+        match self.failure.own() {
             Failure::Timeout if checking && self.tls => write!(
                 f,
                 "no answer within {:?} (does the server speak TLS? rediss:// needs it)",
@@ -576,6 +787,7 @@ impl fmt::Display for NodeError {
                 )
             }
             Failure::Reply(what) => f.write_str(what),
+            Failure::Shared(_) => f.write_str("the request's group failed"),
             Failure::Redis(e) => {
                 let auth = e.kind() == ErrorKind::AuthenticationFailed
                     || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"));
@@ -601,7 +813,7 @@ impl fmt::Display for NodeError {
 
 impl std::error::Error for NodeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &self.failure {
+        match self.failure.own() {
             Failure::Redis(e) => Some(e),
             _ => None,
         }

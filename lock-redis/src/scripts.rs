@@ -26,8 +26,9 @@ impl Script {
     }
 }
 
-/// Take the lock if free. KEYS: lock, fence counter. ARGV: owner, ttl ms, counter retention
-/// ms. Returns `{1, fence}` when granted, `{0, pttl}` when taken. Asking again with the
+/// Take locks if free, for one caller or a group of them. KEYS: lock, fence counter, for
+/// each lock. ARGV: owner, ttl ms, counter retention ms, for each lock. Returns, for each
+/// lock in order, `1, fence` when granted and `0, pttl` when taken. Asking again with the
 /// owner that holds the lock grants it again with the same fence and a fresh TTL, so a
 /// request re-sent after a lost reply cannot leave an orphaned lock.
 ///
@@ -41,20 +42,26 @@ impl Script {
 /// exact; `%d` writes them without the exponent notation `tostring` would use.
 pub(crate) static ACQUIRE: Script = Script::new(
     r#"
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if redis.call('GET', KEYS[1]) == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {1, tonumber(redis.call('GET', KEYS[2])) or 0}
+local out = {}
+for i = 1, #KEYS / 2 do
+  local lock, counter = KEYS[2 * i - 1], KEYS[2 * i]
+  local owner, ttl, retention = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  if redis.call('SET', lock, owner, 'NX', 'PX', ttl) then
+    local fence = redis.pcall('INCR', counter)
+    if type(fence) ~= 'number' or fence == 1 then
+      local now = redis.call('TIME')
+      fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+      redis.call('SET', counter, string.format('%d', fence), 'PX', retention)
+    end
+    out[2 * i - 1], out[2 * i] = 1, fence
+  elseif redis.call('GET', lock) == owner then
+    redis.call('PEXPIRE', lock, ttl)
+    out[2 * i - 1], out[2 * i] = 1, tonumber(redis.call('GET', counter)) or 0
+  else
+    out[2 * i - 1], out[2 * i] = 0, redis.call('PTTL', lock)
   end
-  return {0, redis.call('PTTL', KEYS[1])}
 end
-local fence = redis.pcall('INCR', KEYS[2])
-if type(fence) ~= 'number' or fence == 1 then
-  local now = redis.call('TIME')
-  fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', ARGV[3])
-end
-return {1, fence}
+return out
 "#,
 );
 
@@ -68,16 +75,22 @@ return 0
 "#,
 );
 
-/// Delete the lock if it is still ours and announce it. KEYS: lock. ARGV: owner, channel,
-/// notice. Returns 1 or 0.
+/// Delete locks that are still ours and announce each release, for one caller or a group.
+/// KEYS: the locks. ARGV: channel, then owner and notice for each lock. Returns, for each
+/// lock in order, 1 when deleted and 0 when it was not ours (then nothing changes).
 pub(crate) static RELEASE: Script = Script::new(
     r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
-  return 1
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[2 * i] then
+    redis.call('DEL', KEYS[i])
+    redis.call('PUBLISH', ARGV[1], ARGV[2 * i + 1])
+    out[i] = 1
+  else
+    out[i] = 0
+  end
 end
-return 0
+return out
 "#,
 );
 

@@ -1,0 +1,285 @@
+//! Group commit: requests that arrive while the way to the server is busy go together.
+//!
+//! A lock server pays a fixed cost per request (a raft round and a log sync on etcd; the
+//! dispatch and script set-up on Redis) on top of the work per key. [`GroupCommit`] lets at
+//! most `max_in_flight` calls be on their way at once; a request that arrives when there is
+//! room goes alone at once (a lone caller waits for nothing), and requests that arrive
+//! meanwhile queue and then go as one group, which the backend sends as one server call
+//! ([`GroupSend::send_group`]). A group never holds two requests on the same key, so the
+//! backend may write each key once per call; the later request waits for the next group.
+
+use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::oneshot;
+
+/// How a backend sends requests: alone, or as a group in one server call.
+pub trait GroupSend: Send + Sync + 'static {
+    /// One request (one key's operation).
+    type Request: Send + 'static;
+    /// Its answer.
+    type Answer: Send + 'static;
+    /// Its error.
+    type Error: Send + 'static;
+
+    /// Sends one request alone.
+    fn send_one(
+        &self,
+        request: Self::Request,
+    ) -> impl Future<Output = Result<Self::Answer, Self::Error>> + Send;
+
+    /// Sends a group (two or more requests, on distinct keys) and returns one result per
+    /// request, in order. Each request must get the answer it would have got alone.
+    fn send_group(
+        &self,
+        requests: Vec<Self::Request>,
+    ) -> impl Future<Output = Vec<Result<Self::Answer, Self::Error>>> + Send;
+
+    /// The error of a request whose group ended without an answer for it (the group's task
+    /// was cancelled, or the backend answered fewer results than requests).
+    fn no_answer(&self) -> Self::Error;
+}
+
+type Reply<S> = oneshot::Sender<Result<<S as GroupSend>::Answer, <S as GroupSend>::Error>>;
+
+struct Pending<S: GroupSend> {
+    key: Box<str>,
+    request: S::Request,
+    reply: Reply<S>,
+}
+
+struct State<S: GroupSend> {
+    in_flight: usize,
+    queue: VecDeque<Pending<S>>,
+}
+
+/// Sends requests through a [`GroupSend`], grouping those that arrive while
+/// `max_in_flight` calls are on their way (see the [module](self) documentation).
+pub struct GroupCommit<S: GroupSend> {
+    sender: S,
+    max_in_flight: usize,
+    max_group: usize,
+    state: Mutex<State<S>>,
+}
+
+impl<S: GroupSend> GroupCommit<S> {
+    /// A group commit over `sender` with at most `max_in_flight` calls on their way and at
+    /// most `max_group` requests per group (both at least 1).
+    pub fn new(sender: S, max_in_flight: usize, max_group: usize) -> Arc<Self> {
+        Arc::new(GroupCommit {
+            sender,
+            max_in_flight: max_in_flight.max(1),
+            max_group: max_group.max(1),
+            state: Mutex::new(State {
+                in_flight: 0,
+                queue: VecDeque::new(),
+            }),
+        })
+    }
+
+    /// The sender.
+    pub fn sender(&self) -> &S {
+        &self.sender
+    }
+
+    fn state(&self) -> MutexGuard<'_, State<S>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends `request`, which acts on `key` only: alone at once when there is room, or in
+    /// the next group. Not bounded here: the sender bounds its calls.
+    ///
+    /// # Errors
+    /// The sender's error for this request, or [`GroupSend::no_answer`].
+    pub async fn send(
+        self: &Arc<Self>,
+        key: &str,
+        request: S::Request,
+    ) -> Result<S::Answer, S::Error> {
+        let queued = {
+            let mut state = self.state();
+            if state.in_flight < self.max_in_flight && state.queue.is_empty() {
+                state.in_flight += 1;
+                Err(request)
+            } else {
+                let (reply, answer) = oneshot::channel();
+                state.queue.push_back(Pending {
+                    key: key.into(),
+                    request,
+                    reply,
+                });
+                self.launch(&mut state);
+                Ok(answer)
+            }
+        };
+        match queued {
+            Ok(answer) => answer
+                .await
+                .unwrap_or_else(|_| Err(self.sender.no_answer())),
+            Err(request) => {
+                let _room = Room(self);
+                self.sender.send_one(request).await
+            }
+        }
+    }
+
+    /// Number of requests waiting for a group.
+    pub fn queued(&self) -> usize {
+        self.state().queue.len()
+    }
+
+    /// Sends queued requests as groups while there is room on the way.
+    fn launch(self: &Arc<Self>, state: &mut State<S>) {
+        while state.in_flight < self.max_in_flight && !state.queue.is_empty() {
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                // No runtime (shutting down): the callers get `no_answer` from their
+                // dropped replies.
+                state.queue.clear();
+                return;
+            };
+            let group = take_group(&mut state.queue, self.max_group);
+            state.in_flight += 1;
+            let me = self.clone();
+            runtime.spawn(async move {
+                let _room = Room(&me);
+                me.send_group(group).await;
+            });
+        }
+    }
+
+    async fn send_group(&self, group: Vec<Pending<S>>) {
+        if group.len() == 1 {
+            if let Some(Pending { request, reply, .. }) = group.into_iter().next() {
+                let _ = reply.send(self.sender.send_one(request).await);
+            }
+            return;
+        }
+        let (requests, replies): (Vec<_>, Vec<_>) =
+            group.into_iter().map(|p| (p.request, p.reply)).unzip();
+        let mut results = self.sender.send_group(requests).await.into_iter();
+        for reply in replies {
+            let result = results
+                .next()
+                .unwrap_or_else(|| Err(self.sender.no_answer()));
+            let _ = reply.send(result);
+        }
+    }
+}
+
+/// A place on the way; leaving it sends what waits.
+struct Room<'a, S: GroupSend>(&'a Arc<GroupCommit<S>>);
+
+impl<S: GroupSend> Drop for Room<'_, S> {
+    fn drop(&mut self) {
+        let mut state = self.0.state();
+        state.in_flight -= 1;
+        self.0.launch(&mut state);
+    }
+}
+
+/// Up to `max` queued requests on distinct keys, oldest first; the others keep their place
+/// and order.
+fn take_group<S: GroupSend>(queue: &mut VecDeque<Pending<S>>, max: usize) -> Vec<Pending<S>> {
+    let mut keys = HashSet::new();
+    let mut group = Vec::new();
+    let mut later = VecDeque::new();
+    while let Some(p) = queue.pop_front() {
+        if group.len() < max && keys.insert(p.key.clone()) {
+            group.push(p);
+        } else {
+            later.push_back(p);
+        }
+    }
+    *queue = later;
+    group
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// Echoes requests after a pause, counting calls and recording group sizes.
+    #[derive(Default)]
+    struct Echo {
+        calls: AtomicUsize,
+        groups: Mutex<Vec<Vec<String>>>,
+    }
+
+    impl GroupSend for Echo {
+        type Request = String;
+        type Answer = String;
+        type Error = String;
+        async fn send_one(&self, request: String) -> Result<String, String> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok(request)
+        }
+        async fn send_group(&self, requests: Vec<String>) -> Vec<Result<String, String>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.groups.lock().unwrap().push(requests.clone());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            requests
+                .into_iter()
+                .map(|r| if r == "bad" { Err(r) } else { Ok(r) })
+                .collect()
+        }
+        fn no_answer(&self) -> String {
+            "no answer".into()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lone_request_goes_at_once_and_concurrent_ones_are_grouped() {
+        let g = GroupCommit::new(Echo::default(), 1, 8);
+        assert_eq!(g.send("k", "alone".into()).await, Ok("alone".into()));
+        assert_eq!(g.sender().calls.load(Ordering::SeqCst), 1);
+
+        let keys: Vec<String> = (0..20)
+            .map(|i| format!("k{i}"))
+            .chain(["bad".into()])
+            .collect();
+        let answers = futures::future::join_all(
+            keys.iter()
+                .map(|k| g.send(k, k.clone()))
+                .collect::<Vec<_>>(),
+        )
+        .await;
+        for (k, a) in keys.iter().zip(answers) {
+            if k == "bad" {
+                assert_eq!(a, Err("bad".into()), "each request gets its own error");
+            } else {
+                assert_eq!(a.as_ref(), Ok(k), "each request gets its own answer");
+            }
+        }
+        let calls = g.sender().calls.load(Ordering::SeqCst) - 1;
+        assert!(
+            calls < 6,
+            "21 concurrent requests took {calls} calls: not grouped"
+        );
+        assert!(g
+            .sender()
+            .groups
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|grp| grp.len() <= 8));
+        assert_eq!(g.queued(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_group_holds_each_key_once() {
+        let g = GroupCommit::new(Echo::default(), 1, 64);
+        let requests = ["a", "b", "a", "c", "a"];
+        let first = g.send("x", "x".into());
+        let rest: Vec<_> = requests.iter().map(|k| g.send(k, (*k).into())).collect();
+        let (_, answers) = tokio::join!(first, futures::future::join_all(rest));
+        assert!(answers.iter().all(Result::is_ok));
+        for group in g.sender().groups.lock().unwrap().iter() {
+            let distinct: HashSet<&String> = group.iter().collect();
+            assert_eq!(distinct.len(), group.len(), "a key twice in {group:?}");
+        }
+    }
+}
