@@ -66,8 +66,8 @@ struct Shared {
     origin: String,
     link: Connector,
     /// Acquires and releases, grouped into one script call each under load.
-    acquires: Arc<GroupCommit<Acquires>>,
-    releases: Arc<GroupCommit<Releases>>,
+    acquires: Arc<GroupCommit<Grouped<Acquires>>>,
+    releases: Arc<GroupCommit<Grouped<Releases>>>,
 }
 
 /// Calls on their way at once per kind (acquire, release) before requests queue for a
@@ -132,8 +132,8 @@ impl RedisNode {
                 channel,
                 origin: format!("{} ", Owner::random()),
                 config,
-                acquires: GroupCommit::new(Acquires(me.clone()), MAX_IN_FLIGHT, MAX_GROUP),
-                releases: GroupCommit::new(Releases(me.clone()), MAX_IN_FLIGHT, MAX_GROUP),
+                acquires: GroupCommit::new(Grouped(Acquires(me.clone())), MAX_IN_FLIGHT, MAX_GROUP),
+                releases: GroupCommit::new(Grouped(Releases(me.clone())), MAX_IN_FLIGHT, MAX_GROUP),
             }),
             timeout,
         };
@@ -225,14 +225,9 @@ impl RedisNode {
             retention: ttl_ms + millis(FENCE_RETENTION),
             timeout: self.timeout,
         };
-        let acquires = &self.shared.acquires;
-        let reply = tokio::time::timeout(
-            self.timeout,
-            acquires.send(&lock_key, (lock_key.clone(), op)),
-        )
-        .await
-        .unwrap_or_else(|_| Err(Arc::new(Failure::Timeout)))
-        .map_err(|failure| self.failure("acquire", Failure::Shared(failure)))?;
+        let reply = self
+            .grouped(&self.shared.acquires, "acquire", lock_key, op)
+            .await?;
         match reply {
             (1, fence) if fence > 0 => Ok(Attempt::Granted {
                 fence: fence as u64,
@@ -304,14 +299,9 @@ impl RedisNode {
             queued,
             timeout: self.timeout,
         };
-        let releases = &self.shared.releases;
-        let reply = tokio::time::timeout(
-            self.timeout,
-            releases.send(&lock_key, (lock_key.clone(), op)),
-        )
-        .await
-        .unwrap_or_else(|_| Err(Arc::new(Failure::Timeout)))
-        .map_err(|failure| self.failure("release", Failure::Shared(failure)))?;
+        let reply = self
+            .grouped(&self.shared.releases, "release", lock_key, op)
+            .await?;
         self.flag("release", Value::Int(reply))
     }
 
@@ -423,6 +413,21 @@ impl RedisNode {
             Value::Int(1) => Ok(true),
             other => Err(self.unexpected(op, &other)),
         }
+    }
+
+    /// Sends `op` on `lock_key` through a group commit, within this handle's timeout.
+    async fn grouped<B: ScriptBatch>(
+        &self,
+        group: &Arc<GroupCommit<Grouped<B>>>,
+        op_name: &'static str,
+        lock_key: String,
+        op: B::Op,
+    ) -> Result<B::Out> {
+        let key = lock_key.clone();
+        tokio::time::timeout(self.timeout, group.send(&key, (lock_key, op)))
+            .await
+            .unwrap_or_else(|_| Err(Arc::new(Failure::Timeout)))
+            .map_err(|failure| self.failure(op_name, Failure::Shared(failure)))
     }
 
     /// Runs `script` with the arguments `fill` adds after the script: `EVALSHA`, and `EVAL`
@@ -545,10 +550,23 @@ pub(crate) struct Acquires(Weak<Shared>);
 /// The node's releases, as calls of [`scripts::RELEASE`] with one or more locks.
 pub(crate) struct Releases(Weak<Shared>);
 
-/// An acquire's answer in a group: `(1, fence)` or `(0, pttl)`.
-type AcquireAnswer = std::result::Result<(i64, i64), Arc<Failure>>;
+/// One kind of grouped operation: how a group (or a single request) runs as one script call.
+pub(crate) trait ScriptBatch: Send + Sync + 'static {
+    /// One operation (its lock key travels with it).
+    type Op: Send + 'static;
+    /// Its answer.
+    type Out: Send + 'static;
+    /// Runs `ops` as one call; one answer per operation, in order.
+    fn run(
+        &self,
+        ops: &[(String, Self::Op)],
+    ) -> impl std::future::Future<Output = std::result::Result<Vec<Self::Out>, Failure>> + Send;
+}
 
-impl Acquires {
+impl ScriptBatch for Acquires {
+    type Op = AcquireOp;
+    type Out = (i64, i64);
+
     async fn run(
         &self,
         ops: &[(String, AcquireOp)],
@@ -571,37 +589,10 @@ impl Acquires {
     }
 }
 
-impl GroupSend for Acquires {
-    type Request = (String, AcquireOp);
-    type Answer = (i64, i64);
-    type Error = Arc<Failure>;
+impl ScriptBatch for Releases {
+    type Op = ReleaseOp;
+    type Out = i64;
 
-    async fn send_one(&self, op: Self::Request) -> AcquireAnswer {
-        let mut answers = self
-            .run(std::slice::from_ref(&op))
-            .await
-            .map_err(Arc::new)?;
-        answers
-            .pop()
-            .ok_or_else(|| Arc::new(Failure::Reply("an empty reply".into())))
-    }
-
-    async fn send_group(&self, ops: Vec<Self::Request>) -> Vec<AcquireAnswer> {
-        match self.run(&ops).await {
-            Ok(answers) => answers.into_iter().map(Ok).collect(),
-            Err(failure) => {
-                let failure = Arc::new(failure);
-                ops.iter().map(|_| Err(failure.clone())).collect()
-            }
-        }
-    }
-
-    fn no_answer(&self) -> Arc<Failure> {
-        Arc::new(gone())
-    }
-}
-
-impl Releases {
     async fn run(&self, ops: &[(String, ReleaseOp)]) -> std::result::Result<Vec<i64>, Failure> {
         let shared = self.0.upgrade().ok_or_else(gone)?;
         let deadline = group_deadline(ops.iter().map(|(_, op)| op.timeout));
@@ -628,13 +619,18 @@ impl Releases {
     }
 }
 
-impl GroupSend for Releases {
-    type Request = (String, ReleaseOp);
-    type Answer = i64;
+/// A [`ScriptBatch`] as a [`GroupSend`]: a single request is a group of one; a failed call
+/// fails every request of it with the same (shared) failure.
+pub(crate) struct Grouped<B>(B);
+
+impl<B: ScriptBatch> GroupSend for Grouped<B> {
+    type Request = (String, B::Op);
+    type Answer = B::Out;
     type Error = Arc<Failure>;
 
-    async fn send_one(&self, op: Self::Request) -> std::result::Result<i64, Arc<Failure>> {
+    async fn send_one(&self, op: Self::Request) -> std::result::Result<B::Out, Arc<Failure>> {
         let mut answers = self
+            .0
             .run(std::slice::from_ref(&op))
             .await
             .map_err(Arc::new)?;
@@ -646,8 +642,8 @@ impl GroupSend for Releases {
     async fn send_group(
         &self,
         ops: Vec<Self::Request>,
-    ) -> Vec<std::result::Result<i64, Arc<Failure>>> {
-        match self.run(&ops).await {
+    ) -> Vec<std::result::Result<B::Out, Arc<Failure>>> {
+        match self.0.run(&ops).await {
             Ok(answers) => answers.into_iter().map(Ok).collect(),
             Err(failure) => {
                 let failure = Arc::new(failure);
