@@ -632,9 +632,10 @@ impl Backend for RedlockBackend {
             async move { node.release(&key, owner).await }
         });
         // Hand the requests to the node connections, then wake the local waiters at once:
-        // their attempts go out on the same connections behind the releases, so every node
-        // sees the release first, and a hand-off inside a process saves a round trip. (A
-        // notice that turns out spurious only costs the waiter one refused attempt.)
+        // their attempts usually go out on the same connections behind the releases, so
+        // every node sees the release first, and a hand-off inside a process saves a round
+        // trip. (A notice that turns out early only costs the waiter one refused attempt;
+        // the notice after the quorum wakes it again.)
         let early = replies.ready();
         self.notices.notify(&key);
         let mut tally = Tally::default();
@@ -652,8 +653,14 @@ impl Backend for RedlockBackend {
         for (i, reply) in replies.ready() {
             tally.add(i, reply);
         }
+        // The early notice may have come before a release reached its connection (a node
+        // whose releases were queued for a group): a waiter that attempted at once was
+        // refused and listens again, so tell it once more now that a quorum released.
+        if tally.yes >= q {
+            self.notices.notify(&key);
+        }
         // The rest finish in the background, so that the lock is deleted wherever it is still
-        // ours. Once a quorum released it, the waiters know already.
+        // ours; without a quorum yet, each late release announces itself.
         let notify_late = tally.yes < q;
         let (notices, name) = (self.notices.clone(), key.clone());
         replies.finish_in_background(move |_, reply| {
