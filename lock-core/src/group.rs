@@ -6,7 +6,11 @@
 //! room goes alone at once (a lone caller waits for nothing), and requests that arrive
 //! meanwhile queue and then go as one group, which the backend sends as one server call
 //! ([`GroupSend::send_group`]). A group never holds two requests on the same key, so the
-//! backend may write each key once per call; the later request waits for the next group.
+//! backend may write each key once per call.
+//!
+//! Requests on one key reach the server in the order they were sent: a request waits while
+//! another on its key is on its way. So a release that cleans up after an abandoned acquire
+//! (its caller gone, its request still queued or on its way) always runs after it.
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
@@ -39,6 +43,13 @@ pub trait GroupSend: Send + Sync + 'static {
     /// The error of a request whose group ended without an answer for it (the group's task
     /// was cancelled, or the backend answered fewer results than requests).
     fn no_answer(&self) -> Self::Error;
+
+    /// Whether `other` may go in the same group as `first` (e.g. only requests of one kind,
+    /// when each kind is a different server call). The default: any two.
+    fn groups_with(&self, first: &Self::Request, other: &Self::Request) -> bool {
+        let _ = (first, other);
+        true
+    }
 }
 
 type Reply<S> = oneshot::Sender<Result<<S as GroupSend>::Answer, <S as GroupSend>::Error>>;
@@ -52,6 +63,8 @@ struct Pending<S: GroupSend> {
 struct State<S: GroupSend> {
     in_flight: usize,
     queue: VecDeque<Pending<S>>,
+    /// Keys with a request on its way: later requests on them wait.
+    busy: HashSet<Box<str>>,
 }
 
 /// Sends requests through a [`GroupSend`], grouping those that arrive while
@@ -74,6 +87,7 @@ impl<S: GroupSend> GroupCommit<S> {
             state: Mutex::new(State {
                 in_flight: 0,
                 queue: VecDeque::new(),
+                busy: HashSet::new(),
             }),
         })
     }
@@ -99,8 +113,12 @@ impl<S: GroupSend> GroupCommit<S> {
     ) -> Result<S::Answer, S::Error> {
         let queued = {
             let mut state = self.state();
-            if state.in_flight < self.max_in_flight && state.queue.is_empty() {
+            if state.in_flight < self.max_in_flight
+                && state.queue.is_empty()
+                && !state.busy.contains(key)
+            {
                 state.in_flight += 1;
+                state.busy.insert(key.into());
                 Err(request)
             } else {
                 let (reply, answer) = oneshot::channel();
@@ -118,7 +136,10 @@ impl<S: GroupSend> GroupCommit<S> {
                 .await
                 .unwrap_or_else(|_| Err(self.sender.no_answer())),
             Err(request) => {
-                let _room = Room(self);
+                let _room = Room {
+                    commit: self,
+                    keys: vec![key.into()],
+                };
                 self.sender.send_one(request).await
             }
         }
@@ -138,11 +159,17 @@ impl<S: GroupSend> GroupCommit<S> {
                 state.queue.clear();
                 return;
             };
-            let group = take_group(&mut state.queue, self.max_group);
+            let group = take_group(state, self.max_group, |a, b| self.sender.groups_with(a, b));
+            if group.is_empty() {
+                // Everything queued waits for a key on its way.
+                return;
+            }
             state.in_flight += 1;
+            let keys: Vec<Box<str>> = group.iter().map(|p| p.key.clone()).collect();
+            state.busy.extend(keys.iter().cloned());
             let me = self.clone();
             runtime.spawn(async move {
-                let _room = Room(&me);
+                let _room = Room { commit: &me, keys };
                 me.send_group(group).await;
             });
         }
@@ -167,31 +194,49 @@ impl<S: GroupSend> GroupCommit<S> {
     }
 }
 
-/// A place on the way; leaving it sends what waits.
-struct Room<'a, S: GroupSend>(&'a Arc<GroupCommit<S>>);
+/// A place on the way, and the keys it carries; leaving it frees them and sends what waits.
+struct Room<'a, S: GroupSend> {
+    commit: &'a Arc<GroupCommit<S>>,
+    keys: Vec<Box<str>>,
+}
 
 impl<S: GroupSend> Drop for Room<'_, S> {
     fn drop(&mut self) {
-        let mut state = self.0.state();
+        let mut state = self.commit.state();
         state.in_flight -= 1;
-        self.0.launch(&mut state);
+        for key in &self.keys {
+            state.busy.remove(key);
+        }
+        self.commit.launch(&mut state);
     }
 }
 
-/// Up to `max` queued requests on distinct keys, oldest first; the others keep their place
-/// and order.
-fn take_group<S: GroupSend>(queue: &mut VecDeque<Pending<S>>, max: usize) -> Vec<Pending<S>> {
-    let mut keys = HashSet::new();
-    let mut group = Vec::new();
+/// Up to `max` queued requests, oldest first, on distinct keys none of which is on its way,
+/// each allowed to go with the first (`joins`); the others keep their place and order.
+fn take_group<S: GroupSend>(
+    state: &mut State<S>,
+    max: usize,
+    joins: impl Fn(&S::Request, &S::Request) -> bool,
+) -> Vec<Pending<S>> {
+    // Keys seen in the queue so far: a later request on one of them must not overtake it.
+    let mut seen = HashSet::new();
+    let mut group: Vec<Pending<S>> = Vec::new();
     let mut later = VecDeque::new();
-    while let Some(p) = queue.pop_front() {
-        if group.len() < max && keys.insert(p.key.clone()) {
+    while let Some(p) = state.queue.pop_front() {
+        let first_on_key = seen.insert(p.key.clone());
+        let fits = group.len() < max
+            && first_on_key
+            && !state.busy.contains(&p.key)
+            && group
+                .first()
+                .map_or(true, |f| joins(&f.request, &p.request));
+        if fits {
             group.push(p);
         } else {
             later.push_back(p);
         }
     }
-    *queue = later;
+    state.queue = later;
     group
 }
 
@@ -201,11 +246,31 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
+    fn kind(request: &str) -> &str {
+        request.split_once('/').map_or("", |(kind, _)| kind)
+    }
+
     /// Echoes requests after a pause, counting calls and recording group sizes.
     #[derive(Default)]
     struct Echo {
         calls: AtomicUsize,
         groups: Mutex<Vec<Vec<String>>>,
+        /// "start x" / "end x" for every request x, in order.
+        log: Mutex<Vec<String>>,
+    }
+
+    impl Echo {
+        fn note(&self, what: &str, requests: &[String]) {
+            let mut log = self.log.lock().unwrap();
+            log.extend(requests.iter().map(|r| format!("{what} {r}")));
+        }
+
+        fn position(&self, entry: &str) -> usize {
+            let log = self.log.lock().unwrap();
+            log.iter()
+                .position(|e| e == entry)
+                .unwrap_or_else(|| panic!("{entry} not in {log:?}"))
+        }
     }
 
     impl GroupSend for Echo {
@@ -214,13 +279,17 @@ mod tests {
         type Error = String;
         async fn send_one(&self, request: String) -> Result<String, String> {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            self.note("start", std::slice::from_ref(&request));
             tokio::time::sleep(Duration::from_millis(5)).await;
+            self.note("end", std::slice::from_ref(&request));
             Ok(request)
         }
         async fn send_group(&self, requests: Vec<String>) -> Vec<Result<String, String>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             self.groups.lock().unwrap().push(requests.clone());
+            self.note("start", &requests);
             tokio::time::sleep(Duration::from_millis(5)).await;
+            self.note("end", &requests);
             requests
                 .into_iter()
                 .map(|r| if r == "bad" { Err(r) } else { Ok(r) })
@@ -228,6 +297,10 @@ mod tests {
         }
         fn no_answer(&self) -> String {
             "no answer".into()
+        }
+        /// Requests group with those of the same kind: the part before '/', if any.
+        fn groups_with(&self, first: &String, other: &String) -> bool {
+            kind(first) == kind(other)
         }
     }
 
@@ -280,6 +353,28 @@ mod tests {
         for group in g.sender().groups.lock().unwrap().iter() {
             let distinct: HashSet<&String> = group.iter().collect();
             assert_eq!(distinct.len(), group.len(), "a key twice in {group:?}");
+        }
+    }
+
+    /// A request waits while another on its key is on its way, even with room to spare, so
+    /// requests on one key run in the order they were sent; groups hold one kind only.
+    #[tokio::test]
+    async fn requests_on_one_key_keep_their_order_and_groups_their_kind() {
+        let g = GroupCommit::new(Echo::default(), 4, 64);
+        // Requests are "kind/key"; the commit key is the part after '/'.
+        let sends = ["acq/k", "rel/k", "acq/a", "rel/b", "acq/c"]
+            .map(|r| g.send(r.split('/').nth(1).unwrap(), r.to_owned()));
+        let answers = futures::future::join_all(sends).await;
+        assert!(answers.iter().all(Result::is_ok));
+        let echo = g.sender();
+        assert!(
+            echo.position("end acq/k") < echo.position("start rel/k"),
+            "rel/k overtook acq/k: {:?}",
+            echo.log.lock().unwrap()
+        );
+        for group in echo.groups.lock().unwrap().iter() {
+            let kinds: HashSet<&str> = group.iter().map(|r| kind(r)).collect();
+            assert_eq!(kinds.len(), 1, "mixed kinds in {group:?}");
         }
     }
 }

@@ -363,12 +363,23 @@ impl Backend for EtcdBackend {
     async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
         // Also bounds `ttl` by `max_ttl`, so `Instant + ttl` cannot overflow.
         let ttl_secs = self.shared.lease_secs(ttl)?;
-        // Run in place: if the caller drops this future mid-flight, the Locker releases by
-        // owner token whatever the attempt may have been granted, and a lease the attempt
-        // took expires on the server by itself (it holds no key then).
-        let (member, _) = self.shared.members.pick();
-        let result = self.shared.attempt(key, owner, ttl, ttl_secs).await;
-        self.shared.members.note(member, result)
+        // In a task of its own: a caller that gives up mid-flight cannot cut the attempt off
+        // half-way (a transaction etcd may still apply after a release sent meanwhile), and
+        // a grant nobody waits for any more is released here, after it happened.
+        let shared = self.shared.clone();
+        let key: Arc<str> = Arc::from(key);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (member, _) = shared.members.pick();
+            let result = shared.attempt(&key, owner, ttl, ttl_secs).await;
+            let result = shared.members.note(member, result);
+            if let Err(Ok(Attempt::Granted { fence, valid_until })) = tx.send(result) {
+                let lease = Lease::new(key, owner, fence, valid_until);
+                let _ = shared.release(&lease).await;
+            }
+        });
+        rx.await
+            .unwrap_or_else(|_| Err(Error::backend(NAME, "the acquire task ended early")))
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {

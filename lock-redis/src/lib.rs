@@ -43,9 +43,10 @@
 //! - neither extend nor release ever touches another owner's lock.
 //!
 //! Acquires and releases are grouped under load ([`lock_core::group`]): while two calls
-//! of a kind are on their way, further ones queue and then go as one call of the same
-//! script over several locks (up to 64, on distinct keys), each with its own answer. A lone
-//! caller's call goes at once. The scripts then touch keys of several hash slots, so a
+//! are on their way, further ones queue and then go as one call of the acquire (or the
+//! release) script over several locks (up to 64, on distinct keys), each with its own
+//! answer. A lone caller's call goes at once, and operations on one lock reach the server
+//! in the order they were sent. The scripts then touch keys of several hash slots, so a
 //! node is one Redis server, not a Redis Cluster.
 //!
 //! Scripts are sent with `EVALSHA` and re-sent with `EVAL` when the server answers

@@ -65,13 +65,12 @@ struct Shared {
     /// Prefix of this node's release notices, so its own watch can skip them.
     origin: String,
     link: Connector,
-    /// Acquires and releases, grouped into one script call each under load.
-    acquires: Arc<GroupCommit<Grouped<Acquires>>>,
-    releases: Arc<GroupCommit<Grouped<Releases>>>,
+    /// Acquires and releases, grouped into one script call per kind under load.
+    ops: Arc<GroupCommit<Ops>>,
 }
 
-/// Calls on their way at once per kind (acquire, release) before requests queue for a
-/// group; the connection pipelines them.
+/// Calls on their way at once before requests queue for a group; the connection pipelines
+/// them.
 const MAX_IN_FLIGHT: usize = 2;
 /// Locks per group: one script call of at most this many.
 const MAX_GROUP: usize = 64;
@@ -132,8 +131,7 @@ impl RedisNode {
                 channel,
                 origin: format!("{} ", Owner::random()),
                 config,
-                acquires: GroupCommit::new(Grouped(Acquires(me.clone())), MAX_IN_FLIGHT, MAX_GROUP),
-                releases: GroupCommit::new(Grouped(Releases(me.clone())), MAX_IN_FLIGHT, MAX_GROUP),
+                ops: GroupCommit::new(Ops(me.clone()), MAX_IN_FLIGHT, MAX_GROUP),
             }),
             timeout,
         };
@@ -225,9 +223,10 @@ impl RedisNode {
             retention: ttl_ms + millis(FENCE_RETENTION),
             timeout: self.timeout,
         };
-        let reply = self
-            .grouped(&self.shared.acquires, "acquire", lock_key, op)
-            .await?;
+        let reply = match self.grouped("acquire", lock_key, Op::Acquire(op)).await? {
+            Out::Acquire(flag, value) => (flag, value),
+            Out::Release(_) => return Err(self.failure("acquire", mismatched())),
+        };
         match reply {
             (1, fence) if fence > 0 => Ok(Attempt::Granted {
                 fence: fence as u64,
@@ -299,10 +298,10 @@ impl RedisNode {
             queued,
             timeout: self.timeout,
         };
-        let reply = self
-            .grouped(&self.shared.releases, "release", lock_key, op)
-            .await?;
-        self.flag("release", Value::Int(reply))
+        match self.grouped("release", lock_key, Op::Release(op)).await? {
+            Out::Release(flag) => self.flag("release", Value::Int(flag)),
+            Out::Acquire(..) => Err(self.failure("release", mismatched())),
+        }
     }
 
     /// Deletes lock `name` whoever holds it and announces the release; `true` when a lock
@@ -415,16 +414,11 @@ impl RedisNode {
         }
     }
 
-    /// Sends `op` on `lock_key` through a group commit, within this handle's timeout.
-    async fn grouped<B: ScriptBatch>(
-        &self,
-        group: &Arc<GroupCommit<Grouped<B>>>,
-        op_name: &'static str,
-        lock_key: String,
-        op: B::Op,
-    ) -> Result<B::Out> {
+    /// Sends `op` on `lock_key` through the node's group commit, within this handle's
+    /// timeout.
+    async fn grouped(&self, op_name: &'static str, lock_key: String, op: Op) -> Result<Out> {
         let key = lock_key.clone();
-        tokio::time::timeout(self.timeout, group.send(&key, (lock_key, op)))
+        tokio::time::timeout(self.timeout, self.shared.ops.send(&key, (lock_key, op)))
             .await
             .unwrap_or_else(|_| Err(Arc::new(Failure::Timeout)))
             .map_err(|failure| self.failure(op_name, Failure::Shared(failure)))
@@ -544,60 +538,68 @@ fn group_deadline(timeouts: impl Iterator<Item = Duration>) -> tokio::time::Inst
     tokio::time::Instant::now() + timeouts.max().unwrap_or(Duration::from_secs(1))
 }
 
-/// The node's acquires, as calls of [`scripts::ACQUIRE`] with one or more locks.
-pub(crate) struct Acquires(Weak<Shared>);
-
-/// The node's releases, as calls of [`scripts::RELEASE`] with one or more locks.
-pub(crate) struct Releases(Weak<Shared>);
-
-/// One kind of grouped operation: how a group (or a single request) runs as one script call.
-pub(crate) trait ScriptBatch: Send + Sync + 'static {
-    /// One operation (its lock key travels with it).
-    type Op: Send + 'static;
-    /// Its answer.
-    type Out: Send + 'static;
-    /// Runs `ops` as one call; one answer per operation, in order.
-    fn run(
-        &self,
-        ops: &[(String, Self::Op)],
-    ) -> impl std::future::Future<Output = std::result::Result<Vec<Self::Out>, Failure>> + Send;
+/// One grouped operation of a node.
+pub(crate) enum Op {
+    Acquire(AcquireOp),
+    Release(ReleaseOp),
 }
 
-impl ScriptBatch for Acquires {
-    type Op = AcquireOp;
-    type Out = (i64, i64);
+/// Its answer: `(1, fence)` or `(0, pttl)` for an acquire; 1 or 0 for a release.
+pub(crate) enum Out {
+    Acquire(i64, i64),
+    Release(i64),
+}
 
-    async fn run(
-        &self,
-        ops: &[(String, AcquireOp)],
-    ) -> std::result::Result<Vec<(i64, i64)>, Failure> {
+/// A node's acquires and releases, each group one call of [`scripts::ACQUIRE`] or of
+/// [`scripts::RELEASE`] over one or more locks. One group commit carries both, so
+/// operations on one lock reach the server in the order they were sent (a clean-up release
+/// never overtakes the abandoned acquire it cleans up after).
+pub(crate) struct Ops(Weak<Shared>);
+
+impl Ops {
+    async fn run(&self, ops: &[(String, Op)]) -> std::result::Result<Vec<Out>, Failure> {
         let shared = self.0.upgrade().ok_or_else(gone)?;
-        let deadline = group_deadline(ops.iter().map(|(_, op)| op.timeout));
-        let reply = shared
-            .eval_raw(&scripts::ACQUIRE, deadline, &|| {}, |cmd| {
-                cmd.arg(ops.len() * 2);
-                for (lock_key, op) in ops {
-                    cmd.arg(lock_key).arg(&op.fence_key);
-                }
-                for (_, op) in ops {
-                    cmd.arg(&op.owner[..]).arg(op.ttl_ms).arg(op.retention);
-                }
+        let deadline = group_deadline(ops.iter().map(|(_, op)| match op {
+            Op::Acquire(a) => a.timeout,
+            Op::Release(r) => r.timeout,
+        }));
+        let acquires: Vec<(&String, &AcquireOp)> = ops
+            .iter()
+            .filter_map(|(k, op)| match op {
+                Op::Acquire(a) => Some((k, a)),
+                Op::Release(_) => None,
             })
-            .await?;
-        let numbers = integers(&reply, ops.len() * 2)?;
-        Ok(numbers.chunks(2).map(|p| (p[0], p[1])).collect())
-    }
-}
-
-impl ScriptBatch for Releases {
-    type Op = ReleaseOp;
-    type Out = i64;
-
-    async fn run(&self, ops: &[(String, ReleaseOp)]) -> std::result::Result<Vec<i64>, Failure> {
-        let shared = self.0.upgrade().ok_or_else(gone)?;
-        let deadline = group_deadline(ops.iter().map(|(_, op)| op.timeout));
+            .collect();
+        let releases: Vec<(&String, &ReleaseOp)> = ops
+            .iter()
+            .filter_map(|(k, op)| match op {
+                Op::Release(r) => Some((k, r)),
+                Op::Acquire(_) => None,
+            })
+            .collect();
+        if acquires.len() == ops.len() {
+            let reply = shared
+                .eval_raw(&scripts::ACQUIRE, deadline, &|| {}, |cmd| {
+                    cmd.arg(acquires.len() * 2);
+                    for (lock_key, op) in &acquires {
+                        cmd.arg(*lock_key).arg(&op.fence_key);
+                    }
+                    for (_, op) in &acquires {
+                        cmd.arg(&op.owner[..]).arg(op.ttl_ms).arg(op.retention);
+                    }
+                })
+                .await?;
+            let numbers = integers(&reply, acquires.len() * 2)?;
+            return Ok(numbers
+                .chunks(2)
+                .map(|p| Out::Acquire(p[0], p[1]))
+                .collect());
+        }
+        if releases.len() != ops.len() {
+            return Err(Failure::Reply("a group mixed acquires and releases".into()));
+        }
         let queued = || {
-            for (_, op) in ops {
+            for (_, op) in &releases {
                 if let Some(queued) = &op.queued {
                     queued();
                 }
@@ -605,32 +607,30 @@ impl ScriptBatch for Releases {
         };
         let reply = shared
             .eval_raw(&scripts::RELEASE, deadline, &queued, |cmd| {
-                cmd.arg(ops.len());
-                for (lock_key, _) in ops {
-                    cmd.arg(lock_key);
+                cmd.arg(releases.len());
+                for (lock_key, _) in &releases {
+                    cmd.arg(*lock_key);
                 }
                 cmd.arg(&shared.channel);
-                for (_, op) in ops {
+                for (_, op) in &releases {
                     cmd.arg(&op.owner[..]).arg(&op.notice);
                 }
             })
             .await?;
-        integers(&reply, ops.len())
+        Ok(integers(&reply, releases.len())?
+            .into_iter()
+            .map(Out::Release)
+            .collect())
     }
 }
 
-/// A [`ScriptBatch`] as a [`GroupSend`]: a single request is a group of one; a failed call
-/// fails every request of it with the same (shared) failure.
-pub(crate) struct Grouped<B>(B);
-
-impl<B: ScriptBatch> GroupSend for Grouped<B> {
-    type Request = (String, B::Op);
-    type Answer = B::Out;
+impl GroupSend for Ops {
+    type Request = (String, Op);
+    type Answer = Out;
     type Error = Arc<Failure>;
 
-    async fn send_one(&self, op: Self::Request) -> std::result::Result<B::Out, Arc<Failure>> {
+    async fn send_one(&self, op: Self::Request) -> std::result::Result<Out, Arc<Failure>> {
         let mut answers = self
-            .0
             .run(std::slice::from_ref(&op))
             .await
             .map_err(Arc::new)?;
@@ -642,8 +642,8 @@ impl<B: ScriptBatch> GroupSend for Grouped<B> {
     async fn send_group(
         &self,
         ops: Vec<Self::Request>,
-    ) -> Vec<std::result::Result<B::Out, Arc<Failure>>> {
-        match self.0.run(&ops).await {
+    ) -> Vec<std::result::Result<Out, Arc<Failure>>> {
+        match self.run(&ops).await {
             Ok(answers) => answers.into_iter().map(Ok).collect(),
             Err(failure) => {
                 let failure = Arc::new(failure);
@@ -655,6 +655,19 @@ impl<B: ScriptBatch> GroupSend for Grouped<B> {
     fn no_answer(&self) -> Arc<Failure> {
         Arc::new(gone())
     }
+
+    /// A group is one script call: acquires or releases, not both.
+    fn groups_with(&self, first: &Self::Request, other: &Self::Request) -> bool {
+        matches!(
+            (&first.1, &other.1),
+            (Op::Acquire(_), Op::Acquire(_)) | (Op::Release(_), Op::Release(_))
+        )
+    }
+}
+
+/// The failure of an answer of the wrong kind (which the group commit never produces).
+fn mismatched() -> Failure {
+    Failure::Reply("an answer of the wrong kind".into())
 }
 
 /// The failure of a request whose node handle went away, or whose group ended unanswered.
