@@ -14,7 +14,9 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
+use std::hash::{BuildHasher, Hash};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -27,17 +29,23 @@ pub trait GroupSend: Send + Sync + 'static {
     /// Its error.
     type Error: Send + 'static;
 
-    /// Sends one request alone.
+    /// Sends one request alone. `dispatched` may be called once the request is on a path
+    /// where nothing sent after it can overtake it (e.g. queued on a connection the server
+    /// reads in order): requests on its key may then follow before its answer. Without the
+    /// call they wait for the answer.
     fn send_one(
         &self,
         request: Self::Request,
+        dispatched: &(dyn Fn() + Sync),
     ) -> impl Future<Output = Result<Self::Answer, Self::Error>> + Send;
 
     /// Sends a group (two or more requests, on distinct keys) and returns one result per
     /// request, in order. Each request must get the answer it would have got alone.
+    /// `dispatched` as for [`send_one`](Self::send_one), for the whole group.
     fn send_group(
         &self,
         requests: Vec<Self::Request>,
+        dispatched: &(dyn Fn() + Sync),
     ) -> impl Future<Output = Vec<Result<Self::Answer, Self::Error>>> + Send;
 
     /// The error of a request whose group ended without an answer for it (the group's task
@@ -54,8 +62,23 @@ pub trait GroupSend: Send + Sync + 'static {
 
 type Reply<S> = oneshot::Sender<Result<<S as GroupSend>::Answer, <S as GroupSend>::Error>>;
 
+/// A request's key as the group commit tracks it: a hash. Two keys with one hash are only
+/// kept apart as if they were one key (never grouped together, never on their way
+/// together), which costs time, not correctness.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GroupKey(u64);
+
+impl GroupKey {
+    /// The group key of `key`.
+    pub fn of<K: Hash + ?Sized>(key: &K) -> Self {
+        static SEED: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+            std::sync::OnceLock::new();
+        GroupKey(SEED.get_or_init(Default::default).hash_one(key))
+    }
+}
+
 struct Pending<S: GroupSend> {
-    key: Box<str>,
+    key: GroupKey,
     request: S::Request,
     reply: Reply<S>,
 }
@@ -64,7 +87,7 @@ struct State<S: GroupSend> {
     in_flight: usize,
     queue: VecDeque<Pending<S>>,
     /// Keys with a request on its way: later requests on them wait.
-    busy: HashSet<Box<str>>,
+    busy: HashSet<GroupKey>,
 }
 
 /// Sends requests through a [`GroupSend`], grouping those that arrive while
@@ -102,28 +125,31 @@ impl<S: GroupSend> GroupCommit<S> {
     }
 
     /// Sends `request`, which acts on `key` only: alone at once when there is room, or in
-    /// the next group. Not bounded here: the sender bounds its calls.
+    /// the next group. A call is bounded by the sender; a request that has to queue is
+    /// answered within `patience` (the request itself may still go later).
     ///
     /// # Errors
-    /// The sender's error for this request, or [`GroupSend::no_answer`].
+    /// The sender's error for this request, or [`GroupSend::no_answer`] (also when the
+    /// patience ran out in the queue).
     pub async fn send(
         self: &Arc<Self>,
-        key: &str,
+        key: GroupKey,
         request: S::Request,
+        patience: Duration,
     ) -> Result<S::Answer, S::Error> {
         let queued = {
             let mut state = self.state();
             if state.in_flight < self.max_in_flight
                 && state.queue.is_empty()
-                && !state.busy.contains(key)
+                && !state.busy.contains(&key)
             {
                 state.in_flight += 1;
-                state.busy.insert(key.into());
+                state.busy.insert(key);
                 Err(request)
             } else {
                 let (reply, answer) = oneshot::channel();
                 state.queue.push_back(Pending {
-                    key: key.into(),
+                    key,
                     request,
                     reply,
                 });
@@ -132,15 +158,13 @@ impl<S: GroupSend> GroupCommit<S> {
             }
         };
         match queued {
-            Ok(answer) => answer
-                .await
-                .unwrap_or_else(|_| Err(self.sender.no_answer())),
+            Ok(answer) => match tokio::time::timeout(patience, answer).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) | Err(_) => Err(self.sender.no_answer()),
+            },
             Err(request) => {
-                let _room = Room {
-                    commit: self,
-                    keys: vec![key.into()],
-                };
-                self.sender.send_one(request).await
+                let room = Room::new(self, Keys::One(key));
+                self.sender.send_one(request, &|| room.free_keys()).await
             }
         }
     }
@@ -165,26 +189,31 @@ impl<S: GroupSend> GroupCommit<S> {
                 return;
             }
             state.in_flight += 1;
-            let keys: Vec<Box<str>> = group.iter().map(|p| p.key.clone()).collect();
-            state.busy.extend(keys.iter().cloned());
+            let keys: Vec<GroupKey> = group.iter().map(|p| p.key).collect();
+            state.busy.extend(keys.iter().copied());
+            let keys = Keys::Many(keys);
             let me = self.clone();
             runtime.spawn(async move {
-                let _room = Room { commit: &me, keys };
-                me.send_group(group).await;
+                let room = Room::new(&me, keys);
+                me.send_group(group, &|| room.free_keys()).await;
             });
         }
     }
 
-    async fn send_group(&self, group: Vec<Pending<S>>) {
+    async fn send_group(&self, group: Vec<Pending<S>>, dispatched: &(dyn Fn() + Sync)) {
         if group.len() == 1 {
             if let Some(Pending { request, reply, .. }) = group.into_iter().next() {
-                let _ = reply.send(self.sender.send_one(request).await);
+                let _ = reply.send(self.sender.send_one(request, dispatched).await);
             }
             return;
         }
         let (requests, replies): (Vec<_>, Vec<_>) =
             group.into_iter().map(|p| (p.request, p.reply)).unzip();
-        let mut results = self.sender.send_group(requests).await.into_iter();
+        let mut results = self
+            .sender
+            .send_group(requests, dispatched)
+            .await
+            .into_iter();
         for reply in replies {
             let result = results
                 .next()
@@ -194,19 +223,71 @@ impl<S: GroupSend> GroupCommit<S> {
     }
 }
 
-/// A place on the way, and the keys it carries; leaving it frees them and sends what waits.
+/// A place on the way, and the keys it carries; freeing the keys (at dispatch, or at the
+/// latest on leaving) lets the requests waiting on them go.
 struct Room<'a, S: GroupSend> {
     commit: &'a Arc<GroupCommit<S>>,
-    keys: Vec<Box<str>>,
+    keys: Mutex<Keys>,
+}
+
+/// The keys of a call: a lone request's, without an allocation, or a group's.
+#[derive(Default)]
+enum Keys {
+    #[default]
+    None,
+    One(GroupKey),
+    Many(Vec<GroupKey>),
+}
+
+impl Keys {
+    fn is_empty(&self) -> bool {
+        matches!(self, Keys::None)
+    }
+
+    fn unmark(self, busy: &mut HashSet<GroupKey>) {
+        match self {
+            Keys::None => {}
+            Keys::One(key) => {
+                busy.remove(&key);
+            }
+            Keys::Many(keys) => {
+                for key in &keys {
+                    busy.remove(key);
+                }
+            }
+        }
+    }
+}
+
+impl<'a, S: GroupSend> Room<'a, S> {
+    fn new(commit: &'a Arc<GroupCommit<S>>, keys: Keys) -> Self {
+        Room {
+            commit,
+            keys: Mutex::new(keys),
+        }
+    }
+
+    fn take_keys(&self) -> Keys {
+        std::mem::take(&mut *self.keys.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn free_keys(&self) {
+        let keys = self.take_keys();
+        if keys.is_empty() {
+            return;
+        }
+        let mut state = self.commit.state();
+        keys.unmark(&mut state.busy);
+        self.commit.launch(&mut state);
+    }
 }
 
 impl<S: GroupSend> Drop for Room<'_, S> {
     fn drop(&mut self) {
+        let keys = self.take_keys();
         let mut state = self.commit.state();
         state.in_flight -= 1;
-        for key in &self.keys {
-            state.busy.remove(key);
-        }
+        keys.unmark(&mut state.busy);
         self.commit.launch(&mut state);
     }
 }
@@ -223,7 +304,7 @@ fn take_group<S: GroupSend>(
     let mut group: Vec<Pending<S>> = Vec::new();
     let mut later = VecDeque::new();
     while let Some(p) = state.queue.pop_front() {
-        let first_on_key = seen.insert(p.key.clone());
+        let first_on_key = seen.insert(p.key);
         let fits = group.len() < max
             && first_on_key
             && !state.busy.contains(&p.key)
@@ -244,7 +325,8 @@ fn take_group<S: GroupSend>(
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::Duration;
+
+    const PATIENCE: Duration = Duration::from_secs(5);
 
     fn kind(request: &str) -> &str {
         request.split_once('/').map_or("", |(kind, _)| kind)
@@ -277,14 +359,25 @@ mod tests {
         type Request = String;
         type Answer = String;
         type Error = String;
-        async fn send_one(&self, request: String) -> Result<String, String> {
+        async fn send_one(
+            &self,
+            request: String,
+            dispatched: &(dyn Fn() + Sync),
+        ) -> Result<String, String> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             self.note("start", std::slice::from_ref(&request));
+            if kind(&request) == "early" {
+                dispatched();
+            }
             tokio::time::sleep(Duration::from_millis(5)).await;
             self.note("end", std::slice::from_ref(&request));
             Ok(request)
         }
-        async fn send_group(&self, requests: Vec<String>) -> Vec<Result<String, String>> {
+        async fn send_group(
+            &self,
+            requests: Vec<String>,
+            _dispatched: &(dyn Fn() + Sync),
+        ) -> Vec<Result<String, String>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             self.groups.lock().unwrap().push(requests.clone());
             self.note("start", &requests);
@@ -307,7 +400,10 @@ mod tests {
     #[tokio::test]
     async fn a_lone_request_goes_at_once_and_concurrent_ones_are_grouped() {
         let g = GroupCommit::new(Echo::default(), 1, 8);
-        assert_eq!(g.send("k", "alone".into()).await, Ok("alone".into()));
+        assert_eq!(
+            g.send(GroupKey::of("k"), "alone".into(), PATIENCE).await,
+            Ok("alone".into())
+        );
         assert_eq!(g.sender().calls.load(Ordering::SeqCst), 1);
 
         let keys: Vec<String> = (0..20)
@@ -316,7 +412,7 @@ mod tests {
             .collect();
         let answers = futures::future::join_all(
             keys.iter()
-                .map(|k| g.send(k, k.clone()))
+                .map(|k| g.send(GroupKey::of(k.as_str()), k.clone(), PATIENCE))
                 .collect::<Vec<_>>(),
         )
         .await;
@@ -346,8 +442,11 @@ mod tests {
     async fn a_group_holds_each_key_once() {
         let g = GroupCommit::new(Echo::default(), 1, 64);
         let requests = ["a", "b", "a", "c", "a"];
-        let first = g.send("x", "x".into());
-        let rest: Vec<_> = requests.iter().map(|k| g.send(k, (*k).into())).collect();
+        let first = g.send(GroupKey::of("x"), "x".into(), PATIENCE);
+        let rest: Vec<_> = requests
+            .iter()
+            .map(|k| g.send(GroupKey::of(*k), (*k).into(), PATIENCE))
+            .collect();
         let (_, answers) = tokio::join!(first, futures::future::join_all(rest));
         assert!(answers.iter().all(Result::is_ok));
         for group in g.sender().groups.lock().unwrap().iter() {
@@ -362,8 +461,13 @@ mod tests {
     async fn requests_on_one_key_keep_their_order_and_groups_their_kind() {
         let g = GroupCommit::new(Echo::default(), 4, 64);
         // Requests are "kind/key"; the commit key is the part after '/'.
-        let sends = ["acq/k", "rel/k", "acq/a", "rel/b", "acq/c"]
-            .map(|r| g.send(r.split('/').nth(1).unwrap(), r.to_owned()));
+        let sends = ["acq/k", "rel/k", "acq/a", "rel/b", "acq/c"].map(|r| {
+            g.send(
+                GroupKey::of(r.split('/').nth(1).unwrap()),
+                r.to_owned(),
+                PATIENCE,
+            )
+        });
         let answers = futures::future::join_all(sends).await;
         assert!(answers.iter().all(Result::is_ok));
         let echo = g.sender();
@@ -376,5 +480,26 @@ mod tests {
             let kinds: HashSet<&str> = group.iter().map(|r| kind(r)).collect();
             assert_eq!(kinds.len(), 1, "mixed kinds in {group:?}");
         }
+    }
+
+    /// A request the sender reports dispatched frees its key at once: the next request on
+    /// the key starts before the first is answered.
+    #[tokio::test]
+    async fn a_dispatched_request_lets_the_next_on_its_key_go() {
+        let g = GroupCommit::new(Echo::default(), 4, 64);
+        let first = g.send(GroupKey::of("k"), "early/1".to_owned(), PATIENCE);
+        let second = async {
+            tokio::task::yield_now().await;
+            g.send(GroupKey::of("k"), "early/2".to_owned(), PATIENCE)
+                .await
+        };
+        let (a, b) = tokio::join!(first, second);
+        assert!(a.is_ok() && b.is_ok());
+        let echo = g.sender();
+        assert!(
+            echo.position("start early/2") < echo.position("end early/1"),
+            "{:?}",
+            echo.log.lock().unwrap()
+        );
     }
 }

@@ -81,11 +81,21 @@ impl GroupSend for Txns {
     type Answer = Answer;
     type Error = etcd_client::Error;
 
-    async fn send_one(&self, txn: Txn) -> Result<Answer, etcd_client::Error> {
+    // Never `dispatched` early: etcd may apply concurrent requests in any order, so a
+    // request on the same key waits for the answer.
+    async fn send_one(
+        &self,
+        txn: Txn,
+        _dispatched: &(dyn Fn() + Sync),
+    ) -> Result<Answer, etcd_client::Error> {
         self.alone(txn).await
     }
 
-    async fn send_group(&self, txns: Vec<Txn>) -> Vec<Result<Answer, etcd_client::Error>> {
+    async fn send_group(
+        &self,
+        txns: Vec<Txn>,
+        _dispatched: &(dyn Fn() + Sync),
+    ) -> Vec<Result<Answer, etcd_client::Error>> {
         let mut kv = self.members.client().kv_client();
         let outer = Txn::new().and_then(txns.iter().cloned().map(TxnOp::txn).collect::<Vec<_>>());
         match tokio::time::timeout(self.timeout, kv.txn(outer)).await {
@@ -136,6 +146,7 @@ fn timed_out() -> etcd_client::Error {
 mod tests {
     use super::*;
     use etcd_client::{Compare, CompareOp, ConnectOptions, PutOptions};
+    use lock_core::group::GroupKey;
     use lock_testkit::EtcdServer;
 
     fn create(key: &str, lease: i64) -> Txn {
@@ -161,12 +172,25 @@ mod tests {
         let server = EtcdServer::start().await;
         let b = connect(&server).await;
         // "taken" exists already, so its creation must fail inside the group.
-        b.send("g/taken", create("g/taken", 0)).await.unwrap();
+        b.send(
+            GroupKey::of("g/taken"),
+            create("g/taken", 0),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
         let keys: Vec<String> = (0..40)
             .map(|i| format!("g/{i}"))
             .chain(["g/taken".to_owned()])
             .collect();
-        let answers = futures::future::join_all(keys.iter().map(|k| b.send(k, create(k, 0)))).await;
+        let answers = futures::future::join_all(keys.iter().map(|k| {
+            b.send(
+                GroupKey::of(k.as_str()),
+                create(k, 0),
+                Duration::from_secs(5),
+            )
+        }))
+        .await;
         let mut revisions = std::collections::HashSet::new();
         for (key, answer) in keys.iter().zip(answers) {
             let answer = answer.expect("answered");
@@ -194,8 +218,14 @@ mod tests {
             let lease = if i == 7 { 0x7eed_beef } else { 0 };
             calls.push((key.clone(), create(&key, lease)));
         }
-        let answers =
-            futures::future::join_all(calls.iter().map(|(k, txn)| b.send(k, txn.clone()))).await;
+        let answers = futures::future::join_all(calls.iter().map(|(k, txn)| {
+            b.send(
+                GroupKey::of(k.as_str()),
+                txn.clone(),
+                Duration::from_secs(5),
+            )
+        }))
+        .await;
         for (i, answer) in answers.into_iter().enumerate() {
             match answer {
                 Ok(answer) => {

@@ -123,6 +123,7 @@ use batch::{Answer, Batcher};
 pub use config::{EtcdBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 use error::{failed, is_lease_not_found, timed_out, unexpected};
 use leases::{secs, Pool, Renewal, Slot, HEADROOM_SECS};
+use lock_core::group::GroupKey;
 use members::Members;
 
 /// The backend's name in errors and capabilities.
@@ -544,7 +545,11 @@ impl Shared {
                 }
                 response = match self
                     .batch
-                    .send(&full, acquire_txn(&full, &value, slot.id))
+                    .send(
+                        GroupKey::of(full.as_str()),
+                        acquire_txn(&full, &value, slot.id),
+                        self.timeout,
+                    )
                     .await
                 {
                     Ok(response) => response,
@@ -603,7 +608,7 @@ impl Shared {
         let client = self.client();
         let txn = acquire_txn(full, value, slot.id);
         if slot.covers(valid_until) {
-            return match self.batch.send(full, txn).await {
+            return match self.batch.send(GroupKey::of(full), txn, self.timeout).await {
                 Ok(response) => Ok(Some((slot, response))),
                 Err(e) => {
                     self.revoke_later(slot.id);
@@ -611,7 +616,10 @@ impl Shared {
                 }
             };
         }
-        let (renewal, txn) = tokio::join!(slot.keep_alive(&client), self.batch.send(full, txn));
+        let (renewal, txn) = tokio::join!(
+            slot.keep_alive(&client),
+            self.batch.send(GroupKey::of(full), txn, self.timeout)
+        );
         match (renewal, txn) {
             (Ok(Renewal::Alive), Ok(response)) => Ok(Some((slot, response))),
             (Ok(Renewal::Gone), Ok(response)) => {
@@ -641,7 +649,11 @@ impl Shared {
         let slot = self.grant(ttl_secs, used).await?;
         match self
             .batch
-            .send(full, acquire_txn(full, value, slot.id))
+            .send(
+                GroupKey::of(full),
+                acquire_txn(full, value, slot.id),
+                self.timeout,
+            )
             .await
         {
             Ok(response) => Ok((slot, response)),
@@ -859,7 +871,7 @@ impl Shared {
         let deleted = self
             .within("releasing", async {
                 self.batch
-                    .send(&full, txn)
+                    .send(GroupKey::of(full.as_str()), txn, self.timeout)
                     .await
                     .map_err(failed("releasing"))
             })

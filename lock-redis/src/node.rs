@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use lock_core::group::{GroupCommit, GroupSend};
+use lock_core::group::{GroupCommit, GroupKey, GroupSend};
 use lock_core::{Attempt, Error, Holder, Owner, ReleaseNotices, Result};
 use redis::aio::MultiplexedConnection;
 use redis::{
@@ -417,10 +417,12 @@ impl RedisNode {
     /// Sends `op` on `lock_key` through the node's group commit, within this handle's
     /// timeout.
     async fn grouped(&self, op_name: &'static str, lock_key: String, op: Op) -> Result<Out> {
-        let key = lock_key.clone();
-        tokio::time::timeout(self.timeout, self.shared.ops.send(&key, (lock_key, op)))
+        let key = GroupKey::of(lock_key.as_str());
+        let op = (lock_key, op);
+        self.shared
+            .ops
+            .send(key, op, self.timeout)
             .await
-            .unwrap_or_else(|_| Err(Arc::new(Failure::Timeout)))
             .map_err(|failure| self.failure(op_name, Failure::Shared(failure)))
     }
 
@@ -557,7 +559,13 @@ pub(crate) enum Out {
 pub(crate) struct Ops(Weak<Shared>);
 
 impl Ops {
-    async fn run(&self, ops: &[(String, Op)]) -> std::result::Result<Vec<Out>, Failure> {
+    /// Runs `ops` (all acquires or all releases) as one script call; `dispatched` is called
+    /// once the call is queued on the connection, which the server reads in order.
+    async fn run(
+        &self,
+        ops: &[(String, Op)],
+        dispatched: &(dyn Fn() + Sync),
+    ) -> std::result::Result<Vec<Out>, Failure> {
         let shared = self.0.upgrade().ok_or_else(gone)?;
         let deadline = group_deadline(ops.iter().map(|(_, op)| match op {
             Op::Acquire(a) => a.timeout,
@@ -579,7 +587,7 @@ impl Ops {
             .collect();
         if acquires.len() == ops.len() {
             let reply = shared
-                .eval_raw(&scripts::ACQUIRE, deadline, &|| {}, |cmd| {
+                .eval_raw(&scripts::ACQUIRE, deadline, dispatched, |cmd| {
                     cmd.arg(acquires.len() * 2);
                     for (lock_key, op) in &acquires {
                         cmd.arg(*lock_key).arg(&op.fence_key);
@@ -599,6 +607,7 @@ impl Ops {
             return Err(Failure::Reply("a group mixed acquires and releases".into()));
         }
         let queued = || {
+            dispatched();
             for (_, op) in &releases {
                 if let Some(queued) = &op.queued {
                     queued();
@@ -629,9 +638,13 @@ impl GroupSend for Ops {
     type Answer = Out;
     type Error = Arc<Failure>;
 
-    async fn send_one(&self, op: Self::Request) -> std::result::Result<Out, Arc<Failure>> {
+    async fn send_one(
+        &self,
+        op: Self::Request,
+        dispatched: &(dyn Fn() + Sync),
+    ) -> std::result::Result<Out, Arc<Failure>> {
         let mut answers = self
-            .run(std::slice::from_ref(&op))
+            .run(std::slice::from_ref(&op), dispatched)
             .await
             .map_err(Arc::new)?;
         answers
@@ -642,8 +655,9 @@ impl GroupSend for Ops {
     async fn send_group(
         &self,
         ops: Vec<Self::Request>,
+        dispatched: &(dyn Fn() + Sync),
     ) -> Vec<std::result::Result<Out, Arc<Failure>>> {
-        match self.run(&ops).await {
+        match self.run(&ops, dispatched).await {
             Ok(answers) => answers.into_iter().map(Ok).collect(),
             Err(failure) => {
                 let failure = Arc::new(failure);
@@ -652,8 +666,9 @@ impl GroupSend for Ops {
         }
     }
 
+    /// No answer in time (queued too long behind other calls), or its group was cut off.
     fn no_answer(&self) -> Arc<Failure> {
-        Arc::new(gone())
+        Arc::new(Failure::Timeout)
     }
 
     /// A group is one script call: acquires or releases, not both.
