@@ -124,11 +124,7 @@ fn report(rt: &tokio::runtime::Runtime, s: &Subjects) {
         for (w, rounds) in &measured {
             let names = ["ours", "lock RPC"];
             eprintln!("{}", rounds.lines(*w, &names, &[" (goal >= 1.0)"]));
-            let [o, p] = [0, 1].map(|i| rounds.cpu_per_cycle(i));
-            eprintln!(
-                "  CPU per cycle (client + etcd, µs): ours {:.0} + {:.0}, lock RPC {:.0} + {:.0}",
-                o.0, o.1, p.0, p.1
-            );
+            eprintln!("{}", rounds.cpu_line(&names, "etcd"));
         }
         one.print("etcd-lock-rpc");
         one.print_ratio("lock RPC", "");

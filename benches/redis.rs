@@ -135,19 +135,18 @@ fn report(rt: &tokio::runtime::Runtime, s: &Subjects) {
         }
         let one = OneKey::run(&s.ours, &s.rslock, Duration::from_secs(2)).await;
 
-        eprintln!("\n== redis backend vs rslock 0.10 and raw SET NX PX + DEL (same server, same run) ==");
+        eprintln!(
+            "\n== redis backend vs rslock 0.10 and raw SET NX PX + DEL (same server, same run) =="
+        );
         eprintln!("{}", measured[0].1.note());
         for (w, rounds) in &measured {
             let goals = match w {
                 Workload::Uncontended => [" (goal >= 1.3)", " (goal >= 0.8)"],
                 Workload::DistinctKeys(_) => [" (goal >= 1.2)", ""],
             };
-            eprintln!("{}", rounds.lines(*w, &["ours", "rslock", "raw"], &goals));
-            let [o, r, raw] = [0, 1, 2].map(|i| rounds.cpu_per_cycle(i));
-            eprintln!(
-                "  CPU per cycle (client + server, µs): ours {:.1} + {:.1}, rslock {:.1} + {:.1}, raw {:.1} + {:.1}",
-                o.0, o.1, r.0, r.1, raw.0, raw.1
-            );
+            let names = ["ours", "rslock", "raw"];
+            eprintln!("{}", rounds.lines(*w, &names, &goals));
+            eprintln!("{}", rounds.cpu_line(&names, "server"));
         }
         one.print("rslock");
         one.print_ratio("rslock", " (goal >= 1.0)");

@@ -424,6 +424,23 @@ impl Rounds {
         (client * 1e6 / cycles, server * 1e6 / cycles)
     }
 
+    /// One report line of every subject's client and server CPU per cycle, in `names`
+    /// order: `  CPU per cycle (client + <server>, µs): ours 9.4 + 8.1, peer …`.
+    pub fn cpu_line(&self, names: &[&str], server: &str) -> String {
+        let parts: Vec<String> = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let (client, server) = self.cpu_per_cycle(i);
+                format!("{name} {client:.1} + {server:.1}")
+            })
+            .collect();
+        format!(
+            "  CPU per cycle (client + {server}, µs): {}",
+            parts.join(", ")
+        )
+    }
+
     /// The note on how the rates were taken, printed once above the lines.
     pub fn note(&self) -> String {
         format!(
