@@ -260,9 +260,9 @@ impl Locker {
     }
 
     /// Acquires `key` (any string; an `Arc<str>` is kept without a copy) following `opts`:
-    /// attempts on the backend, waits for a release notice
-    /// (or the holder's expiry, or a jittered exponential backoff) between attempts, and
-    /// retries transient errors until the wait strategy's deadline.
+    /// attempts on the backend, waits for a release notice (or the holder's expiry, or a
+    /// jittered exponential backoff) between attempts, and retries transient errors until
+    /// the wait strategy's deadline.
     ///
     /// The guard releases the lock when dropped (in the background) or by
     /// [`LockGuard::release`].
