@@ -426,30 +426,15 @@ impl RedisNode {
             .map_err(|failure| self.failure(op_name, Failure::Shared(failure)))
     }
 
-    /// Runs `script` with the arguments `fill` adds after the script: `EVALSHA`, and `EVAL`
-    /// when the server does not know the script (empty cache after a restart or a
-    /// `SCRIPT FLUSH`), both within one timeout.
+    /// Runs `script` with the arguments `fill` adds after the script (see
+    /// [`Shared::eval_raw`]), within this handle's timeout.
     async fn eval<F>(&self, script: &Script, op: &'static str, fill: F) -> Result<Value>
-    where
-        F: Fn(&mut Cmd),
-    {
-        self.eval_queued(script, op, &|| {}, fill).await
-    }
-
-    /// [`eval`](Self::eval), calling `queued` whenever a request of it is queued.
-    async fn eval_queued<F>(
-        &self,
-        script: &Script,
-        op: &'static str,
-        queued: &(dyn Fn() + Sync),
-        fill: F,
-    ) -> Result<Value>
     where
         F: Fn(&mut Cmd),
     {
         let deadline = tokio::time::Instant::now() + self.timeout;
         self.shared
-            .eval_raw(script, deadline, queued, fill)
+            .eval_raw(script, deadline, &|| {}, fill)
             .await
             .map_err(|failure| self.failure(op, failure))
     }
