@@ -27,6 +27,10 @@ pub struct Capabilities {
     pub release_notices: bool,
     /// Whether the lock excludes other processes (false for the in-process backend).
     pub cross_process: bool,
+    /// Whether [`Backend::hand_over`] is implemented: a Locker then passes a released key
+    /// straight to its next local waiter in one server step instead of a release and an
+    /// acquisition.
+    pub hand_over: bool,
 }
 
 impl Capabilities {
@@ -163,6 +167,28 @@ pub trait Backend: Send + Sync + 'static {
     /// Deletes the lock if it is still ours; `NotHeld` if it was not.
     async fn release(&self, lease: &Lease) -> Result<()>;
 
+    /// Passes the lock `from` holds straight to `to` for `ttl` (already validated and
+    /// rounded), in one step on the server, for a Locker whose next waiter on the key is
+    /// queued behind `from`'s holder. Called only when [`Capabilities::hand_over`] is true.
+    ///
+    /// Rules: the lock changes hands only while the server still holds it for `from`, so no
+    /// other owner is ever displaced, and `to`'s grant obeys `try_acquire`'s rules (its
+    /// fence is greater than `from`'s, its validity counts from before the request).
+    /// - `Granted`: `from` held the lock until the hand-over, and `to` holds it now;
+    /// - `Taken`: `from` no longer held it; nothing changed;
+    /// - [`Error::Unsupported`](crate::Error::Unsupported): nothing changed, the backend
+    ///   cannot hand this lock over (the default); the caller releases `from` as usual;
+    /// - another error: the hand-over may or may not have happened, and the backend has
+    ///   undone what it could; the caller reports the error as `from`'s release and releases
+    ///   whatever `to` may have been granted.
+    async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
+        let _ = (from, to, ttl);
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().name,
+            operation: "hand_over",
+        })
+    }
+
     /// [`try_acquire`](Self::try_acquire) answered at once, for a backend that never waits
     /// on I/O (the in-process one): the Locker calls this first and skips the boxed future
     /// when it answers. `None` (the default) means "call `try_acquire`". The key comes as
@@ -236,6 +262,9 @@ macro_rules! forward_backend {
             async fn release(&self, lease: &Lease) -> Result<()> {
                 (**self).release(lease).await
             }
+            async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
+                (**self).hand_over(from, to, ttl).await
+            }
             fn try_acquire_now(
                 &self,
                 key: &Arc<str>,
@@ -278,6 +307,7 @@ mod tests {
             max_ttl: Duration::from_secs(3600),
             monotonic_fencing: true,
             release_notices: false,
+            hand_over: false,
             cross_process: false,
         }
     }

@@ -10,7 +10,8 @@ use tokio::task::AbortHandle;
 
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::locker::Inner;
+use crate::backend::Attempt;
+use crate::locker::{HandOffRequest, Inner, QueueEntry};
 use crate::notices::lock;
 use crate::registry::Slot;
 
@@ -120,11 +121,63 @@ impl GuardShared {
     }
 
     async fn release_on_backend(&self) -> Result<()> {
-        match self.release_now() {
-            Some(answer) => answer,
-            None => {
-                let result = self.locker.proto().release(&self.lease()).await;
-                self.released(result)
+        if let Some(answer) = self.release_now() {
+            return answer;
+        }
+        let lease = self.lease();
+        // Kept to the end: a waiter whose request was taken waits for it to be answered or
+        // dropped, and attempts on the server only then.
+        let mut hand_off = self.locker.take_hand_off(self, self.key());
+        if let Some((entry, request)) = &mut hand_off {
+            if let Some(result) = self.hand_over(&lease, entry, request).await {
+                return self.released(result);
+            }
+        }
+        let result = self.locker.proto().release(&lease).await;
+        self.released(result)
+    }
+
+    /// Passes the key straight to the waiter queued behind this guard
+    /// ([`Backend::hand_over`](crate::Backend::hand_over)); `None` when it did not happen
+    /// and the lock is still to be released.
+    async fn hand_over(
+        &self,
+        lease: &Lease,
+        entry: &QueueEntry,
+        request: &mut HandOffRequest,
+    ) -> Option<Result<()>> {
+        let sent = Instant::now();
+        let not_held = || Error::NotHeld {
+            key: self.key().to_owned(),
+        };
+        let answer = self
+            .locker
+            .proto()
+            .hand_over(lease, request.owner, request.ttl)
+            .await;
+        match answer {
+            Ok(Attempt::Granted { fence, valid_until }) => {
+                entry.handed_over();
+                let next = Lease::new(lease.key_arc().clone(), request.owner, fence, valid_until);
+                let reply = request.reply.take().map(|reply| reply.send(next));
+                if let Some(Err(next)) = reply {
+                    // The waiter gave up meanwhile: nobody holds the grant.
+                    self.locker.cleanup_in_background(next);
+                }
+                Some(if lease.valid_until() > sent {
+                    Ok(())
+                } else {
+                    Err(not_held())
+                })
+            }
+            Ok(Attempt::Taken { .. }) => Some(Err(not_held())),
+            Err(Error::Unsupported { .. }) => None,
+            Err(e) => {
+                tracing::debug!(key = self.key(), error = %e, "hand-over failed");
+                // It may have happened: the grant it may have made is released too.
+                let next = Lease::new(lease.key_arc().clone(), request.owner, 0, sent);
+                self.locker.cleanup_in_background(next);
+                Some(Err(e))
             }
         }
     }

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +23,10 @@ pub const MAX_KEY_LEN: usize = 1024;
 const WAIT_BACKOFF: (Duration, Duration) = (Duration::from_millis(2), Duration::from_millis(500));
 /// Backoff between attempts after a transient error (server unreachable).
 const ERROR_BACKOFF: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
+/// Hand-overs of one key in a row inside a Locker, after which its holder releases it on
+/// the server instead: waiters in other processes, woken by that release, then get their
+/// chance at it.
+pub(crate) const MAX_HAND_OVERS: u32 = 16;
 
 /// Checks a key: not empty, at most [`MAX_KEY_LEN`] bytes.
 pub fn validate_key(key: &str) -> Result<()> {
@@ -112,12 +116,30 @@ impl Tracker {
 /// A key's local queue: the turn its waiters take in order, and the guard of the waiter
 /// that last won it through the queue.
 #[derive(Default)]
-struct QueueEntry {
+pub(crate) struct QueueEntry {
     turn: tokio::sync::Mutex<()>,
     holder: Mutex<std::sync::Weak<GuardShared>>,
+    /// The head waiter's request to be handed the key by that holder (backends with
+    /// [`Backend::hand_over`]).
+    hand_off: Mutex<Option<HandOffRequest>>,
+    /// Hand-overs in a row since a waiter last won the key through the server.
+    handed: AtomicU32,
+}
+
+/// A waiter's request to receive the key straight from its holder.
+pub(crate) struct HandOffRequest {
+    pub(crate) owner: Owner,
+    pub(crate) ttl: Duration,
+    /// Where the holder sends the new lease; dropped unsent when the hand-over did not happen.
+    pub(crate) reply: Option<tokio::sync::oneshot::Sender<Lease>>,
 }
 
 impl QueueEntry {
+    /// Counts one hand-over of the key.
+    pub(crate) fn handed_over(&self) {
+        self.handed.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// The guard of this Locker that holds the key, if one does: the head of the queue
     /// waits for its end rather than spend a refused attempt on the server.
     fn local_holder(&self) -> Option<Arc<GuardShared>> {
@@ -125,7 +147,7 @@ impl QueueEntry {
     }
 }
 
-type Turn = Arc<QueueEntry>;
+pub(crate) type Turn = Arc<QueueEntry>;
 
 pub(crate) struct Inner {
     pub(crate) backend: Arc<dyn Backend>,
@@ -142,6 +164,29 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// The request of the waiter queued behind `holder` to be handed its key, when the
+    /// backend can and the key has not been handed over [`MAX_HAND_OVERS`] times in a row.
+    pub(crate) fn take_hand_off(
+        &self,
+        holder: &GuardShared,
+        key: &str,
+    ) -> Option<(Turn, HandOffRequest)> {
+        if !self.caps.hand_over
+            || self.queued.load(Ordering::SeqCst) == 0
+            || self.shut_down.load(Ordering::SeqCst)
+        {
+            return None;
+        }
+        let entry = lock(&self.queues).get(key)?.clone();
+        if !std::ptr::eq(lock(&entry.holder).as_ptr(), holder)
+            || entry.handed.load(Ordering::SeqCst) >= MAX_HAND_OVERS
+        {
+            return None;
+        }
+        let request = lock(&entry.hand_off).take()?;
+        Some((entry, request))
+    }
+
     /// The backend as a trait object. Calling through `Arc<dyn Backend>` directly would
     /// pick the forwarding `impl Backend for Arc<B>` and box every future twice.
     pub(crate) fn proto(&self) -> &dyn Backend {
@@ -384,6 +429,17 @@ impl Locker {
             // A sibling holds the key: its release (or loss) ends the wait, and a refused
             // attempt would only cost the server work.
             if let Some(holder) = queue.turn.local_holder().filter(|_| !noticed) {
+                let mut hand_off = self
+                    .inner
+                    .caps
+                    .hand_over
+                    .then(|| HandOffWait::register(&queue.turn, ttl));
+                let handed = async {
+                    match hand_off.as_mut() {
+                        Some(h) => (&mut h.reply).await.ok(),
+                        None => std::future::pending().await,
+                    }
+                };
                 let released = async {
                     match listener.as_mut() {
                         Some(l) => l.released().await,
@@ -391,13 +447,38 @@ impl Locker {
                     }
                 };
                 let woken = tokio::select! {
-                    _ = GuardShared::ended(holder) => Some(false),
-                    _ = released => Some(true),
-                    _ = sleep_until_deadline(deadline) => None,
+                    biased;
+                    lease = handed => Woken::HandedOver(lease),
+                    _ = GuardShared::ended(holder) => Woken::Ended,
+                    _ = released => Woken::Notice,
+                    _ = sleep_until_deadline(deadline) => Woken::Deadline,
+                };
+                let woken = match (woken, hand_off) {
+                    // The holder took the request: its answer (a lease, or none when the
+                    // hand-over did not happen) is on its way.
+                    (Woken::Ended | Woken::Notice, Some(mut h)) if !h.withdraw() => {
+                        match within(deadline, &mut h.reply).await {
+                            Some(lease) => Woken::HandedOver(lease.ok()),
+                            None => Woken::Deadline,
+                        }
+                    }
+                    (woken, _) => woken,
                 };
                 match woken {
-                    Some(by_notice) => noticed = by_notice,
-                    None => break,
+                    Woken::HandedOver(Some(lease)) => {
+                        if self.inner.shut_down.load(Ordering::SeqCst) {
+                            self.inner.cleanup_in_background(lease);
+                            return Err(Error::Shutdown);
+                        }
+                        tracing::debug!(key, fence = lease.fence(), "lock handed over");
+                        let guard = LockGuard::new(&self.inner, lease, ttl, opts.watchdog);
+                        *lock(&queue.turn.holder) = guard.downgrade();
+                        return Ok(guard);
+                    }
+                    // Not handed over: the holder released it on the server meanwhile.
+                    Woken::HandedOver(None) | Woken::Ended => noticed = false,
+                    Woken::Notice => noticed = true,
+                    Woken::Deadline => break,
                 }
                 continue;
             }
@@ -406,6 +487,7 @@ impl Locker {
                 None => break,
                 Some(Ok(Ok(guard))) => {
                     *lock(&queue.turn.holder) = guard.downgrade();
+                    queue.turn.handed.store(0, Ordering::SeqCst);
                     return Ok(guard);
                 }
                 Some(Ok(Err(expires_in))) => {
@@ -650,6 +732,59 @@ impl Drop for QueueSlot<'_> {
     }
 }
 
+/// How the head waiter's wait behind a sibling holder ended.
+enum Woken {
+    /// The holder handed the key over (`Some`), or answered that it did not (`None`).
+    HandedOver(Option<Lease>),
+    /// The holder's guard ended (released, lost or expired).
+    Ended,
+    /// A release notice for the key.
+    Notice,
+    Deadline,
+}
+
+/// The head waiter's standing request to be handed the key; withdrawn when dropped unless
+/// the holder took it already (whose grant, if nobody receives it, the holder releases).
+struct HandOffWait<'a> {
+    entry: &'a QueueEntry,
+    owner: Owner,
+    reply: tokio::sync::oneshot::Receiver<Lease>,
+}
+
+impl<'a> HandOffWait<'a> {
+    fn register(entry: &'a QueueEntry, ttl: Duration) -> Self {
+        let owner = Owner::random();
+        let (tx, reply) = tokio::sync::oneshot::channel();
+        *lock(&entry.hand_off) = Some(HandOffRequest {
+            owner,
+            ttl,
+            reply: Some(tx),
+        });
+        HandOffWait {
+            entry,
+            owner,
+            reply,
+        }
+    }
+
+    /// Takes the request back; false when the holder has taken it.
+    fn withdraw(&self) -> bool {
+        let mut slot = lock(&self.entry.hand_off);
+        if slot.as_ref().is_some_and(|r| r.owner == self.owner) {
+            *slot = None;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl Drop for HandOffWait<'_> {
+    fn drop(&mut self) {
+        self.withdraw();
+    }
+}
+
 /// Releases, in the background, what an attempt that was dropped mid-flight or failed
 /// transiently may have been granted.
 struct CancelCleanup<'a> {
@@ -671,7 +806,7 @@ impl Drop for CancelCleanup<'_> {
 
 impl Inner {
     /// Releases, in the background, what `lease` may hold (an abandoned or refused grant).
-    fn cleanup_in_background(&self, lease: Lease) {
+    pub(crate) fn cleanup_in_background(&self, lease: Lease) {
         let backend = self.backend.clone();
         self.tasks.spawn(async move {
             let key = lease.key();

@@ -177,13 +177,17 @@ struct Held {
     valid_until: Instant,
     /// The lease with its keep-alive stream; out while an extension uses it.
     slot: Option<Slot>,
+    /// The fence written into the key's value, once the key was moved to a new lease (see
+    /// [`stored_value`]).
+    value_fence: Option<u64>,
 }
 
 /// What a read of a lock key showed.
 struct Seen {
     owner: Option<Owner>,
     lease: i64,
-    create_revision: i64,
+    /// The holder's fencing token.
+    fence: i64,
 }
 
 impl EtcdBackend {
@@ -305,6 +309,7 @@ impl EtcdBackend {
                 monotonic_fencing: true,
                 release_notices: true,
                 cross_process: true,
+                hand_over: true,
             },
             notices,
             announcer,
@@ -381,6 +386,28 @@ impl Backend for EtcdBackend {
         });
         rx.await
             .unwrap_or_else(|_| Err(Error::backend(NAME, "the acquire task ended early")))
+    }
+
+    /// One transaction: if the key still holds `from`'s value, put it with `to`'s, on
+    /// `from`'s lease when the TTL is the same (renewed alongside when needed), on another
+    /// otherwise. `to`'s fence is that put's revision. Runs on a task of its own, like
+    /// `try_acquire`.
+    async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
+        let ttl_secs = self.shared.lease_secs(ttl)?;
+        let shared = self.shared.clone();
+        let from = from.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (member, _) = shared.members.pick();
+            let result = shared.hand_over(&from, to, ttl, ttl_secs).await;
+            let result = shared.members.note(member, result);
+            if let Err(Ok(Attempt::Granted { fence, valid_until })) = tx.send(result) {
+                let lease = Lease::new(from.key_arc().clone(), to, fence, valid_until);
+                let _ = shared.release(&lease).await;
+            }
+        });
+        rx.await
+            .unwrap_or_else(|_| Err(Error::backend(NAME, "the hand-over task ended early")))
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
@@ -522,7 +549,8 @@ impl Shared {
         let spare = lock(&self.pool).take(ttl_secs, started);
         let reused = match spare {
             Some(slot) => {
-                self.acquire_with_spare(slot, valid_until, &full, &value, used)
+                let txn = acquire_txn(&full, &value, slot.id);
+                self.send_on_lease(slot, valid_until, &full, txn, used)
                     .await?
             }
             None => None,
@@ -579,6 +607,7 @@ impl Shared {
                     ttl_secs,
                     valid_until,
                     slot: Some(slot),
+                    value_fence: None,
                 },
             );
             return Ok(Attempt::Granted {
@@ -593,20 +622,19 @@ impl Shared {
         })
     }
 
-    /// The acquire transaction on an idle lease: as is when the lease is known to live past
-    /// `valid_until`, renewed at the same time otherwise. `None` when the idle lease turned
-    /// out to have expired.
-    async fn acquire_with_spare(
+    /// `txn` (an acquisition or a hand-over on `slot`'s lease): as is when the lease is
+    /// known to live past `valid_until`, with a renewal of the lease at the same time
+    /// otherwise. `None` when the lease turned out to have expired.
+    async fn send_on_lease(
         &self,
         mut slot: Slot,
         valid_until: Instant,
         full: &str,
-        value: &str,
+        txn: Txn,
         used: &mut Vec<i64>,
     ) -> Result<Option<(Slot, Answer)>> {
         used.push(slot.id);
         let client = self.client();
-        let txn = acquire_txn(full, value, slot.id);
         if slot.covers(valid_until) {
             return match self.batch.send(GroupKey::of(full), txn, self.timeout).await {
                 Ok(response) => Ok(Some((slot, response))),
@@ -735,8 +763,13 @@ impl Shared {
             return Err(not_held(lease));
         }
         let owner = lease.owner().as_u128();
-        let (lease_id, held_secs, slot) = match lock(&self.held).map.get_mut(&owner) {
-            Some(entry) => (entry.lease_id, entry.ttl_secs, entry.slot.take()),
+        let (lease_id, held_secs, slot, value_fence) = match lock(&self.held).map.get_mut(&owner) {
+            Some(entry) => (
+                entry.lease_id,
+                entry.ttl_secs,
+                entry.slot.take(),
+                entry.value_fence,
+            ),
             None => return Err(not_held(lease)),
         };
         let started = Instant::now();
@@ -747,7 +780,7 @@ impl Shared {
             } else {
                 let slot =
                     slot.unwrap_or_else(|| Slot::known(lease_id, held_secs, lease.valid_until()));
-                self.move_to_new_lease(lease, slot, ttl_secs, started + ttl)
+                self.move_to_new_lease(lease, slot, value_fence, ttl_secs, started + ttl)
                     .await
             }
         })
@@ -770,11 +803,10 @@ impl Shared {
         let (renewal, current) = tokio::join!(slot.keep_alive(&client), kv.get(full, None));
         let renewal = renewal.map_err(failed("renewing the lock's lease"))?;
         let current = current.map_err(failed("checking the lock"))?;
-        let value = lease.owner().to_string();
         let ours = current
             .kvs()
             .first()
-            .is_some_and(|kv| kv.lease() == lease_id && kv.value() == value.as_bytes());
+            .is_some_and(|kv| kv.lease() == lease_id && seen(kv).owner == Some(lease.owner()));
         let owner = lease.owner().as_u128();
         if renewal == Renewal::Gone || !ours {
             lock(&self.held).map.remove(&owner);
@@ -796,11 +828,13 @@ impl Shared {
     }
 
     /// A new TTL needs a new lease (etcd leases keep their TTL): move the key onto one. The
-    /// key is rewritten in place, so its create revision (the fence) stays.
+    /// key is rewritten in place, its value now carrying the fence, which the put's revision
+    /// no longer tells.
     async fn move_to_new_lease(
         &self,
         lease: &Lease,
         old: Slot,
+        value_fence: Option<u64>,
         ttl_secs: i64,
         valid_until: Instant,
     ) -> Result<Instant> {
@@ -808,15 +842,18 @@ impl Shared {
         let mut used = Vec::new();
         let slot = self.grant(ttl_secs, &mut used).await?;
         let full = self.full_key(lease.key());
-        let value = owner.to_string();
         let txn = Txn::new()
             .when([
-                Compare::value(full.as_str(), CompareOp::Equal, value.as_str()),
+                Compare::value(
+                    full.as_str(),
+                    CompareOp::Equal,
+                    stored_value(owner, value_fence),
+                ),
                 Compare::lease(full.as_str(), CompareOp::Equal, old.id),
             ])
             .and_then([TxnOp::put(
                 full.as_str(),
-                value.as_str(),
+                stored_value(owner, Some(lease.fence())),
                 Some(PutOptions::new().with_lease(slot.id)),
             )]);
         let response = match self.client().kv_client().txn(txn).await {
@@ -843,6 +880,7 @@ impl Shared {
                 entry.ttl_secs = ttl_secs;
                 entry.valid_until = valid_until;
                 entry.slot = Some(slot);
+                entry.value_fence = Some(lease.fence());
                 drop(held);
                 self.recycle(old);
                 Ok(valid_until)
@@ -857,15 +895,104 @@ impl Shared {
         }
     }
 
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        let sent = Instant::now();
-        let entry = lock(&self.held).map.remove(&lease.owner().as_u128());
-        let full = self.full_key(lease.key());
+    async fn hand_over(
+        &self,
+        from: &Lease,
+        to: Owner,
+        ttl: Duration,
+        ttl_secs: i64,
+    ) -> Result<Attempt> {
+        let started = Instant::now();
+        let valid_until = started + ttl;
+        let entry = {
+            let mut held = lock(&self.held);
+            let owner = from.owner().as_u128();
+            match held.map.get(&owner) {
+                None => return Ok(Attempt::Taken { expires_in: None }),
+                // The new holder keeps the lease, which serves one TTL only: another TTL
+                // goes the long way (release, then acquisition).
+                Some(entry) if entry.ttl_secs != ttl_secs => {
+                    return Err(Error::Unsupported {
+                        backend: NAME,
+                        operation: "hand_over to another TTL",
+                    })
+                }
+                Some(_) => held.map.remove(&owner),
+            }
+        };
+        let Some(mut entry) = entry else {
+            return Ok(Attempt::Taken { expires_in: None });
+        };
+        let slot = entry
+            .slot
+            .take()
+            .unwrap_or_else(|| Slot::known(entry.lease_id, entry.ttl_secs, from.valid_until()));
+        let full = self.full_key(from.key());
         let txn = Txn::new()
             .when([Compare::value(
                 full.as_str(),
                 CompareOp::Equal,
-                lease.owner().to_string(),
+                stored_value(from.owner(), entry.value_fence),
+            )])
+            .and_then([TxnOp::put(
+                full.as_str(),
+                stored_value(to, None),
+                Some(PutOptions::new().with_lease(slot.id)),
+            )]);
+        let lease_id = slot.id;
+        let mut used = Vec::new();
+        // On failure the lease is revoked, and the key with it, whoever it was handed to.
+        let sent = self
+            .within(
+                "handing over",
+                self.send_on_lease(slot, valid_until, &full, txn, &mut used),
+            )
+            .await;
+        let (slot, answer) = match sent {
+            Ok(Some(done)) => done,
+            // The lease had run out, and the key on it.
+            Ok(None) => return Ok(Attempt::Taken { expires_in: None }),
+            Err(e) => {
+                self.revoke_later(lease_id);
+                return Err(e);
+            }
+        };
+        if !answer.succeeded() {
+            // Not ours any more: the lease holds nothing of ours.
+            self.revoke_later(lease_id);
+            return Ok(Attempt::Taken { expires_in: None });
+        }
+        let fence = Some(answer.revision)
+            .filter(|&r| r > 0)
+            .ok_or_else(|| unexpected("a transaction without a revision"))?;
+        if Instant::now() >= valid_until {
+            // The Jepsen rule, as for an acquisition.
+            self.revoke_later(lease_id);
+            return Err(Error::unavailable(
+                NAME,
+                "etcd confirmed the hand-over only after the lock's TTL had passed; not granted",
+            ));
+        }
+        entry.valid_until = valid_until;
+        entry.slot = Some(slot);
+        entry.value_fence = None;
+        self.hold(to, entry);
+        Ok(Attempt::Granted {
+            fence: fence as u64,
+            valid_until,
+        })
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let sent = Instant::now();
+        let entry = lock(&self.held).map.remove(&lease.owner().as_u128());
+        let full = self.full_key(lease.key());
+        let value_fence = entry.as_ref().and_then(|e| e.value_fence);
+        let txn = Txn::new()
+            .when([Compare::value(
+                full.as_str(),
+                CompareOp::Equal,
+                stored_value(lease.owner(), value_fence),
             )])
             .and_then([TxnOp::delete(full.as_str(), None)]);
         let deleted = self
@@ -915,7 +1042,7 @@ impl Shared {
             };
             Ok(Some(Holder {
                 owner: seen.owner,
-                fence: u64::try_from(seen.create_revision).ok(),
+                fence: u64::try_from(seen.fence).ok(),
                 expires_in: self.expires_in(Some(&seen)).await,
             }))
         })
@@ -975,11 +1102,26 @@ fn acquire_failed(e: etcd_client::Error) -> Error {
 
 const LEASE_RAN_OUT: &str = "the lease ran out before the request reached etcd";
 
+/// A lock key's value: the owner token, followed by `:` and the fence once the key was
+/// moved to a new lease (that put changed the key's `mod_revision`, which is otherwise the
+/// fence: the revision of the creation or of the hand-over that made this owner hold it).
+fn stored_value(owner: Owner, value_fence: Option<u64>) -> String {
+    match value_fence {
+        None => owner.to_string(),
+        Some(fence) => format!("{owner}:{fence}"),
+    }
+}
+
 fn seen(kv: &KeyValue) -> Seen {
+    let value = std::str::from_utf8(kv.value()).unwrap_or("");
+    let (owner, fence) = match value.split_once(':') {
+        Some((owner, fence)) => (owner, fence.parse().ok()),
+        None => (value, None),
+    };
     Seen {
-        owner: std::str::from_utf8(kv.value()).ok().and_then(Owner::parse),
+        owner: Owner::parse(owner),
         lease: kv.lease(),
-        create_revision: kv.create_revision(),
+        fence: fence.unwrap_or_else(|| kv.mod_revision()),
     }
 }
 

@@ -41,6 +41,7 @@ const CAPABILITIES: Capabilities = Capabilities {
     monotonic_fencing: true,
     release_notices: true,
     cross_process: false,
+    hand_over: false,
 };
 
 struct Entry {

@@ -125,6 +125,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     monotonic_fencing: true,
     release_notices: true,
     cross_process: true,
+    hand_over: false,
 };
 
 /// Locks on one Redis server: a [`Backend`] over one [`RedisNode`], with release notices

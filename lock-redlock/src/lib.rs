@@ -267,6 +267,7 @@ impl RedlockBackend {
                 monotonic_fencing: fencing,
                 release_notices: true,
                 cross_process: true,
+                hand_over: false,
             },
             members,
             notices: Arc::new(ReleaseNotices::new()),
