@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
+use crate::backend::Attempt;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::backend::Attempt;
 use crate::locker::{HandOffRequest, Inner, QueueEntry};
 use crate::notices::lock;
 use crate::registry::Slot;
@@ -191,6 +191,7 @@ impl GuardShared {
 
     fn released(&self, result: Result<()>) -> Result<()> {
         self.set_gone();
+        self.locker.holder_ended(self, self.key());
         let key = self.key();
         match &result {
             Ok(()) => tracing::debug!(key, fence = self.granted.fence(), "lock released"),

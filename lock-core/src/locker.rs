@@ -724,10 +724,30 @@ impl<'a> QueueSlot<'a> {
 impl Drop for QueueSlot<'_> {
     fn drop(&mut self) {
         let mut queues = lock(&self.inner.queues);
-        // The map holds one reference and we hold one: nobody else is queued.
-        if Arc::strong_count(&self.turn) == 2 {
+        // The map holds one reference and we hold one: nobody else is queued. A key whose
+        // holder won it through the queue keeps its entry until that guard ends
+        // ([`Inner::holder_ended`]), so that the next waiter queues behind it.
+        if Arc::strong_count(&self.turn) == 2 && self.turn.local_holder().is_none() {
             queues.remove(self.key);
             self.inner.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Inner {
+    /// Removes `key`'s queue entry when `holder`, the guard it was kept for, has ended and
+    /// nobody is queued.
+    pub(crate) fn holder_ended(&self, holder: &GuardShared, key: &str) {
+        if self.queued.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        let mut queues = lock(&self.queues);
+        let Some(entry) = queues.get(key) else {
+            return;
+        };
+        if Arc::strong_count(entry) == 1 && std::ptr::eq(lock(&entry.holder).as_ptr(), holder) {
+            queues.remove(key);
+            self.queued.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
