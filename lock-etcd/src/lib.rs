@@ -16,10 +16,19 @@
 //!   with the owner token as value, attached to a lease; otherwise read it. The fencing token
 //!   is the revision that created the key, strictly increasing across holders because etcd's
 //!   revision is one counter for the whole store.
+//! - **Hand-over** ([`Backend::hand_over`]: the Locker's next waiter on the key is queued
+//!   behind the releasing guard) is one transaction too: if the key still holds the
+//!   releasing owner's token, put it with the waiter's, on the same lease. The key is never
+//!   deleted in between, so a turn inside one process costs one write instead of two, and
+//!   the new holder's fencing token is the revision of that put: again the revision of the
+//!   write that made it the holder, greater than every earlier one. The Locker hands one key
+//!   over at most 16 times in a row, then releases it, which wakes other processes' waiters.
+//!   A waiter asking for another TTL (another lease) gets the key the long way.
 //! - **Release** is a transaction that deletes the key only while it holds our owner token.
 //!   **Extend** renews the lock's lease (one keep-alive) and reads the key to check it is
 //!   still ours on it; [`Error::NotHeld`] otherwise. A new TTL moves the key onto a new lease
-//!   (etcd leases keep their TTL), in place, so the fence stays. **force_release** deletes
+//!   (etcd leases keep their TTL), in place; that put's revision is not the holder's fence,
+//!   so the value then carries it (`<owner>:<fence>`), for [`inspect`](Backend::inspect). **force_release** deletes
 //!   the key and revokes its lease, so the holder's next renewal fails.
 //! - Every operation is bounded by the timeout (URL `timeout=`, default 2 s) and fails with
 //!   the transient [`Error::Unavailable`] when it passes or the cluster cannot be reached.
