@@ -824,6 +824,10 @@ async fn a_local_waiter_is_handed_the_key_without_a_delete() {
     let (second, third) = holder_with_a_waiter(&locker, &k, &wait).await;
     let deleted_before = deletes.load(Ordering::SeqCst);
     let fence = second.fence();
+    // Staged for the waiter already: the holder's renewals still work, on either TTL.
+    second.extend(Duration::from_secs(5)).await.unwrap();
+    second.extend(Duration::from_secs(6)).await.unwrap();
+    assert!(!second.is_lost());
     second.release().await.unwrap();
     let third = third.await.unwrap().unwrap();
     assert!(third.fence() > fence, "{} after {fence}", third.fence());
@@ -893,8 +897,27 @@ async fn hand_overs_in_a_row_are_bounded() {
     );
 }
 
+/// A waiter for `k` on its own task.
+fn spawn_waiter(
+    locker: &Locker,
+    k: &str,
+    wait: &LockOptions,
+) -> tokio::task::JoinHandle<distlock::Result<distlock::LockGuard>> {
+    let (locker, k, wait) = (locker.clone(), k.to_owned(), wait.clone());
+    tokio::spawn(async move { locker.acquire(&k, &wait).await })
+}
+
 /// Takes `k` through the queue (behind a first holder that then releases), so that the
-/// returned guard is one a hand-over can start from, and queues a waiter behind it.
+/// returned guard is one the next waiters queue behind.
+async fn holder_via_queue(locker: &Locker, k: &str, wait: &LockOptions) -> distlock::LockGuard {
+    let first = locker.acquire(k, wait).await.unwrap();
+    let second = spawn_waiter(locker, k, wait);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    second.await.unwrap().unwrap()
+}
+
+/// [`holder_via_queue`], and a waiter queued behind it (its hand-over staged by now).
 async fn holder_with_a_waiter(
     locker: &Locker,
     k: &str,
@@ -903,24 +926,16 @@ async fn holder_with_a_waiter(
     distlock::LockGuard,
     tokio::task::JoinHandle<distlock::Result<distlock::LockGuard>>,
 ) {
-    let spawn_waiter = || {
-        let (locker, k, wait) = (locker.clone(), k.to_owned(), wait.clone());
-        tokio::spawn(async move { locker.acquire(&k, &wait).await })
-    };
-    let first = locker.acquire(k, wait).await.unwrap();
-    let second = spawn_waiter();
+    let holder = holder_via_queue(locker, k, wait).await;
+    let waiter = spawn_waiter(locker, k, wait);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    first.release().await.unwrap();
-    let second = second.await.unwrap().unwrap();
-    let third = spawn_waiter();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    (second, third)
+    (holder, waiter)
 }
 
-/// A hand-over never displaces another owner: when the key no longer holds the releasing
-/// guard's value (overwritten here by another client, which no watch sees as a release),
-/// nothing is handed over, the release reports `NotHeld`, and the waiter is granted only
-/// once the key is free.
+/// A hand-over never displaces another owner: when the key no longer holds the holder's
+/// value (overwritten here by another client, which no watch sees as a release), the
+/// hand-over to the waiter queued behind it finds that out, the holder is reported lost and
+/// its release `NotHeld`, and the waiter is granted only once the key is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hand_over_never_displaces_another_owner() {
     let server = EtcdServer::start().await;
@@ -930,7 +945,7 @@ async fn a_hand_over_never_displaces_another_owner() {
         .ttl(Duration::from_secs(5))
         .wait_for(Duration::from_secs(10))
         .watchdog(false);
-    let (holder, mut waiter) = holder_with_a_waiter(&locker, &k, &wait).await;
+    let holder = holder_via_queue(&locker, &k, &wait).await;
     let mut client = etcd_client::Client::connect([server.endpoint()], None)
         .await
         .unwrap();
@@ -939,6 +954,10 @@ async fn a_hand_over_never_displaces_another_owner() {
         .put(full.as_str(), "someone else", None)
         .await
         .unwrap();
+    let mut waiter = spawn_waiter(&locker, &k, &wait);
+    tokio::time::timeout(Duration::from_secs(2), holder.lost())
+        .await
+        .expect("the holder learns it lost the key");
     let fence = holder.fence();
     assert!(
         matches!(holder.release().await, Err(Error::NotHeld { .. })),

@@ -31,6 +31,10 @@ pub(crate) struct GuardShared {
     /// Set once by whoever ends the hold: `release`, `Drop` or `Locker::shutdown`; the
     /// watchdog stops when it sees it.
     done: AtomicBool,
+    /// The lock as the server holds it once it was staged for the next local waiter
+    /// ([`Backend::hand_over`](crate::Backend::hand_over) while this guard still holds):
+    /// that waiter's lease, which this guard's renewals and release then act on.
+    successor: Mutex<Option<Lease>>,
 }
 
 impl GuardShared {
@@ -42,6 +46,41 @@ impl GuardShared {
 
     fn valid_until(&self) -> Instant {
         lock(&self.validity).0
+    }
+
+    /// The lock as the server holds it: this guard's lease, or its staged successor's.
+    pub(crate) fn server_lease(&self) -> Lease {
+        lock(&self.successor)
+            .clone()
+            .unwrap_or_else(|| self.lease())
+    }
+
+    /// Records the lease the lock was staged to for the next waiter.
+    pub(crate) fn staged(&self, successor: Lease) {
+        *lock(&self.successor) = Some(successor);
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::SeqCst)
+    }
+
+    /// Extends the lock on the server (whichever lease holds it) to `ttl` from now.
+    async fn extend_on_server(&self, ttl: Duration) -> Result<Instant> {
+        let lease = self.server_lease();
+        let result = self.locker.proto().extend(&lease, ttl).await;
+        let result = match result {
+            // Staged for a successor meanwhile: extend that.
+            Err(Error::NotHeld { .. }) if self.server_lease().owner() != lease.owner() => {
+                self.locker.proto().extend(&self.server_lease(), ttl).await
+            }
+            result => result,
+        };
+        if let Ok(valid_until) = result {
+            if let Some(successor) = lock(&self.successor).as_mut() {
+                successor.set_valid_until(valid_until);
+            }
+        }
+        result
     }
 
     fn key(&self) -> &str {
@@ -98,7 +137,7 @@ impl GuardShared {
         was_lost
     }
 
-    fn mark_lost(&self, why: &str) {
+    pub(crate) fn mark_lost(&self, why: &str) {
         let was_lost = self.set_gone();
         if !was_lost && !self.done.load(Ordering::SeqCst) {
             tracing::warn!(
@@ -124,17 +163,43 @@ impl GuardShared {
         if let Some(answer) = self.release_now() {
             return answer;
         }
-        let lease = self.lease();
+        let sent = Instant::now();
+        let entry = self.locker.hand_off_entry(self, self.key());
+        // A staging for the next waiter in flight finishes first.
+        let _staging = match &entry {
+            Some(entry) => Some(entry.stage.lock().await),
+            None => None,
+        };
+        let record = self.server_lease();
         // Kept to the end: a waiter whose request was taken waits for it to be answered or
         // dropped, and attempts on the server only then.
-        let mut hand_off = self.locker.take_hand_off(self, self.key());
-        if let Some((entry, request)) = &mut hand_off {
-            if let Some(result) = self.hand_over(&lease, entry, request).await {
-                return self.released(result);
+        let mut request = entry.as_ref().and_then(|e| e.take_request());
+        if let (Some(entry), Some(request)) = (&entry, &mut request) {
+            if request.owner == record.owner() {
+                // Staged for this waiter: the server holds it for it already.
+                let reply = request.reply.take().map(|reply| reply.send(record.clone()));
+                if let Some(Ok(())) = reply {
+                    return self.released(self.held_until(sent));
+                }
+            } else if self.locker.may_hand_over(entry) {
+                if let Some(result) = self.hand_over(&record, entry, request).await {
+                    return self.released(result);
+                }
             }
         }
-        let result = self.locker.proto().release(&lease).await;
-        self.released(result)
+        let result = self.locker.proto().release(&record).await;
+        self.released(result.and_then(|()| self.held_until(sent)))
+    }
+
+    /// `Ok` when this guard's validity lasted until `sent`, `NotHeld` otherwise.
+    fn held_until(&self, sent: Instant) -> Result<()> {
+        if self.valid_until() > sent {
+            Ok(())
+        } else {
+            Err(Error::NotHeld {
+                key: self.key().to_owned(),
+            })
+        }
     }
 
     /// Passes the key straight to the waiter queued behind this guard
@@ -147,9 +212,6 @@ impl GuardShared {
         request: &mut HandOffRequest,
     ) -> Option<Result<()>> {
         let sent = Instant::now();
-        let not_held = || Error::NotHeld {
-            key: self.key().to_owned(),
-        };
         let answer = self
             .locker
             .proto()
@@ -164,13 +226,11 @@ impl GuardShared {
                     // The waiter gave up meanwhile: nobody holds the grant.
                     self.locker.cleanup_in_background(next);
                 }
-                Some(if lease.valid_until() > sent {
-                    Ok(())
-                } else {
-                    Err(not_held())
-                })
+                Some(self.held_until(sent))
             }
-            Ok(Attempt::Taken { .. }) => Some(Err(not_held())),
+            Ok(Attempt::Taken { .. }) => Some(Err(Error::NotHeld {
+                key: self.key().to_owned(),
+            })),
             Err(Error::Unsupported { .. }) => None,
             Err(e) => {
                 tracing::debug!(key = self.key(), error = %e, "hand-over failed");
@@ -259,6 +319,7 @@ impl LockGuard {
                 changed: Notify::new(),
                 watched: AtomicBool::new(false),
                 done: AtomicBool::new(false),
+                successor: Mutex::new(None),
             });
             (shared.clone(), shared)
         });
@@ -328,12 +389,11 @@ impl LockGuard {
                 key: self.key().to_owned(),
             });
         }
-        let lease = self.shared.lease();
-        match self.shared.locker.proto().extend(&lease, ttl).await {
+        match self.shared.extend_on_server(ttl).await {
             Ok(valid_until) => {
                 lock(&self.shared.validity).1 = ttl;
                 self.shared.renewed(valid_until);
-                tracing::debug!(key = lease.key(), ?ttl, "lock extended");
+                tracing::debug!(key = self.key(), ?ttl, "lock extended");
                 Ok(())
             }
             Err(e) => {
@@ -417,17 +477,13 @@ async fn run_watchdog(shared: Arc<GuardShared>) {
         }
         let ttl = lock(&shared.validity).1;
         let period = ttl / 3;
-        let lease = shared.lease();
-        let valid_until = lease.valid_until();
-        let attempt = tokio::time::timeout_at(
-            valid_until.into(),
-            shared.locker.proto().extend(&lease, ttl),
-        )
-        .await;
+        let valid_until = shared.valid_until();
+        let attempt =
+            tokio::time::timeout_at(valid_until.into(), shared.extend_on_server(ttl)).await;
         match attempt {
             Ok(Ok(new_valid_until)) => {
                 shared.renewed(new_valid_until);
-                tracing::debug!(key = lease.key(), "lock renewed");
+                tracing::debug!(key = shared.key(), "lock renewed");
                 next = Instant::now() + period;
             }
             Ok(Err(Error::NotHeld { .. })) => {
@@ -440,7 +496,7 @@ async fn run_watchdog(shared: Arc<GuardShared>) {
                     shared.mark_lost("validity passed while renewals failed");
                     return;
                 }
-                tracing::debug!(key = lease.key(), error = %e, "renewal failed; retrying");
+                tracing::debug!(key = shared.key(), error = %e, "renewal failed; retrying");
                 let left = valid_until - now;
                 next = now + (period / 4).min(left / 2).max(Duration::from_millis(1));
             }

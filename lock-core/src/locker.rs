@@ -124,6 +124,9 @@ pub(crate) struct QueueEntry {
     hand_off: Mutex<Option<HandOffRequest>>,
     /// Hand-overs in a row since a waiter last won the key through the server.
     handed: AtomicU32,
+    /// Held while the lock is staged for the head waiter, and by the holder's release: a
+    /// release waits for a staging in flight.
+    pub(crate) stage: tokio::sync::Mutex<()>,
 }
 
 /// A waiter's request to receive the key straight from its holder.
@@ -138,6 +141,18 @@ impl QueueEntry {
     /// Counts one hand-over of the key.
     pub(crate) fn handed_over(&self) {
         self.handed.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Takes the head waiter's request, if one is registered.
+    pub(crate) fn take_request(&self) -> Option<HandOffRequest> {
+        lock(&self.hand_off).take()
+    }
+
+    /// Whether the request of the waiter with `owner` is still registered.
+    fn requested_by(&self, owner: Owner) -> bool {
+        lock(&self.hand_off)
+            .as_ref()
+            .is_some_and(|r| r.owner == owner)
     }
 
     /// The guard of this Locker that holds the key, if one does: the head of the queue
@@ -164,27 +179,72 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    /// The request of the waiter queued behind `holder` to be handed its key, when the
-    /// backend can and the key has not been handed over [`MAX_HAND_OVERS`] times in a row.
-    pub(crate) fn take_hand_off(
-        &self,
-        holder: &GuardShared,
-        key: &str,
-    ) -> Option<(Turn, HandOffRequest)> {
-        if !self.caps.hand_over
-            || self.queued.load(Ordering::SeqCst) == 0
-            || self.shut_down.load(Ordering::SeqCst)
-        {
+    /// The queue entry of `holder`'s key, when the backend hands keys over and `holder` is
+    /// the guard its waiters queue behind.
+    pub(crate) fn hand_off_entry(&self, holder: &GuardShared, key: &str) -> Option<Turn> {
+        if !self.caps.hand_over || self.queued.load(Ordering::SeqCst) == 0 {
             return None;
         }
         let entry = lock(&self.queues).get(key)?.clone();
-        if !std::ptr::eq(lock(&entry.holder).as_ptr(), holder)
-            || entry.handed.load(Ordering::SeqCst) >= MAX_HAND_OVERS
-        {
-            return None;
-        }
-        let request = lock(&entry.hand_off).take()?;
-        Some((entry, request))
+        let queued_behind = std::ptr::eq(lock(&entry.holder).as_ptr(), holder);
+        queued_behind.then_some(entry)
+    }
+
+    /// Whether the key may be handed over once more: not after shutdown, and not more than
+    /// [`MAX_HAND_OVERS`] times in a row.
+    pub(crate) fn may_hand_over(&self, entry: &QueueEntry) -> bool {
+        !self.shut_down.load(Ordering::SeqCst)
+            && entry.handed.load(Ordering::SeqCst) < MAX_HAND_OVERS
+    }
+
+    /// Stages the lock `holder` holds for the head waiter `owner` while `holder` still
+    /// holds it: one hand-over on the server, off the critical path, after which the
+    /// holder's release passes the key on without a server call. On its own task: a
+    /// waiter that gives up cannot cut it off half-way, and the holder's release waits for
+    /// it.
+    fn stage(
+        self: &Arc<Self>,
+        entry: Turn,
+        holder: Arc<GuardShared>,
+        owner: Owner,
+        ttl: Duration,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let inner = self.clone();
+        let handle = tokio::runtime::Handle::try_current().ok()?;
+        Some(handle.spawn(async move {
+            let _staging = entry.stage.lock().await;
+            if holder.is_done()
+                || holder.is_gone()
+                || !entry.requested_by(owner)
+                || !inner.may_hand_over(&entry)
+            {
+                return;
+            }
+            let from = holder.server_lease();
+            let sent = Instant::now();
+            match inner.proto().hand_over(&from, owner, ttl).await {
+                Ok(Attempt::Granted { fence, valid_until }) => {
+                    entry.handed_over();
+                    holder.staged(Lease::new(
+                        from.key_arc().clone(),
+                        owner,
+                        fence,
+                        valid_until,
+                    ));
+                }
+                Ok(Attempt::Taken { .. }) => {
+                    holder.mark_lost("the server no longer holds the lock for it");
+                }
+                Err(Error::Unsupported { .. }) => {}
+                Err(e) => {
+                    // It may have happened half-way: the lock is not trusted any more, and
+                    // what the waiter may have been granted is released.
+                    tracing::debug!(key = from.key(), error = %e, "staging a hand-over failed");
+                    holder.mark_lost("a hand-over to the next waiter failed");
+                    inner.cleanup_in_background(Lease::new(from.key_arc().clone(), owner, 0, sent));
+                }
+            }
+        }))
     }
 
     /// The backend as a trait object. Calling through `Arc<dyn Backend>` directly would
@@ -434,6 +494,16 @@ impl Locker {
                     .caps
                     .hand_over
                     .then(|| HandOffWait::register(&queue.turn, ttl));
+                if let Some(h) = &hand_off {
+                    let staging =
+                        self.inner
+                            .stage(queue.turn.clone(), holder.clone(), h.owner, ttl);
+                    if let Some(staging) = staging {
+                        if within(deadline, staging).await.is_none() {
+                            break;
+                        }
+                    }
+                }
                 let handed = async {
                     match hand_off.as_mut() {
                         Some(h) => (&mut h.reply).await.ok(),
