@@ -44,7 +44,7 @@ impl GuardShared {
         lease
     }
 
-    fn valid_until(&self) -> Instant {
+    pub(crate) fn valid_until(&self) -> Instant {
         lock(&self.validity).0
     }
 

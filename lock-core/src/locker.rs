@@ -157,8 +157,12 @@ impl QueueEntry {
 
     /// The guard of this Locker that holds the key, if one does: the head of the queue
     /// waits for its end rather than spend a refused attempt on the server.
+    /// A holder whose validity passed (not renewed, not yet dropped) is not one: the
+    /// waiter then tries the server, which tells when the key is free.
     fn local_holder(&self) -> Option<Arc<GuardShared>> {
-        lock(&self.holder).upgrade().filter(|g| !g.is_gone())
+        lock(&self.holder)
+            .upgrade()
+            .filter(|g| !g.is_gone() && g.valid_until() > Instant::now())
     }
 }
 

@@ -212,3 +212,38 @@ async fn queued_waiters_do_not_attempt_while_a_sibling_holds() {
         "{attempts} attempts for {grants} grants: waiters attempted while a sibling held"
     );
 }
+
+/// A sibling holder whose validity passed without renewal (watchdog off, guard not yet
+/// dropped) no longer holds the queue back: the waiter behind it is granted once the TTL
+/// has passed, not when the stale guard is finally dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_not_held_back_by_an_expired_sibling() {
+    let locker = Locker::new(MemoryBackend::new());
+    let short = LockOptions::new()
+        .ttl(Duration::from_millis(100))
+        .wait_for(Duration::from_secs(5))
+        .watchdog(false);
+    // The stale guard must be one that won the key through the queue, as the waiters
+    // behind it then wait for its end rather than ask the backend.
+    let first = locker.acquire("stale", &short).await.unwrap();
+    let second = {
+        let (locker, short) = (locker.clone(), short.clone());
+        tokio::spawn(async move { locker.acquire("stale", &short).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    first.release().await.unwrap();
+    let stale = second.await.unwrap().unwrap();
+    let asked = std::time::Instant::now();
+    let third = locker.acquire("stale", &short);
+    let third = tokio::time::timeout(Duration::from_secs(2), third)
+        .await
+        .expect("granted after the stale holder's TTL, long before it is dropped")
+        .unwrap();
+    assert!(
+        asked.elapsed() >= Duration::from_millis(50),
+        "not before the TTL"
+    );
+    assert!(third.fence() > stale.fence());
+    drop(stale);
+    third.release().await.unwrap();
+}
