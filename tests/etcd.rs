@@ -7,10 +7,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock::conformance::{run_all, Target};
+use distlock::conformance::{
+    queued_holder, queued_holder_and_waiter, run_all, spawn_acquire, Target,
+};
 use distlock::etcd::EtcdBackend;
 use distlock::{Backend, Error, LockOptions, LockUrl, Locker};
 use lock_testkit::{EtcdCluster, EtcdServer, FaultProxy, ProxyMode};
+
+/// Time for a waiter to queue (and its hand-over to be staged) before the holder moves.
+const SETTLE: Duration = Duration::from_millis(300);
 
 fn etcd_url(endpoints: &[String], params: &str) -> String {
     let mut url = format!("etcd://{}", endpoints.join(","));
@@ -821,7 +826,7 @@ async fn a_local_waiter_is_handed_the_key_without_a_delete() {
         .wait_for(Duration::from_secs(5))
         .watchdog(false);
 
-    let (second, third) = holder_with_a_waiter(&locker, &k, &wait).await;
+    let (second, third) = queued_holder_and_waiter(&locker, &k, &wait, SETTLE).await;
     let deleted_before = deletes.load(Ordering::SeqCst);
     let fence = second.fence();
     // Staged for the waiter already: the holder's renewals still work, on either TTL.
@@ -897,41 +902,6 @@ async fn hand_overs_in_a_row_are_bounded() {
     );
 }
 
-/// A waiter for `k` on its own task.
-fn spawn_waiter(
-    locker: &Locker,
-    k: &str,
-    wait: &LockOptions,
-) -> tokio::task::JoinHandle<distlock::Result<distlock::LockGuard>> {
-    let (locker, k, wait) = (locker.clone(), k.to_owned(), wait.clone());
-    tokio::spawn(async move { locker.acquire(&k, &wait).await })
-}
-
-/// Takes `k` through the queue (behind a first holder that then releases), so that the
-/// returned guard is one the next waiters queue behind.
-async fn holder_via_queue(locker: &Locker, k: &str, wait: &LockOptions) -> distlock::LockGuard {
-    let first = locker.acquire(k, wait).await.unwrap();
-    let second = spawn_waiter(locker, k, wait);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    first.release().await.unwrap();
-    second.await.unwrap().unwrap()
-}
-
-/// [`holder_via_queue`], and a waiter queued behind it (its hand-over staged by now).
-async fn holder_with_a_waiter(
-    locker: &Locker,
-    k: &str,
-    wait: &LockOptions,
-) -> (
-    distlock::LockGuard,
-    tokio::task::JoinHandle<distlock::Result<distlock::LockGuard>>,
-) {
-    let holder = holder_via_queue(locker, k, wait).await;
-    let waiter = spawn_waiter(locker, k, wait);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    (holder, waiter)
-}
-
 /// A hand-over never displaces another owner: when the key no longer holds the holder's
 /// value (overwritten here by another client, which no watch sees as a release), the
 /// hand-over to the waiter queued behind it finds that out, the holder is reported lost and
@@ -945,7 +915,7 @@ async fn a_hand_over_never_displaces_another_owner() {
         .ttl(Duration::from_secs(5))
         .wait_for(Duration::from_secs(10))
         .watchdog(false);
-    let holder = holder_via_queue(&locker, &k, &wait).await;
+    let holder = queued_holder(&locker, &k, &wait, SETTLE).await;
     let mut client = etcd_client::Client::connect([server.endpoint()], None)
         .await
         .unwrap();
@@ -954,7 +924,7 @@ async fn a_hand_over_never_displaces_another_owner() {
         .put(full.as_str(), "someone else", None)
         .await
         .unwrap();
-    let mut waiter = spawn_waiter(&locker, &k, &wait);
+    let mut waiter = spawn_acquire(&locker, &k, &wait);
     tokio::time::timeout(Duration::from_secs(2), holder.lost())
         .await
         .expect("the holder learns it lost the key");
@@ -995,7 +965,7 @@ async fn a_waiter_that_gave_up_is_not_handed_the_key() {
         .ttl(Duration::from_secs(5))
         .wait_for(Duration::from_secs(10))
         .watchdog(false);
-    let (holder, waiter) = holder_with_a_waiter(&locker, &k, &wait).await;
+    let (holder, waiter) = queued_holder_and_waiter(&locker, &k, &wait, SETTLE).await;
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
     holder.release().await.unwrap();
@@ -1006,7 +976,7 @@ async fn a_waiter_that_gave_up_is_not_handed_the_key() {
     );
     assert_eq!(backend.held_leases(), 0);
     // And the next waiter behind a holder is handed the key again.
-    let (holder, waiter) = holder_with_a_waiter(&locker, &k, &wait).await;
+    let (holder, waiter) = queued_holder_and_waiter(&locker, &k, &wait, SETTLE).await;
     let fence = holder.fence();
     holder.release().await.unwrap();
     let next = waiter.await.unwrap().unwrap();

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock::conformance::{self, run_all, Target};
+use distlock::conformance::{self, queued_holder, queued_holder_and_waiter, run_all, Target};
 use distlock::redis::{RedisBackend, RedisNode, CAPABILITIES, MAX_FENCE};
 use distlock::{Backend, Error, LockOptions, LockUrl, Locker, Owner, WaitStrategy};
 use lock_testkit::{EtcdServer, FaultProxy, ProxyMode, RedisOptions, RedisServer};
@@ -453,6 +453,65 @@ async fn fences_increase_across_restarts_without_persistence() {
         fences.windows(2).all(|w| w[0] < w[1]),
         "fences must strictly increase across restarts: {fences:?}"
     );
+}
+
+/// A waiter queued behind a holder of the same Locker is handed the key in one script,
+/// staged while the holder still holds it: the key is never deleted or announced free in
+/// between, the new fence is higher, and `inspect` names the new holder. A stale holder
+/// (its key overwritten behind its back) hands nothing over and is reported lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_waiter_is_handed_the_key_in_one_script() {
+    let server = RedisServer::start().await;
+    let backend = Arc::new(backend(&server.url()).await);
+    let locker = Locker::with_backend(backend.clone());
+    let wait = LockOptions::new()
+        .ttl(Duration::from_secs(5))
+        .wait_for(Duration::from_secs(10))
+        .watchdog(false);
+    let settle = Duration::from_millis(200);
+    let (holder, waiter) = queued_holder_and_waiter(&locker, "hand", &wait, settle).await;
+    let (deletes, notices) = (calls(&server, "del").await, calls(&server, "publish").await);
+    let fence = holder.fence();
+    holder.release().await.unwrap();
+    let next = waiter.await.unwrap().unwrap();
+    assert!(next.fence() > fence);
+    assert_eq!(calls(&server, "del").await, deletes, "never deleted");
+    assert_eq!(
+        calls(&server, "publish").await,
+        notices,
+        "never announced free"
+    );
+    let seen = backend.inspect("hand").await.unwrap().expect("held");
+    assert_eq!(seen.owner, Some(next.lease().owner()));
+    next.release().await.unwrap();
+    assert_eq!(calls(&server, "del").await, deletes + 1);
+
+    // Overwritten behind the holder's back (another client, for 500 ms) before its waiter
+    // queues: the hand-over finds it out, and the waiter gets the key only once it is free.
+    let holder = queued_holder(&locker, "stale", &wait, settle).await;
+    let mut raw = server.client().await;
+    let stolen = backend.node().lock_key("stale");
+    let _: () = redis::cmd("SET")
+        .arg(&stolen)
+        .arg("someone else")
+        .arg("PX")
+        .arg(500)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let waiter = conformance::spawn_acquire(&locker, "stale", &wait);
+    tokio::time::timeout(Duration::from_secs(2), holder.lost())
+        .await
+        .expect("the holder learns it lost the key");
+    let fence = holder.fence();
+    assert!(matches!(holder.release().await, Err(Error::NotHeld { .. })));
+    let next = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("granted once the other owner's key expired")
+        .unwrap()
+        .unwrap();
+    assert!(next.fence() > fence);
+    next.release().await.unwrap();
 }
 
 /// After the release subscription broke (server restart), it resubscribes and wakes the

@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::{
-    Attempt, Backend, Capabilities, Error, Lease, LockOptions, Locker, Outcome, Owner, WaitStrategy,
+    Attempt, Backend, Capabilities, Error, Lease, LockGuard, LockOptions, Locker, Outcome, Owner,
+    Result, WaitStrategy,
 };
 
 /// A boxed future, as returned by a [`Target`]'s revoke hook.
@@ -125,6 +126,7 @@ pub async fn run_all(t: &Target) {
         lost_fires_when_taken_away,
         wait_timeout_is_bounded,
         waiter_is_handed_the_lock_promptly,
+        a_queued_waiter_takes_over_from_its_sibling,
         cancelled_acquires_leave_nothing_behind,
         run_reports_outcomes_and_cancels_the_job,
         acquire_many_never_deadlocks,
@@ -424,6 +426,119 @@ pub async fn waiter_is_handed_the_lock_promptly(t: &Target) {
         assert!(delay <= bound, "hand-off took {delay:?} (bound {bound:?})");
         g.release().await.unwrap();
     }
+}
+
+/// `locker.acquire(key, opts)` on a task of its own.
+pub fn spawn_acquire(
+    locker: &Locker,
+    key: &str,
+    opts: &LockOptions,
+) -> tokio::task::JoinHandle<Result<LockGuard>> {
+    let (locker, key, opts) = (locker.clone(), key.to_owned(), opts.clone());
+    tokio::spawn(async move { locker.acquire(&key, &opts).await })
+}
+
+/// Takes `key` through `locker`'s queue: behind a first holder that releases it after
+/// `settle`. The guard returned is then the one the Locker's next waiters on the key queue
+/// behind (and, with [`Capabilities::hand_over`], are handed the key by).
+pub async fn queued_holder(
+    locker: &Locker,
+    key: &str,
+    opts: &LockOptions,
+    settle: Duration,
+) -> LockGuard {
+    let first = locker.acquire(key, opts).await.expect("the first holder");
+    let second = spawn_acquire(locker, key, opts);
+    tokio::time::sleep(settle).await;
+    first.release().await.expect("the first release");
+    second
+        .await
+        .expect("the waiter task")
+        .expect("the queued holder")
+}
+
+/// [`queued_holder`], and a waiter queued behind it for `settle`.
+pub async fn queued_holder_and_waiter(
+    locker: &Locker,
+    key: &str,
+    opts: &LockOptions,
+    settle: Duration,
+) -> (LockGuard, tokio::task::JoinHandle<Result<LockGuard>>) {
+    let holder = queued_holder(locker, key, opts, settle).await;
+    let waiter = spawn_acquire(locker, key, opts);
+    tokio::time::sleep(settle).await;
+    (holder, waiter)
+}
+
+/// A waiter queued behind a holder of the same Locker takes over when it releases: at once,
+/// with a greater fence, while another Locker never gets in between; the holder can renew
+/// meanwhile. A holder whose lock was taken away behind its back hands nothing over: its
+/// waiter gets the key from the server, and its release reports `NotHeld`.
+pub async fn a_queued_waiter_takes_over_from_its_sibling(t: &Target) {
+    let (a, b) = (t.locker(), t.locker());
+    let key = t.key("takeover");
+    let ttl = t.caps().effective_ttl(Duration::from_secs(5)).unwrap();
+    let wait = opts(ttl).wait_for(Duration::from_secs(10)).watchdog(false);
+    let settle = slack(t);
+    for _ in 0..3 {
+        let (holder, waiter) = queued_holder_and_waiter(&a, &key, &wait, settle).await;
+        holder
+            .extend(ttl)
+            .await
+            .expect("the holder renews while a waiter is queued");
+        assert!(matches!(
+            b.acquire(&key, &opts(ttl)).await,
+            Err(Error::Locked { .. })
+        ));
+        let fence = holder.fence();
+        holder.release().await.expect("released");
+        let next = tokio::time::timeout(slack(t), waiter)
+            .await
+            .expect("the waiter takes over at once")
+            .unwrap()
+            .expect("granted");
+        let fencing = t.caps().monotonic_fencing;
+        assert!(
+            !fencing || next.fence() > fence,
+            "{} after {fence}",
+            next.fence()
+        );
+        assert!(matches!(
+            b.acquire(&key, &opts(ttl)).await,
+            Err(Error::Locked { .. })
+        ));
+        if let Ok(Some(seen)) = t.backend.inspect(&key).await {
+            assert_eq!(seen.owner, Some(next.lease().owner()));
+            if fencing {
+                assert_eq!(seen.fence, Some(next.fence()));
+            }
+        }
+        next.release().await.unwrap();
+        b.acquire(&key, &opts(ttl))
+            .await
+            .expect("free after the last release")
+            .release()
+            .await
+            .unwrap();
+    }
+    // Taken away behind the holder's back before a waiter queues: the waiter behind it
+    // learns it from the hand-over, or from the holder's next renewal (at ttl / 3).
+    let renewed = wait.clone().watchdog(true);
+    let holder = queued_holder(&a, &key, &renewed, settle).await;
+    t.revoke(&key).await;
+    let waiter = spawn_acquire(&a, &key, &wait);
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter gets the key from the server")
+        .unwrap()
+        .expect("granted");
+    assert!(!t.caps().monotonic_fencing || next.fence() > holder.fence());
+    assert!(matches!(holder.release().await, Err(Error::NotHeld { .. })));
+    assert!(
+        !next.is_lost(),
+        "the stale holder's release left the new one alone"
+    );
+    next.release().await.unwrap();
 }
 
 /// Cancelled acquires leave no lock held and no waiter queued.

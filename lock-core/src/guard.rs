@@ -11,7 +11,7 @@ use tokio::task::AbortHandle;
 use crate::backend::Attempt;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::locker::{HandOffRequest, Inner, QueueEntry};
+use crate::locker::{CancelCleanup, HandOffRequest, Inner, QueueEntry};
 use crate::notices::lock;
 use crate::registry::Slot;
 
@@ -212,11 +212,20 @@ impl GuardShared {
         request: &mut HandOffRequest,
     ) -> Option<Result<()>> {
         let sent = Instant::now();
+        // Dropped half-way (the release future was), the hand-over may still happen:
+        // what the waiter may have been granted is then released.
+        let mut cleanup = CancelCleanup {
+            inner: &self.locker,
+            key: self.key(),
+            owner: request.owner,
+            armed: true,
+        };
         let answer = self
             .locker
             .proto()
             .hand_over(lease, request.owner, request.ttl)
             .await;
+        cleanup.armed = false;
         match answer {
             Ok(Attempt::Granted { fence, valid_until }) => {
                 entry.handed_over();

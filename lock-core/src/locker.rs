@@ -881,11 +881,11 @@ impl Drop for HandOffWait<'_> {
 
 /// Releases, in the background, what an attempt that was dropped mid-flight or failed
 /// transiently may have been granted.
-struct CancelCleanup<'a> {
-    inner: &'a Arc<Inner>,
-    key: &'a str,
-    owner: Owner,
-    armed: bool,
+pub(crate) struct CancelCleanup<'a> {
+    pub(crate) inner: &'a Arc<Inner>,
+    pub(crate) key: &'a str,
+    pub(crate) owner: Owner,
+    pub(crate) armed: bool,
 }
 
 impl Drop for CancelCleanup<'_> {

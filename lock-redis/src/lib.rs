@@ -125,7 +125,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     monotonic_fencing: true,
     release_notices: true,
     cross_process: true,
-    hand_over: false,
+    hand_over: true,
 };
 
 /// Locks on one Redis server: a [`Backend`] over one [`RedisNode`], with release notices
@@ -196,6 +196,10 @@ impl Backend for RedisBackend {
 
     async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
         self.node.try_acquire(key, owner, ttl).await
+    }
+
+    async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
+        self.node.hand_over(from.key(), from.owner(), to, ttl).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {

@@ -227,10 +227,54 @@ impl RedisNode {
             Out::Acquire(flag, value) => (flag, value),
             Out::Release(_) => return Err(self.failure("acquire", mismatched())),
         };
+        self.attempt_reply("acquire", started + ttl, reply)
+    }
+
+    /// Passes lock `name` from `from` straight to `to` for `ttl`, with a new fence, if
+    /// `from` still holds it: one script, the key never free in between. `Taken` when
+    /// `from` no longer holds it (nothing changes then).
+    ///
+    /// # Errors
+    /// As [`try_acquire`](Self::try_acquire).
+    pub async fn hand_over(
+        &self,
+        name: &str,
+        from: Owner,
+        to: Owner,
+        ttl: Duration,
+    ) -> Result<Attempt> {
+        let ttl = CAPABILITIES.effective_ttl(ttl)?;
+        let ttl_ms = millis(ttl);
+        let started = Instant::now();
+        let (lock_key, fence_key) = (self.lock_key(name), self.fence_key(name));
+        let (from, to) = (hex(from), hex(to));
+        let reply = self
+            .eval(&scripts::HAND_OVER, "hand_over", |cmd| {
+                cmd.arg(2)
+                    .arg(&lock_key)
+                    .arg(&fence_key)
+                    .arg(&from[..])
+                    .arg(&to[..])
+                    .arg(ttl_ms)
+                    .arg(ttl_ms + millis(FENCE_RETENTION));
+            })
+            .await?;
+        let numbers = integers(&reply, 2).map_err(|f| self.failure("hand_over", f))?;
+        self.attempt_reply("hand_over", started + ttl, (numbers[0], numbers[1]))
+    }
+
+    /// The attempt a `{flag, value}` reply of [`scripts::ACQUIRE`] or
+    /// [`scripts::HAND_OVER`] tells.
+    fn attempt_reply(
+        &self,
+        op: &'static str,
+        valid_until: Instant,
+        reply: (i64, i64),
+    ) -> Result<Attempt> {
         match reply {
             (1, fence) if fence > 0 => Ok(Attempt::Granted {
                 fence: fence as u64,
-                valid_until: started + ttl,
+                valid_until,
             }),
             (0, pttl) => Ok(Attempt::Taken {
                 expires_in: match pttl {
@@ -241,7 +285,7 @@ impl RedisNode {
                 },
             }),
             (flag, value) => Err(self.failure(
-                "acquire",
+                op,
                 Failure::Reply(format!("unexpected reply {{{flag}, {value}}}")),
             )),
         }

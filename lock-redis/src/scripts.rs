@@ -26,6 +26,20 @@ impl Script {
     }
 }
 
+/// The next fence of a lock whose key counter is `counter` (see [`ACQUIRE`]), into `fence`.
+macro_rules! next_fence {
+    () => {
+        r#"
+    local fence = redis.pcall('INCR', counter)
+    if type(fence) ~= 'number' or fence == 1 then
+      local now = redis.call('TIME')
+      fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+      redis.call('SET', counter, string.format('%d', fence), 'PX', retention)
+    end
+"#
+    };
+}
+
 /// Take locks if free, for one caller or a group of them. KEYS: lock, fence counter, for
 /// each lock. ARGV: owner, ttl ms, counter retention ms, for each lock. Returns, for each
 /// lock in order, `1, fence` when granted and `0, pttl` when taken. Asking again with the
@@ -40,19 +54,16 @@ impl Script {
 /// missing (a live counter is never 0); `pcall` turns a non-numeric counter into a restart
 /// from the clock instead of an error. Numbers stay below 2^53, where Lua's doubles are
 /// exact; `%d` writes them without the exponent notation `tostring` would use.
-pub(crate) static ACQUIRE: Script = Script::new(
+pub(crate) static ACQUIRE: Script = Script::new(concat!(
     r#"
 local out = {}
 for i = 1, #KEYS / 2 do
   local lock, counter = KEYS[2 * i - 1], KEYS[2 * i]
   local owner, ttl, retention = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   if redis.call('SET', lock, owner, 'NX', 'PX', ttl) then
-    local fence = redis.pcall('INCR', counter)
-    if type(fence) ~= 'number' or fence == 1 then
-      local now = redis.call('TIME')
-      fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-      redis.call('SET', counter, string.format('%d', fence), 'PX', retention)
-    end
+"#,
+    next_fence!(),
+    r#"
     out[2 * i - 1], out[2 * i] = 1, fence
   elseif redis.call('GET', lock) == owner then
     redis.call('PEXPIRE', lock, ttl)
@@ -62,8 +73,32 @@ for i = 1, #KEYS / 2 do
   end
 end
 return out
+"#
+));
+
+/// Pass a lock straight from its holder to the next owner, with a new fence. KEYS: lock,
+/// fence counter. ARGV: holder, next owner, ttl ms, counter retention ms. Returns `1,
+/// fence` when handed over and `0, pttl` when the holder no longer holds it (nothing
+/// changes then). Asked again after a lost reply (the next owner holds it already), it
+/// answers as [`ACQUIRE`] does: the same fence, a fresh TTL.
+pub(crate) static HAND_OVER: Script = Script::new(concat!(
+    r#"
+local lock, counter = KEYS[1], KEYS[2]
+local from, to, ttl, retention = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local holder = redis.call('GET', lock)
+if holder == from then
+  redis.call('SET', lock, to, 'PX', ttl)
 "#,
-);
+    next_fence!(),
+    r#"
+  return {1, fence}
+elseif holder == to then
+  redis.call('PEXPIRE', lock, ttl)
+  return {1, tonumber(redis.call('GET', counter)) or 0}
+end
+return {0, redis.call('PTTL', lock)}
+"#
+));
 
 /// Push the expiry if the lock is still ours. KEYS: lock. ARGV: owner, ttl ms. Returns 1 or 0.
 pub(crate) static EXTEND: Script = Script::new(
