@@ -988,3 +988,48 @@ async fn a_waiter_that_gave_up_is_not_handed_the_key() {
     assert!(next.fence() > fence);
     next.release().await.unwrap();
 }
+
+/// The release watch is open only while a waiter needs it: not for uncontended locks,
+/// from a waiter's first refused attempt (whose holder's release, in another process, it
+/// then announces), and not long after the last waiter is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_release_watch_runs_only_while_someone_waits() {
+    let server = EtcdServer::start().await;
+    let ours = Arc::new(backend(&[server.endpoint()], "prefix=lazy/").await);
+    let theirs = Locker::new(backend(&[server.endpoint()], "prefix=lazy/").await);
+    let locker = Locker::with_backend(ours.clone());
+    let k = key("lazy");
+    let wait = LockOptions::new()
+        .ttl(Duration::from_secs(5))
+        .wait_for(Duration::from_secs(10))
+        .watchdog(false);
+    for _ in 0..20 {
+        locker
+            .acquire(&k, &wait)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    assert!(!ours.watching(), "no watch for uncontended locks");
+    let held = theirs.acquire(&k, &wait).await.unwrap();
+    let waiter = spawn_acquire(&locker, &k, &wait);
+    tokio::time::sleep(SETTLE).await;
+    assert!(ours.watching(), "a refused waiter opened the watch");
+    held.release().await.unwrap();
+    let granted = tokio::time::timeout(Duration::from_secs(1), waiter)
+        .await
+        .expect("woken by the watch, not by the holder's 5 s TTL")
+        .unwrap()
+        .unwrap();
+    granted.release().await.unwrap();
+    let closed = Instant::now();
+    while ours.watching() {
+        assert!(
+            closed.elapsed() < Duration::from_secs(5),
+            "the idle watch closes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -77,9 +77,13 @@
 //! ## Waiting
 //!
 //! One watch per backend over the key prefix, for delete events only (releases, lease
-//! expiries, forced releases), wakes the waiters of the deleted key: no polling. A watch
-//! that fails or falls silent (checked with a progress request every second) is replaced,
-//! and every waiter is woken, since deletes in between were missed. A release also wakes
+//! expiries, forced releases), wakes the waiters of the deleted key: no polling. It is open
+//! only while some waiter listens: a refused attempt opens it from the revision after the
+//! one its answer carried, so no delete after the refusal is missed, and it closes a second
+//! or so after the last waiter stopped listening. A backend whose locks are not contended
+//! thus costs etcd no watch event per release. A watch that fails or falls silent (checked
+//! with a progress request every second) is replaced from the current revision, and every
+//! waiter is woken, since deletes in between were missed. A release also wakes
 //! this process's waiters as soon as etcd confirms it, and the watch event of that same
 //! deletion (same revision) then wakes nobody again. A refused attempt tells the waiter
 //! how long the holder has left: exactly for a holder in this backend, from the holder's
@@ -166,6 +170,8 @@ struct Shared {
     notices: Arc<ReleaseNotices>,
     /// Announces each release once, from this backend's releases and from the watch.
     announcer: Arc<watch::Announcer>,
+    /// Opens the watch when a refused attempt needs it.
+    demand: Arc<watch::Demand>,
     held: Mutex<HeldTable>,
     pool: Mutex<Pool>,
     /// Acquire and release transactions go through it, grouped under load.
@@ -249,6 +255,12 @@ impl EtcdBackend {
         self.shared.notices.listened_keys()
     }
 
+    /// Whether the release watch is open: from a waiter's first refused attempt until a
+    /// second or so after nobody listens any more.
+    pub fn watching(&self) -> bool {
+        self.shared.demand.is_running()
+    }
+
     pub(crate) async fn start(cfg: EtcdBuilder) -> Result<EtcdBackend> {
         let timeout = cfg.timeout;
         let doing = format!("connecting to etcd at {}", cfg.endpoints.join(","));
@@ -284,23 +296,21 @@ impl EtcdBackend {
                 .get(cfg.prefix.as_str(), Some(one_key))
                 .await
                 .map_err(failed(doing.as_str()))?;
-            let first = watch::open(&client, &cfg.prefix)
-                .await
-                .map_err(failed(doing.as_str()))?;
-            Ok((granted.ttl(), first))
+            Ok(granted.ttl())
         };
-        let (min_secs, first) = tokio::time::timeout(timeout, connect)
+        let min_secs = tokio::time::timeout(timeout, connect)
             .await
             .unwrap_or_else(|_| Err(timed_out(&doing, timeout)))?;
         let members = Arc::new(members);
         let notices = Arc::new(ReleaseNotices::new());
         let announcer = Arc::new(watch::Announcer::new(notices.clone()));
+        let demand = Arc::new(watch::Demand::new(notices.clone()));
         let watch = tokio::spawn(watch::run(
             members.clone(),
             cfg.prefix.clone(),
             announcer.clone(),
             timeout,
-            first,
+            demand.clone(),
         ))
         .abort_handle();
         let shared = Shared {
@@ -322,6 +332,7 @@ impl EtcdBackend {
             },
             notices,
             announcer,
+            demand,
             held: Mutex::new(HeldTable::default()),
             pool: Mutex::new(Pool::default()),
         };
@@ -363,6 +374,7 @@ impl std::fmt::Debug for EtcdBackend {
             .field("held_leases", &self.held_leases())
             .field("idle_leases", &self.idle_leases())
             .field("listened_keys", &self.listened_keys())
+            .field("watching", &self.watching())
             .finish()
     }
 }
@@ -626,6 +638,8 @@ impl Shared {
         }
         let holder = holder_in(&response.response);
         self.recycle(slot);
+        // Its waiter hears of the next delete from the watch, from right after this answer.
+        self.demand.ensure(key, response.revision.saturating_add(1));
         Ok(Attempt::Taken {
             expires_in: self.expires_in(holder.as_ref()).await,
         })
@@ -1016,7 +1030,8 @@ impl Shared {
         if let Ok((true, revision)) = deleted {
             // Waiters in this process need not wait for the watch event of this deletion,
             // which then wakes nobody again.
-            self.announcer.deleted(lease.key(), revision);
+            self.announcer
+                .deleted_here(lease.key(), revision, self.demand.is_running());
         }
         let deleted = deleted.map(|(succeeded, _)| succeeded);
         if let Some(entry) = entry {

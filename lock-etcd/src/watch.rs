@@ -1,11 +1,15 @@
-//! Release notices: one watch over the whole key prefix, for delete events only.
+//! Release notices: one watch over the whole key prefix, for delete events only, open
+//! while some waiter of this backend listens.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchStream, Watcher};
+use etcd_client::{
+    Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchStream, Watcher,
+};
+use tokio::sync::Notify;
 
 use crate::members::Members;
 use futures::FutureExt;
@@ -59,6 +63,16 @@ impl Announcer {
         self.notices.notify(key);
     }
 
+    /// A deletion by this backend at `revision`: its listeners are woken now, and the watch
+    /// event for it, if a watch runs, wakes nobody again.
+    pub(crate) fn deleted_here(&self, key: &str, revision: i64, watched: bool) {
+        if watched {
+            self.deleted(key, revision);
+        } else {
+            self.notices.notify(key);
+        }
+    }
+
     /// Number of deletions remembered.
     #[cfg(test)]
     fn remembered(&self) -> usize {
@@ -69,11 +83,17 @@ impl Announcer {
 /// An open watch: the handle to send requests on and the stream of responses.
 pub(crate) type Open = (Watcher, WatchStream);
 
-/// Opens the watch: every delete under `prefix` (releases, expiries, forced releases).
-pub(crate) async fn open(client: &Client, prefix: &str) -> Result<Open, etcd_client::Error> {
+/// Opens the watch: every delete under `prefix` (releases, expiries, forced releases),
+/// from revision `from` on.
+pub(crate) async fn open(
+    client: &Client,
+    prefix: &str,
+    from: i64,
+) -> Result<Open, etcd_client::Error> {
     let options = WatchOptions::new()
         .with_prefix()
-        .with_filters([WatchFilterType::NoPut]);
+        .with_filters([WatchFilterType::NoPut])
+        .with_start_revision(from);
     // etcd-client asserts that the first answer is the creation; a panic there must not
     // take the watch task down with it.
     match AssertUnwindSafe(client.watch_client().watch(prefix, Some(options)))
@@ -87,63 +107,170 @@ pub(crate) async fn open(client: &Client, prefix: &str) -> Result<Open, etcd_cli
     }
 }
 
-/// Follows the watch for the life of the backend: every delete under the prefix wakes the
-/// listeners of that key. When the stream fails or falls silent, a new one is opened and
-/// every listener is woken, since deletes in between were not seen.
+/// When the watch is needed: it runs only while some waiter of this backend listens, so
+/// that a backend whose locks are not contended costs etcd no watch event per release.
+///
+/// A refused attempt asks for deletes from the revision after the one it saw
+/// ([`ensure`](Self::ensure)). Its waiter listens from before that attempt until it is
+/// woken, and the watch closes only when nobody listens, so it cannot close between the
+/// request and the delete.
+pub(crate) struct Demand {
+    state: Mutex<DemandState>,
+    wake: Notify,
+    notices: Arc<ReleaseNotices>,
+}
+
+#[derive(Default)]
+struct DemandState {
+    /// A watch is open (or opening) that reports every delete from `covered_from` on.
+    running: bool,
+    covered_from: i64,
+    /// The earliest revision asked for while no watch ran.
+    wanted_from: Option<i64>,
+}
+
+impl Demand {
+    pub(crate) fn new(notices: Arc<ReleaseNotices>) -> Self {
+        Demand {
+            state: Mutex::default(),
+            wake: Notify::new(),
+            notices,
+        }
+    }
+
+    /// Makes sure deletes of `key` from revision `from` on are announced: starts the watch
+    /// from there when none runs; when the running one started later, wakes the key's
+    /// listeners at once (their next attempt sees a revision the watch covers).
+    pub(crate) fn ensure(&self, key: &str, from: i64) {
+        let mut state = lock(&self.state);
+        if state.running {
+            if from < state.covered_from {
+                drop(state);
+                self.notices.notify(key);
+            }
+            return;
+        }
+        state.wanted_from = Some(state.wanted_from.map_or(from, |w| w.min(from)));
+        drop(state);
+        self.wake.notify_one();
+    }
+
+    /// Whether a watch runs (or is being opened).
+    pub(crate) fn is_running(&self) -> bool {
+        lock(&self.state).running
+    }
+
+    /// Waits until a watch is asked for; returns the revision to start it from.
+    async fn wanted(&self) -> i64 {
+        loop {
+            let woken = self.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            {
+                let mut state = lock(&self.state);
+                if let Some(from) = state.wanted_from.take() {
+                    state.running = true;
+                    state.covered_from = from;
+                    return from;
+                }
+            }
+            woken.await;
+        }
+    }
+
+    /// The watch is reopened from revision `from`, everything before it announced.
+    fn covered_from(&self, from: i64) {
+        lock(&self.state).covered_from = from;
+    }
+
+    /// Ends the running watch's term when nobody listens; true if it did.
+    fn idle(&self) -> bool {
+        let mut state = lock(&self.state);
+        if self.notices.listened_keys() > 0 || state.wanted_from.is_some() {
+            return false;
+        }
+        state.running = false;
+        true
+    }
+}
+
+/// Follows the watch for the life of the backend, while it is needed ([`Demand`]): every
+/// delete under the prefix wakes the listeners of that key. When the stream cannot be
+/// opened, fails or falls silent, a new one is opened from the current revision and every
+/// listener is woken, since deletes in between were not seen.
 pub(crate) async fn run(
     members: Arc<Members>,
     prefix: String,
     announcer: Arc<Announcer>,
     timeout: Duration,
-    first: Open,
+    demand: Arc<Demand>,
 ) {
     let notices = &announcer.notices;
-    let mut current = Some((members.pick().0, first));
     let mut retry = lock_core::Backoff::new(RETRY_MIN, RETRY_MAX);
     loop {
-        let (member, (watcher, stream)) = match current.take() {
-            Some(open_watch) => open_watch,
-            None => {
-                let (member, client) = members.pick();
-                match tokio::time::timeout(timeout, open(&client, &prefix)).await {
-                    Ok(Ok(open_watch)) => {
-                        notices.notify_all();
-                        retry.reset();
-                        (member, open_watch)
-                    }
-                    failed => {
-                        tracing::debug!(?failed, "cannot open the etcd release watch; retrying");
-                        members.suspect(member);
-                        tokio::time::sleep(retry.next_delay()).await;
-                        continue;
-                    }
+        let mut from = demand.wanted().await;
+        loop {
+            let (member, client) = members.pick();
+            let opened = tokio::time::timeout(timeout, open(&client, &prefix, from)).await;
+            if let Ok(Ok((watcher, stream))) = opened {
+                retry.reset();
+                let prefix = prefix.as_bytes();
+                if follow(watcher, stream, prefix, &announcer, timeout, &demand).await {
+                    break;
                 }
+                tracing::debug!("the etcd release watch ended; opening a new one");
+            } else {
+                tracing::debug!(?opened, "cannot open the etcd release watch; retrying");
             }
-        };
-        follow(watcher, stream, prefix.as_bytes(), &announcer, timeout).await;
-        tracing::debug!("the etcd release watch ended; opening a new one");
-        members.suspect(member);
+            members.suspect(member);
+            tokio::time::sleep(retry.next_delay()).await;
+            // Start over from now (a revision may have been compacted meanwhile), waking
+            // every listener for the deletes that were not seen.
+            let (_, client) = members.pick();
+            let now = tokio::time::timeout(timeout, current_revision(&client, &prefix)).await;
+            if let Ok(Ok(now)) = now {
+                from = now + 1;
+                demand.covered_from(from);
+                notices.notify_all();
+            }
+        }
     }
 }
 
-/// Dispatches delete events until the stream fails, is cancelled, or stays silent too long.
+/// The store's current revision, from the header of a one-key read under `prefix`.
+async fn current_revision(client: &Client, prefix: &str) -> Result<i64, etcd_client::Error> {
+    let one_key = GetOptions::new()
+        .with_prefix()
+        .with_keys_only()
+        .with_limit(1);
+    let answer = client.kv_client().get(prefix, Some(one_key)).await?;
+    answer
+        .header()
+        .map(|h| h.revision())
+        .ok_or_else(|| etcd_client::Error::InvalidArgs("a read without a header".into()))
+}
+
+/// Dispatches delete events until nobody listens (true), or the stream fails, is
+/// cancelled, or stays silent too long (false).
 async fn follow(
     mut watcher: Watcher,
     mut stream: WatchStream,
     prefix: &[u8],
     announcer: &Announcer,
     timeout: Duration,
-) {
+    demand: &Demand,
+) -> bool {
     let mut heard = Instant::now();
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.reset();
     loop {
         tokio::select! {
             message = stream.message() => {
-                let Ok(Some(response)) = message else { return };
+                let Ok(Some(response)) = message else { return false };
                 heard = Instant::now();
                 if response.canceled() {
-                    return;
+                    return false;
                 }
                 for event in response.events() {
                     if event.event_type() != EventType::Delete {
@@ -157,16 +284,25 @@ async fn follow(
                 }
             }
             _ = tick.tick() => {
+                if demand.idle() {
+                    let _ = tokio::time::timeout(timeout, watcher.cancel()).await;
+                    return true;
+                }
                 if heard.elapsed() > PROGRESS_EVERY + timeout {
-                    return;
+                    return false;
                 }
                 let asked = tokio::time::timeout(timeout, watcher.request_progress()).await;
                 if !matches!(asked, Ok(Ok(()))) {
-                    return;
+                    return false;
                 }
             }
         }
     }
+}
+
+/// Locks a std mutex, ignoring poisoning: every critical section leaves the data valid.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
