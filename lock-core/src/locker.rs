@@ -265,6 +265,14 @@ impl Inner {
 /// and waiters inside a process are served in arrival order. A Locker is cheap to clone
 /// (all clones share the queues and the set of held guards).
 ///
+/// While a guard of this Locker holds the key, the head waiter does not attempt at all: it
+/// waits for that guard's end. On a backend with [`Backend::hand_over`], it also has the
+/// lock *staged* for itself at once, in one server step that leaves the key held
+/// throughout and gives it the next fence; the holder's release then passes the key on
+/// without a server call, so a turn costs the server one step, off the critical path,
+/// instead of a release and an acquisition. A key is handed over at most 16 times in a row:
+/// then the holder releases it on the server, which wakes waiters in other processes.
+///
 /// # Examples
 ///
 /// ```no_run

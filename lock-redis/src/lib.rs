@@ -40,7 +40,11 @@
 //! - extend: `PEXPIRE` only if the value is still the caller's owner token;
 //! - release: `DEL` only if the value is still the caller's owner token, then `PUBLISH` a
 //!   release notice;
-//! - neither extend nor release ever touches another owner's lock.
+//! - hand-over (the Locker's next waiter takes over from a holder of the same Locker,
+//!   [`Backend::hand_over`]): `SET lock next PX ttl` only if the value is still the
+//!   holder's owner token, with the next fence; the key is never free in between, so no
+//!   notice is published;
+//! - neither extend, release nor hand-over ever touches another owner's lock.
 //!
 //! Acquires and releases are grouped under load ([`lock_core::group`]): while two calls
 //! are on their way, further ones queue and then go as one call of the acquire (or the
