@@ -35,6 +35,14 @@ fn opts(ttl: Duration) -> LockOptions {
     LockOptions::new().ttl(ttl).skip()
 }
 
+/// A 5 s lock, waited for up to 10 s, not renewed.
+fn waiting() -> LockOptions {
+    LockOptions::new()
+        .ttl(Duration::from_secs(5))
+        .wait_for(Duration::from_secs(10))
+        .watchdog(false)
+}
+
 fn key(name: &str) -> String {
     format!("{name}-{:08x}", rand_u32())
 }
@@ -911,10 +919,7 @@ async fn a_hand_over_never_displaces_another_owner() {
     let server = EtcdServer::start().await;
     let locker = Locker::new(backend(&[server.endpoint()], "prefix=steal/").await);
     let k = key("steal");
-    let wait = LockOptions::new()
-        .ttl(Duration::from_secs(5))
-        .wait_for(Duration::from_secs(10))
-        .watchdog(false);
+    let wait = waiting();
     let holder = queued_holder(&locker, &k, &wait, SETTLE).await;
     let mut client = etcd_client::Client::connect([server.endpoint()], None)
         .await
@@ -961,10 +966,7 @@ async fn a_waiter_that_gave_up_is_not_handed_the_key() {
     let backend = Arc::new(backend(&[server.endpoint()], "prefix=gaveup/").await);
     let locker = Locker::with_backend(backend.clone());
     let k = key("gaveup");
-    let wait = LockOptions::new()
-        .ttl(Duration::from_secs(5))
-        .wait_for(Duration::from_secs(10))
-        .watchdog(false);
+    let wait = waiting();
     let (holder, waiter) = queued_holder_and_waiter(&locker, &k, &wait, SETTLE).await;
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
@@ -999,10 +1001,7 @@ async fn the_release_watch_runs_only_while_someone_waits() {
     let theirs = Locker::new(backend(&[server.endpoint()], "prefix=lazy/").await);
     let locker = Locker::with_backend(ours.clone());
     let k = key("lazy");
-    let wait = LockOptions::new()
-        .ttl(Duration::from_secs(5))
-        .wait_for(Duration::from_secs(10))
-        .watchdog(false);
+    let wait = waiting();
     for _ in 0..20 {
         locker
             .acquire(&k, &wait)

@@ -390,23 +390,11 @@ impl Backend for EtcdBackend {
     async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
         // Also bounds `ttl` by `max_ttl`, so `Instant + ttl` cannot overflow.
         let ttl_secs = self.shared.lease_secs(ttl)?;
-        // In a task of its own: a caller that gives up mid-flight cannot cut the attempt off
-        // half-way (a transaction etcd may still apply after a release sent meanwhile), and
-        // a grant nobody waits for any more is released here, after it happened.
-        let shared = self.shared.clone();
         let key: Arc<str> = Arc::from(key);
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let (member, _) = shared.members.pick();
-            let result = shared.attempt(&key, owner, ttl, ttl_secs).await;
-            let result = shared.members.note(member, result);
-            if let Err(Ok(Attempt::Granted { fence, valid_until })) = tx.send(result) {
-                let lease = Lease::new(key, owner, fence, valid_until);
-                let _ = shared.release(&lease).await;
-            }
-        });
-        rx.await
-            .unwrap_or_else(|_| Err(Error::backend(NAME, "the acquire task ended early")))
+        detached(&self.shared, key.clone(), owner, move |shared| async move {
+            shared.attempt(&key, owner, ttl, ttl_secs).await
+        })
+        .await
     }
 
     /// One transaction: if the key still holds `from`'s value, put it with `to`'s, on
@@ -415,20 +403,14 @@ impl Backend for EtcdBackend {
     /// `try_acquire`.
     async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
         let ttl_secs = self.shared.lease_secs(ttl)?;
-        let shared = self.shared.clone();
         let from = from.clone();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(async move {
-            let (member, _) = shared.members.pick();
-            let result = shared.hand_over(&from, to, ttl, ttl_secs).await;
-            let result = shared.members.note(member, result);
-            if let Err(Ok(Attempt::Granted { fence, valid_until })) = tx.send(result) {
-                let lease = Lease::new(from.key_arc().clone(), to, fence, valid_until);
-                let _ = shared.release(&lease).await;
-            }
-        });
-        rx.await
-            .unwrap_or_else(|_| Err(Error::backend(NAME, "the hand-over task ended early")))
+        detached(
+            &self.shared,
+            from.key_arc().clone(),
+            to,
+            move |shared| async move { shared.hand_over(&from, to, ttl, ttl_secs).await },
+        )
+        .await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
@@ -1101,6 +1083,35 @@ impl Shared {
         self.notices.notify(key);
         Ok(removed)
     }
+}
+
+/// Runs `op`, an operation that may grant `key` to `owner`, on a task of its own: a caller
+/// that gives up mid-flight cannot cut it off half-way (a transaction etcd may still apply
+/// after a release sent meanwhile), and a grant nobody waits for any more is released
+/// there, after it happened.
+async fn detached<F, Fut>(
+    shared: &Arc<Shared>,
+    key: Arc<str>,
+    owner: Owner,
+    op: F,
+) -> Result<Attempt>
+where
+    F: FnOnce(Arc<Shared>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Attempt>> + Send + 'static,
+{
+    let shared = shared.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (member, _) = shared.members.pick();
+        let result = op(shared.clone()).await;
+        let result = shared.members.note(member, result);
+        if let Err(Ok(Attempt::Granted { fence, valid_until })) = tx.send(result) {
+            let lease = Lease::new(key, owner, fence, valid_until);
+            let _ = shared.release(&lease).await;
+        }
+    });
+    rx.await
+        .unwrap_or_else(|_| Err(Error::backend(NAME, "the operation's task ended early")))
 }
 
 fn acquire_txn(full: &str, value: &str, lease: i64) -> Txn {
