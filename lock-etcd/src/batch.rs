@@ -67,12 +67,18 @@ pub(crate) struct Txns {
 }
 
 impl Txns {
+    /// One transaction, bounded by the timeout (a group's member re-sent alone).
     async fn alone(&self, txn: Txn) -> Result<Answer, etcd_client::Error> {
-        let mut kv = self.members.client().kv_client();
-        match tokio::time::timeout(self.timeout, kv.txn(txn)).await {
-            Ok(answer) => answer.map(Answer::alone),
+        match tokio::time::timeout(self.timeout, self.unbounded(txn)).await {
+            Ok(answer) => answer,
             Err(_) => Err(timed_out()),
         }
+    }
+
+    /// One transaction, for a caller that bounds it itself.
+    async fn unbounded(&self, txn: Txn) -> Result<Answer, etcd_client::Error> {
+        let mut kv = self.members.client().kv_client();
+        kv.txn(txn).await.map(Answer::alone)
     }
 }
 
@@ -82,13 +88,14 @@ impl GroupSend for Txns {
     type Error = etcd_client::Error;
 
     // Never `dispatched` early: etcd may apply concurrent requests in any order, so a
-    // request on the same key waits for the answer.
+    // request on the same key waits for the answer. Every caller of a lone send bounds it
+    // by the operation timeout already.
     async fn send_one(
         &self,
         txn: Txn,
         _dispatched: &(dyn Fn() + Sync),
     ) -> Result<Answer, etcd_client::Error> {
-        self.alone(txn).await
+        self.unbounded(txn).await
     }
 
     async fn send_group(
