@@ -125,8 +125,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue,
-    LeaseGrantOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, KeyValue, LeaseGrantOptions,
+    PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use lock_core::{
     Attempt, Backend, Capabilities, Error, Holder, Lease, LockUrl, Owner, ReleaseListener,
@@ -288,13 +288,7 @@ impl EtcdBackend {
             let _ = client.lease_client().revoke(probe).await;
             // etcd 3.4 grants leases to anyone: a read under the prefix is what tells early
             // that the credentials are missing or lack permissions.
-            let one_key = GetOptions::new()
-                .with_prefix()
-                .with_keys_only()
-                .with_limit(1);
-            client
-                .kv_client()
-                .get(cfg.prefix.as_str(), Some(one_key))
+            watch::current_revision(&client, &cfg.prefix)
                 .await
                 .map_err(failed(doing.as_str()))?;
             Ok(granted.ttl())
@@ -1216,6 +1210,6 @@ fn not_held(lease: &Lease) -> Error {
 }
 
 /// Locks a std mutex, ignoring poisoning: every critical section leaves the data valid.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -11,6 +11,7 @@ use etcd_client::{
 };
 use tokio::sync::Notify;
 
+use crate::lock;
 use crate::members::Members;
 use futures::FutureExt;
 use lock_core::ReleaseNotices;
@@ -50,7 +51,7 @@ impl Announcer {
     /// announced already.
     pub(crate) fn deleted(&self, key: &str, revision: i64) {
         {
-            let mut once = self.once.lock().unwrap_or_else(|e| e.into_inner());
+            let mut once = lock(&self.once);
             if once.get(key) == Some(&revision) {
                 once.remove(key);
                 return;
@@ -76,7 +77,7 @@ impl Announcer {
     /// Number of deletions remembered.
     #[cfg(test)]
     fn remembered(&self) -> usize {
-        self.once.lock().unwrap_or_else(|e| e.into_inner()).len()
+        lock(&self.once).len()
     }
 }
 
@@ -238,7 +239,10 @@ pub(crate) async fn run(
 }
 
 /// The store's current revision, from the header of a one-key read under `prefix`.
-async fn current_revision(client: &Client, prefix: &str) -> Result<i64, etcd_client::Error> {
+pub(crate) async fn current_revision(
+    client: &Client,
+    prefix: &str,
+) -> Result<i64, etcd_client::Error> {
     let one_key = GetOptions::new()
         .with_prefix()
         .with_keys_only()
@@ -298,11 +302,6 @@ async fn follow(
             }
         }
     }
-}
-
-/// Locks a std mutex, ignoring poisoning: every critical section leaves the data valid.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
