@@ -71,6 +71,17 @@ async fn conformance_on_one_member() {
     run_all(&Target::new(Arc::new(backend))).await;
 }
 
+/// The safety rules (hand-over, serialized operations, queue entries) on a 3-member
+/// cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn safety_rules() {
+    let cluster = EtcdCluster::start(3).await;
+    let locker = distlock::connect(&etcd_url(&cluster.endpoints(), "prefix=safety/"))
+        .await
+        .unwrap();
+    distlock::conformance::run_safety(&Target::from_locker(&locker)).await;
+}
+
 /// The whole suite through `distlock::connect("etcd://…")`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_through_connect() {

@@ -3,12 +3,18 @@
 
 use std::sync::Arc;
 
-use distlock::conformance::{run_all, Target};
+use distlock::conformance::{run_all, run_safety, Target};
 use distlock::{Backend, Locker, MemoryBackend};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_direct() {
     run_all(&Target::new(Arc::new(MemoryBackend::new()))).await;
+}
+
+/// The safety rules (hand-over, serialized operations, queue entries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn safety_rules() {
+    run_safety(&Target::new(Arc::new(MemoryBackend::new()))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

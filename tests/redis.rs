@@ -79,6 +79,13 @@ async fn conformance_direct() {
     run_all(&Target::new(Arc::new(backend(&server.url()).await))).await;
 }
 
+/// The safety rules (hand-over, serialized operations, queue entries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn safety_rules() {
+    let server = RedisServer::start().await;
+    conformance::run_safety(&Target::new(Arc::new(backend(&server.url()).await))).await;
+}
+
 /// The whole suite through `Arc<dyn Backend>` (the blanket impl forwards every call).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_through_arc_dyn() {

@@ -97,6 +97,14 @@ async fn conformance_three_nodes() {
     run_all(&Target::new(Arc::new(b))).await;
 }
 
+/// The safety rules (hand-over, serialized operations, queue entries) on 3 nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn safety_rules() {
+    let nodes = RedisNodes::start(3).await;
+    let b = backend(&nodes.addrs(), "").await;
+    conformance::run_safety(&Target::new(Arc::new(b))).await;
+}
+
 /// The whole suite on 1 node, through the facade's `connect(url)`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_one_node_through_connect() {

@@ -27,13 +27,48 @@ pub struct Capabilities {
     pub release_notices: bool,
     /// Whether the lock excludes other processes (false for the in-process backend).
     pub cross_process: bool,
+    /// How much shorter than its TTL a grant's validity is (Redlock's clock-drift
+    /// allowance; none elsewhere). The guard uses it to bound its validity while an
+    /// extension's outcome is unknown.
+    pub clock_drift: ClockDrift,
     /// Whether [`Backend::hand_over`] is implemented: a Locker then passes a released key
     /// straight to its next local waiter in one server step instead of a release and an
     /// acquisition.
     pub hand_over: bool,
 }
 
+/// The part of a TTL a backend sets aside for clock drift: `ttl × per_million / 10⁶ +
+/// fixed`. A grant or renewal of `ttl` sent at `t` is valid until at least
+/// `t + ttl − allowance(ttl)` once the server applied it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockDrift {
+    /// The drift factor in parts per million of the TTL (rounded up).
+    pub per_million: u32,
+    /// A fixed allowance on top (expiry precision of the servers).
+    pub fixed: Duration,
+}
+
+impl ClockDrift {
+    /// No allowance: the validity is the TTL from before the request.
+    pub const NONE: ClockDrift = ClockDrift {
+        per_million: 0,
+        fixed: Duration::ZERO,
+    };
+
+    /// The allowance for `ttl`.
+    pub fn allowance(&self, ttl: Duration) -> Duration {
+        let scaled = ttl.as_nanos() * u128::from(self.per_million) / 1_000_000;
+        Duration::from_nanos(u64::try_from(scaled).unwrap_or(u64::MAX)) + self.fixed
+    }
+}
+
 impl Capabilities {
+    /// The least validity a grant or renewal of `ttl` sent at `sent` has once the server
+    /// applied it: `sent + ttl − allowance` (never later than `sent + ttl`).
+    pub fn validity(&self, sent: Instant, ttl: Duration) -> Instant {
+        sent + ttl.saturating_sub(self.clock_drift.allowance(ttl))
+    }
+
     /// Applies the TTL rules: zero and TTLs above `max_ttl` are refused; TTLs below
     /// `min_ttl` are rounded up to it; every TTL is rounded up to the granularity.
     pub fn effective_ttl(&self, ttl: Duration) -> Result<Duration> {
@@ -309,6 +344,7 @@ mod tests {
             release_notices: false,
             hand_over: false,
             cross_process: false,
+            clock_drift: ClockDrift::NONE,
         }
     }
 

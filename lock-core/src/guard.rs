@@ -1,4 +1,16 @@
 //! The held lock: [`LockGuard`], its watchdog and its lost signal.
+//!
+//! Every server operation on a guard's lease (a watchdog renewal, a user's `extend`, the
+//! release or the hand-over to the next local waiter) passes through one small state
+//! machine, one operation at a time, in order:
+//!
+//! - **held**: renewals and extensions run one after another (the `ops` mutex); the
+//!   validity only ever comes from the operation the server applied last;
+//! - **ending** (`done`): claimed once by `release`, `Drop` or `Locker::shutdown`; the
+//!   watchdog stops, a renewal in flight finishes, and only then the release (or the
+//!   hand-over) is sent;
+//! - **lost**: the lock is known gone (renewal refused, validity passed); a lost lease is
+//!   never renewed again.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -6,12 +18,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-use tokio::task::AbortHandle;
 
 use crate::backend::Attempt;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::locker::{CancelCleanup, HandOffRequest, Inner, QueueEntry};
+use crate::locker::{HandOffRequest, Inner};
 use crate::notices::lock;
 use crate::registry::Slot;
 
@@ -28,13 +39,13 @@ pub(crate) struct GuardShared {
     changed: Notify,
     /// Whether a `lost()` future was ever made: if not, nobody needs waking.
     watched: AtomicBool,
-    /// Set once by whoever ends the hold: `release`, `Drop` or `Locker::shutdown`; the
-    /// watchdog stops when it sees it.
+    /// Set once by whoever ends the hold: `release`, `Drop` or `Locker::shutdown`.
     done: AtomicBool,
-    /// The lock as the server holds it once it was staged for the next local waiter
-    /// ([`Backend::hand_over`](crate::Backend::hand_over) while this guard still holds):
-    /// that waiter's lease, which this guard's renewals and release then act on.
-    successor: Mutex<Option<Lease>>,
+    /// One server operation on the lease at a time: renewals, `extend`, release and
+    /// hand-over take it for the whole of their server call.
+    ops: tokio::sync::Mutex<()>,
+    /// Tells the watchdog to stop (a stored permit: a stop before it waits is not missed).
+    stop: Notify,
 }
 
 impl GuardShared {
@@ -48,39 +59,49 @@ impl GuardShared {
         lock(&self.validity).0
     }
 
-    /// The lock as the server holds it: this guard's lease, or its staged successor's.
-    pub(crate) fn server_lease(&self) -> Lease {
-        lock(&self.successor)
-            .clone()
-            .unwrap_or_else(|| self.lease())
+    fn not_held(&self) -> Error {
+        Error::NotHeld {
+            key: self.key().to_owned(),
+        }
     }
 
-    /// Records the lease the lock was staged to for the next waiter.
-    pub(crate) fn staged(&self, successor: Lease) {
-        *lock(&self.successor) = Some(successor);
-    }
-
-    pub(crate) fn is_done(&self) -> bool {
-        self.done.load(Ordering::SeqCst)
-    }
-
-    /// Extends the lock on the server (whichever lease holds it) to `ttl` from now.
-    async fn extend_on_server(&self, ttl: Duration) -> Result<Instant> {
-        let lease = self.server_lease();
-        let result = self.locker.proto().extend(&lease, ttl).await;
-        let result = match result {
-            // Staged for a successor meanwhile: extend that.
-            Err(Error::NotHeld { .. }) if self.server_lease().owner() != lease.owner() => {
-                self.locker.proto().extend(&self.server_lease(), ttl).await
+    /// Renews the lease for `ttl` from now: one operation, after every earlier one.
+    ///
+    /// A lost or ended lease is never renewed, and one whose validity passed is lost. Until
+    /// the server answers, the validity is lowered to what the new TTL alone guarantees
+    /// when that is earlier (a shorter TTL may be applied on the server before its answer
+    /// arrives, or without one), so a renewal that is cut off or fails never leaves the
+    /// guard believing in more than the server may keep.
+    async fn renew(&self, ttl: Duration) -> Result<Instant> {
+        let _op = self.ops.lock().await;
+        if self.is_done() || self.is_gone() {
+            return Err(self.not_held());
+        }
+        let sent = Instant::now();
+        let current = self.valid_until();
+        if sent >= current {
+            self.mark_lost("validity passed before the renewal");
+            return Err(self.not_held());
+        }
+        let bound = self.locker.caps.validity(sent, ttl);
+        if bound < current {
+            self.set_validity(bound, None);
+        }
+        let lease = self.lease();
+        match self.locker.proto().extend(&lease, ttl).await {
+            Ok(valid_until) => {
+                self.set_validity(valid_until, Some(ttl));
+                Ok(valid_until)
             }
-            result => result,
-        };
-        if let Ok(valid_until) = result {
-            if let Some(successor) = lock(&self.successor).as_mut() {
-                successor.set_valid_until(valid_until);
+            Err(e) => {
+                if matches!(e, Error::NotHeld { .. }) {
+                    self.mark_lost("renewal refused: the lock is no longer ours");
+                } else if Instant::now() >= self.valid_until() {
+                    self.mark_lost("validity passed while renewals failed");
+                }
+                Err(e)
             }
         }
-        result
     }
 
     fn key(&self) -> &str {
@@ -90,6 +111,10 @@ impl GuardShared {
     /// Whether the hold is known ended (released, lost).
     pub(crate) fn is_gone(&self) -> bool {
         self.lost.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::SeqCst)
     }
 
     /// Resolves as soon as the hold is known ended: `lost` set, or the validity passed
@@ -117,8 +142,14 @@ impl GuardShared {
         }
     }
 
-    fn renewed(&self, valid_until: Instant) {
-        lock(&self.validity).0 = valid_until;
+    fn set_validity(&self, valid_until: Instant, ttl: Option<Duration>) {
+        {
+            let mut validity = lock(&self.validity);
+            validity.0 = valid_until;
+            if let Some(ttl) = ttl {
+                validity.1 = ttl;
+            }
+        }
         self.wake_watchers();
     }
 
@@ -133,6 +164,7 @@ impl GuardShared {
         let was_lost = self.lost.swap(true, Ordering::SeqCst);
         if !was_lost {
             self.wake_watchers();
+            self.stop.notify_one();
         }
         was_lost
     }
@@ -150,44 +182,40 @@ impl GuardShared {
         }
     }
 
-    /// Claims the end of the hold; false when someone else already ended it.
+    /// Claims the end of the hold; false when someone else already ended it. The watchdog
+    /// stops at its next look.
     fn finish(&self) -> bool {
         if self.done.swap(true, Ordering::SeqCst) {
             return false;
         }
+        self.stop.notify_one();
         self.locker.held.remove(self.slot);
         true
     }
 
-    async fn release_on_backend(&self) -> Result<()> {
+    /// Ends the hold on the server, after a renewal in flight finished: passes the key to
+    /// the head waiter queued behind this guard when there is one, releases it otherwise.
+    /// Called once, after [`finish`](Self::finish).
+    async fn end_on_server(&self) -> Result<()> {
+        let _op = match self.ops.try_lock() {
+            Ok(op) => op,
+            Err(_) => self.ops.lock().await,
+        };
         if let Some(answer) = self.release_now() {
             return answer;
         }
         let sent = Instant::now();
-        let entry = self.locker.hand_off_entry(self, self.key());
-        // A staging for the next waiter in flight finishes first.
-        let _staging = match &entry {
-            Some(entry) => Some(entry.stage.lock().await),
-            None => None,
-        };
-        let record = self.server_lease();
+        let lease = self.lease();
         // Kept to the end: a waiter whose request was taken waits for it to be answered or
         // dropped, and attempts on the server only then.
-        let mut request = entry.as_ref().and_then(|e| e.take_request());
-        if let (Some(entry), Some(request)) = (&entry, &mut request) {
-            if request.owner == record.owner() {
-                // Staged for this waiter: the server holds it for it already.
-                let reply = request.reply.take().map(|reply| reply.send(record.clone()));
-                if let Some(Ok(())) = reply {
-                    return self.released(self.held_until(sent));
-                }
-            } else if self.locker.may_hand_over(entry) {
-                if let Some(result) = self.hand_over(&record, entry, request).await {
-                    return self.released(result);
-                }
+        let mut request = self.locker.take_hand_off(self, self.key());
+        if let Some(request) = request.as_mut().filter(|_| lease.valid_until() > sent) {
+            if let Some(result) = self.hand_over(&lease, request).await {
+                return self.released(result);
             }
         }
-        let result = self.locker.proto().release(&record).await;
+        let result = self.locker.proto().release(&lease).await;
+        drop(request);
         self.released(result.and_then(|()| self.held_until(sent)))
     }
 
@@ -196,39 +224,26 @@ impl GuardShared {
         if self.valid_until() > sent {
             Ok(())
         } else {
-            Err(Error::NotHeld {
-                key: self.key().to_owned(),
-            })
+            Err(self.not_held())
         }
     }
 
     /// Passes the key straight to the waiter queued behind this guard
-    /// ([`Backend::hand_over`](crate::Backend::hand_over)); `None` when it did not happen
-    /// and the lock is still to be released.
-    async fn hand_over(
-        &self,
-        lease: &Lease,
-        entry: &QueueEntry,
-        request: &mut HandOffRequest,
-    ) -> Option<Result<()>> {
+    /// ([`Backend::hand_over`](crate::Backend::hand_over)), in place of the release; `None`
+    /// when it did not happen and the lock is still to be released.
+    async fn hand_over(&self, lease: &Lease, request: &mut HandOffRequest) -> Option<Result<()>> {
         let sent = Instant::now();
         // Dropped half-way (the release future was), the hand-over may still happen:
         // what the waiter may have been granted is then released.
-        let mut cleanup = CancelCleanup {
-            inner: &self.locker,
-            key: self.key(),
-            owner: request.owner,
-            armed: true,
-        };
+        let mut cleanup = self.locker.arm_cleanup(lease.key_arc(), request.owner);
         let answer = self
             .locker
             .proto()
             .hand_over(lease, request.owner, request.ttl)
             .await;
-        cleanup.armed = false;
         match answer {
             Ok(Attempt::Granted { fence, valid_until }) => {
-                entry.handed_over();
+                cleanup.disarm();
                 let next = Lease::new(lease.key_arc().clone(), request.owner, fence, valid_until);
                 let reply = request.reply.take().map(|reply| reply.send(next));
                 if let Some(Err(next)) = reply {
@@ -237,15 +252,18 @@ impl GuardShared {
                 }
                 Some(self.held_until(sent))
             }
-            Ok(Attempt::Taken { .. }) => Some(Err(Error::NotHeld {
-                key: self.key().to_owned(),
-            })),
-            Err(Error::Unsupported { .. }) => None,
+            Ok(Attempt::Taken { .. }) => {
+                cleanup.disarm();
+                Some(Err(self.not_held()))
+            }
+            Err(Error::Unsupported { .. }) => {
+                cleanup.disarm();
+                None
+            }
             Err(e) => {
+                // It may have happened: the clean-up releases what the waiter may have been
+                // granted.
                 tracing::debug!(key = self.key(), error = %e, "hand-over failed");
-                // It may have happened: the grant it may have made is released too.
-                let next = Lease::new(lease.key_arc().clone(), request.owner, 0, sent);
-                self.locker.cleanup_in_background(next);
                 Some(Err(e))
             }
         }
@@ -269,22 +287,32 @@ impl GuardShared {
         result
     }
 
+    /// Ends the hold from `Drop`: at once when the backend answers in-process and no
+    /// operation is in flight, else on a background task.
     fn release_in_background(self: &Arc<Self>) {
+        if let Ok(op) = self.ops.try_lock() {
+            if self.release_now().is_some() {
+                drop(op);
+                return;
+            }
+        }
         let me = self.clone();
         let spawned = self.locker.tasks.spawn(async move {
-            let _ = me.release_on_backend().await;
+            let _ = me.end_on_server().await;
         });
         if !spawned {
             tracing::debug!(
                 key = self.key(),
                 "guard dropped outside a tokio runtime; the lock expires at its TTL"
             );
+            self.set_gone();
+            self.locker.holder_ended(self, self.key());
         }
     }
 
     pub(crate) async fn release_for_shutdown(self: &Arc<Self>) {
         if self.finish() {
-            if let Err(e) = self.release_on_backend().await {
+            if let Err(e) = self.end_on_server().await {
                 tracing::debug!(error = %e, "shutdown release failed");
             }
         }
@@ -297,11 +325,11 @@ impl GuardShared {
 ///
 /// With the watchdog on (the default) the lock is renewed every `ttl / 3` until released;
 /// if a renewal is refused, or the validity passes while the server does not answer,
-/// [`lost`](Self::lost) resolves and [`is_lost`](Self::is_lost) turns true.
+/// [`lost`](Self::lost) resolves and [`is_lost`](Self::is_lost) turns true. Renewals,
+/// [`extend`](Self::extend) and the release reach the server one at a time, in order.
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     shared: Arc<GuardShared>,
-    watchdog: Option<AbortHandle>,
     state: State,
 }
 
@@ -328,17 +356,18 @@ impl LockGuard {
                 changed: Notify::new(),
                 watched: AtomicBool::new(false),
                 done: AtomicBool::new(false),
-                successor: Mutex::new(None),
+                ops: tokio::sync::Mutex::new(()),
+                stop: Notify::new(),
             });
             (shared.clone(), shared)
         });
-        let watchdog = watchdog
-            .then(|| tokio::runtime::Handle::try_current().ok())
-            .flatten()
-            .map(|rt| rt.spawn(run_watchdog(shared.clone())).abort_handle());
+        if watchdog {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(run_watchdog(shared.clone()));
+            }
+        }
         LockGuard {
             shared,
-            watchdog,
             state: State::Held,
         }
     }
@@ -358,7 +387,9 @@ impl LockGuard {
         self.shared.granted.fence()
     }
 
-    /// Until when the lock is ours unless renewed (monotonic clock of this process).
+    /// Until when the lock is ours unless renewed (monotonic clock of this process). While
+    /// a renewal or [`extend`](Self::extend) is on its way it is the earlier of the
+    /// validity before it and what its TTL guarantees.
     pub fn valid_until(&self) -> Instant {
         self.shared.valid_until()
     }
@@ -374,7 +405,7 @@ impl LockGuard {
     }
 
     /// Whether the lock is known gone: renewal refused, released by shutdown, or validity
-    /// passed.
+    /// passed. Once true it stays true.
     pub fn is_lost(&self) -> bool {
         self.shared.lost.load(Ordering::SeqCst) || Instant::now() >= self.valid_until()
     }
@@ -386,36 +417,28 @@ impl LockGuard {
         GuardShared::ended(self.shared.clone())
     }
 
-    /// Renews the lock for `ttl` from now (also changing the watchdog's TTL).
+    /// Renews the lock for `ttl` from now (also changing the watchdog's TTL), after any
+    /// renewal already on its way. A lock whose validity passed is lost and not renewed.
     ///
     /// # Errors
     /// [`Error::InvalidTtl`]; [`Error::NotHeld`] when the lock is no longer ours (the guard
-    /// is then lost); transient backend errors.
+    /// is then lost for good); transient backend errors (the validity is then at most what
+    /// the shorter of the old and the new TTL guarantees).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave the extension applied on the server or not; the
+    /// guard's validity is then the earlier of the two outcomes, and the watchdog goes on.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let ttl = self.shared.locker.caps.effective_ttl(ttl)?;
-        if self.shared.done.load(Ordering::SeqCst) {
-            return Err(Error::NotHeld {
-                key: self.key().to_owned(),
-            });
-        }
-        match self.shared.extend_on_server(ttl).await {
-            Ok(valid_until) => {
-                lock(&self.shared.validity).1 = ttl;
-                self.shared.renewed(valid_until);
-                tracing::debug!(key = self.key(), ?ttl, "lock extended");
-                Ok(())
-            }
-            Err(e) => {
-                if matches!(e, Error::NotHeld { .. }) {
-                    self.shared.mark_lost("extension refused");
-                }
-                Err(e)
-            }
-        }
+        self.shared.renew(ttl).await?;
+        tracing::debug!(key = self.key(), ?ttl, "lock extended");
+        Ok(())
     }
 
     /// Releases the lock and reports whether it was still ours (`Ok`) or already gone
-    /// ([`Error::NotHeld`]).
+    /// ([`Error::NotHeld`]). A renewal on its way finishes first. When a waiter of the
+    /// same Locker is queued on the key (and the backend can), the release is the one-step
+    /// hand-over of the key to it.
     ///
     /// # Errors
     /// [`Error::NotHeld`]; transient backend errors (the lock then expires at its TTL).
@@ -423,7 +446,6 @@ impl LockGuard {
     /// # Cancel safety
     /// If the future is dropped before completing, the release continues in the background.
     pub async fn release(mut self) -> Result<()> {
-        self.stop_watchdog();
         if !self.shared.finish() {
             return Err(Error::NotHeld {
                 key: self.key().to_owned(),
@@ -431,12 +453,8 @@ impl LockGuard {
         }
         // From here until the answer, a dropped future leaves the release to `Drop`, which
         // finishes it in the background.
-        if let Some(answer) = self.shared.release_now() {
-            self.state = State::Ended;
-            return answer;
-        }
         self.state = State::Releasing;
-        let result = self.shared.release_on_backend().await;
+        let result = self.shared.end_on_server().await;
         self.state = State::Ended;
         result
     }
@@ -451,17 +469,8 @@ enum State {
     Ended,
 }
 
-impl LockGuard {
-    fn stop_watchdog(&mut self) {
-        if let Some(handle) = self.watchdog.take() {
-            handle.abort();
-        }
-    }
-}
-
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        self.stop_watchdog();
         match self.state {
             State::Held => {
                 if self.shared.finish() {
@@ -476,41 +485,38 @@ impl Drop for LockGuard {
     }
 }
 
+/// Renews the lease every `ttl / 3` until the hold ends or the lock is lost. Each renewal
+/// is bounded by the validity: one that has not answered by then loses the lock.
 async fn run_watchdog(shared: Arc<GuardShared>) {
     let mut next = Instant::now() + lock(&shared.validity).1 / 3;
     loop {
-        tokio::time::sleep_until(next.into()).await;
-        if shared.done.load(Ordering::SeqCst) {
-            // Released by `Locker::shutdown`, which cannot reach this task's handle.
+        tokio::select! {
+            biased;
+            _ = shared.stop.notified() => {}
+            _ = tokio::time::sleep_until(next.into()) => {}
+        }
+        if shared.is_done() || shared.is_gone() {
             return;
         }
         let ttl = lock(&shared.validity).1;
         let period = ttl / 3;
         let valid_until = shared.valid_until();
-        let attempt =
-            tokio::time::timeout_at(valid_until.into(), shared.extend_on_server(ttl)).await;
-        match attempt {
-            Ok(Ok(new_valid_until)) => {
-                shared.renewed(new_valid_until);
+        match tokio::time::timeout_at(valid_until.into(), shared.renew(ttl)).await {
+            Ok(Ok(_)) => {
                 tracing::debug!(key = shared.key(), "lock renewed");
                 next = Instant::now() + period;
             }
-            Ok(Err(Error::NotHeld { .. })) => {
-                shared.mark_lost("renewal refused: the lock is no longer ours");
-                return;
-            }
+            Ok(Err(_)) if shared.is_done() || shared.is_gone() => return,
             Ok(Err(e)) => {
-                let now = Instant::now();
-                if now >= valid_until {
-                    shared.mark_lost("validity passed while renewals failed");
-                    return;
-                }
                 tracing::debug!(key = shared.key(), error = %e, "renewal failed; retrying");
-                let left = valid_until - now;
+                let now = Instant::now();
+                let left = shared.valid_until().saturating_duration_since(now);
                 next = now + (period / 4).min(left / 2).max(Duration::from_millis(1));
             }
             Err(_) => {
-                shared.mark_lost("validity passed while the server did not answer");
+                if !shared.is_done() {
+                    shared.mark_lost("validity passed while the server did not answer");
+                }
                 return;
             }
         }

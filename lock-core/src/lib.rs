@@ -31,7 +31,7 @@ pub mod url;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use backend::{Attempt, Backend, Capabilities, Holder, Pause};
+pub use backend::{Attempt, Backend, Capabilities, ClockDrift, Holder, Pause};
 pub use error::{BoxError, Error, Result};
 pub use guard::LockGuard;
 pub use lease::{Lease, LockKey, Owner};

@@ -124,9 +124,6 @@ pub(crate) struct QueueEntry {
     hand_off: Mutex<Option<HandOffRequest>>,
     /// Hand-overs in a row since a waiter last won the key through the server.
     handed: AtomicU32,
-    /// Held while the lock is staged for the head waiter, and by the holder's release: a
-    /// release waits for a staging in flight.
-    pub(crate) stage: tokio::sync::Mutex<()>,
 }
 
 /// A waiter's request to receive the key straight from its holder.
@@ -138,23 +135,6 @@ pub(crate) struct HandOffRequest {
 }
 
 impl QueueEntry {
-    /// Counts one hand-over of the key.
-    pub(crate) fn handed_over(&self) {
-        self.handed.fetch_add(1, Ordering::SeqCst);
-    }
-
-    /// Takes the head waiter's request, if one is registered.
-    pub(crate) fn take_request(&self) -> Option<HandOffRequest> {
-        lock(&self.hand_off).take()
-    }
-
-    /// Whether the request of the waiter with `owner` is still registered.
-    fn requested_by(&self, owner: Owner) -> bool {
-        lock(&self.hand_off)
-            .as_ref()
-            .is_some_and(|r| r.owner == owner)
-    }
-
     /// The guard of this Locker that holds the key, if one does: the head of the queue
     /// waits for its end rather than spend a refused attempt on the server.
     /// A holder whose validity passed (not renewed, not yet dropped) is not one: the
@@ -183,72 +163,27 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    /// The queue entry of `holder`'s key, when the backend hands keys over and `holder` is
-    /// the guard its waiters queue behind.
-    pub(crate) fn hand_off_entry(&self, holder: &GuardShared, key: &str) -> Option<Turn> {
-        if !self.caps.hand_over || self.queued.load(Ordering::SeqCst) == 0 {
+    /// Takes the request of the head waiter queued behind `holder` on `key`, when the
+    /// backend hands keys over and the key may be handed over once more (not after
+    /// shutdown, and not more than [`MAX_HAND_OVERS`] times in a row). Called by the
+    /// holder's release only, once its own renewals have stopped.
+    pub(crate) fn take_hand_off(&self, holder: &GuardShared, key: &str) -> Option<HandOffRequest> {
+        if !self.caps.hand_over
+            || self.queued.load(Ordering::SeqCst) == 0
+            || self.shut_down.load(Ordering::SeqCst)
+        {
             return None;
         }
-        let entry = lock(&self.queues).get(key)?.clone();
-        let queued_behind = std::ptr::eq(lock(&entry.holder).as_ptr(), holder);
-        queued_behind.then_some(entry)
-    }
-
-    /// Whether the key may be handed over once more: not after shutdown, and not more than
-    /// [`MAX_HAND_OVERS`] times in a row.
-    pub(crate) fn may_hand_over(&self, entry: &QueueEntry) -> bool {
-        !self.shut_down.load(Ordering::SeqCst)
-            && entry.handed.load(Ordering::SeqCst) < MAX_HAND_OVERS
-    }
-
-    /// Stages the lock `holder` holds for the head waiter `owner` while `holder` still
-    /// holds it: one hand-over on the server, off the critical path, after which the
-    /// holder's release passes the key on without a server call. On its own task: a
-    /// waiter that gives up cannot cut it off half-way, and the holder's release waits for
-    /// it.
-    fn stage(
-        self: &Arc<Self>,
-        entry: Turn,
-        holder: Arc<GuardShared>,
-        owner: Owner,
-        ttl: Duration,
-    ) -> Option<tokio::task::JoinHandle<()>> {
-        let inner = self.clone();
-        let handle = tokio::runtime::Handle::try_current().ok()?;
-        Some(handle.spawn(async move {
-            let _staging = entry.stage.lock().await;
-            if holder.is_done()
-                || holder.is_gone()
-                || !entry.requested_by(owner)
-                || !inner.may_hand_over(&entry)
-            {
-                return;
-            }
-            let from = holder.server_lease();
-            let sent = Instant::now();
-            match inner.proto().hand_over(&from, owner, ttl).await {
-                Ok(Attempt::Granted { fence, valid_until }) => {
-                    entry.handed_over();
-                    holder.staged(Lease::new(
-                        from.key_arc().clone(),
-                        owner,
-                        fence,
-                        valid_until,
-                    ));
-                }
-                Ok(Attempt::Taken { .. }) => {
-                    holder.mark_lost("the server no longer holds the lock for it");
-                }
-                Err(Error::Unsupported { .. }) => {}
-                Err(e) => {
-                    // It may have happened half-way: the lock is not trusted any more, and
-                    // what the waiter may have been granted is released.
-                    tracing::debug!(key = from.key(), error = %e, "staging a hand-over failed");
-                    holder.mark_lost("a hand-over to the next waiter failed");
-                    inner.cleanup_in_background(Lease::new(from.key_arc().clone(), owner, 0, sent));
-                }
-            }
-        }))
+        let queues = lock(&self.queues);
+        let entry = queues.get(key)?;
+        if !std::ptr::eq(lock(&entry.holder).as_ptr(), holder)
+            || entry.handed.load(Ordering::SeqCst) >= MAX_HAND_OVERS
+        {
+            return None;
+        }
+        let request = lock(&entry.hand_off).take()?;
+        entry.handed.fetch_add(1, Ordering::SeqCst);
+        Some(request)
     }
 
     /// The backend as a trait object. Calling through `Arc<dyn Backend>` directly would
@@ -266,12 +201,12 @@ impl Inner {
 /// (all clones share the queues and the set of held guards).
 ///
 /// While a guard of this Locker holds the key, the head waiter does not attempt at all: it
-/// waits for that guard's end. On a backend with [`Backend::hand_over`], it also has the
-/// lock *staged* for itself at once, in one server step that leaves the key held
-/// throughout and gives it the next fence; the holder's release then passes the key on
-/// without a server call, so a turn costs the server one step, off the critical path,
-/// instead of a release and an acquisition. A key is handed over at most 16 times in a row:
-/// then the holder releases it on the server, which wakes waiters in other processes.
+/// waits for that guard's end. On a backend with [`Backend::hand_over`], the holder's
+/// release *is* the hand-over: once the holder's own renewals have stopped, one server
+/// step passes the key to the head waiter (only if the server still holds it for the
+/// holder), with the next fence and a validity counted from before that step; nothing
+/// changes hands while the holder still holds. A key is handed over at most 16 times in a
+/// row: then the holder releases it on the server, which wakes waiters in other processes.
 ///
 /// # Examples
 ///
@@ -501,21 +436,12 @@ impl Locker {
             // A sibling holds the key: its release (or loss) ends the wait, and a refused
             // attempt would only cost the server work.
             if let Some(holder) = queue.turn.local_holder().filter(|_| !noticed) {
+                // The holder's release hands the key over to this request, if it can.
                 let mut hand_off = self
                     .inner
                     .caps
                     .hand_over
                     .then(|| HandOffWait::register(&queue.turn, ttl));
-                if let Some(h) = &hand_off {
-                    let staging =
-                        self.inner
-                            .stage(queue.turn.clone(), holder.clone(), h.owner, ttl);
-                    if let Some(staging) = staging {
-                        if within(deadline, staging).await.is_none() {
-                            break;
-                        }
-                    }
-                }
                 let handed = async {
                     match hand_off.as_mut() {
                         Some(h) => (&mut h.reply).await.ok(),
@@ -551,6 +477,13 @@ impl Locker {
                         if self.inner.shut_down.load(Ordering::SeqCst) {
                             self.inner.cleanup_in_background(lease);
                             return Err(Error::Shutdown);
+                        }
+                        if lease.is_expired() {
+                            // Answered too late to be of use (the validity counts from
+                            // before the hand-over was sent): let it go, try the server.
+                            self.inner.cleanup_in_background(lease);
+                            noticed = false;
+                            continue;
                         }
                         tracing::debug!(key, fence = lease.fence(), "lock handed over");
                         let guard = LockGuard::new(&self.inner, lease, ttl, opts.watchdog);
@@ -617,16 +550,14 @@ impl Locker {
         }
         let key: &str = shared_key;
         let owner = Owner::random();
-        let mut cleanup = CancelCleanup {
-            inner: &self.inner,
-            key,
-            owner,
-            armed: true,
-        };
+        let mut cleanup = self.inner.arm_cleanup(shared_key, owner);
         let result = self.inner.proto().try_acquire(key, owner, ttl).await;
-        // A transient failure may come after the request reached the server (a reply lost
-        // to a timeout, a paused server resuming): the grant may exist, so release it.
-        cleanup.armed = matches!(&result, Err(e) if e.is_transient());
+        // A failure may come after the request reached the server (a reply lost to a
+        // timeout, a paused server resuming, a script that failed half-way): the grant may
+        // exist, so the clean-up stays armed and releases it.
+        if result.is_ok() {
+            cleanup.disarm();
+        }
         drop(cleanup);
         match result? {
             Attempt::Granted { fence, valid_until } => {
@@ -887,26 +818,47 @@ impl Drop for HandOffWait<'_> {
     }
 }
 
-/// Releases, in the background, what an attempt that was dropped mid-flight or failed
-/// transiently may have been granted.
+/// Releases, in the background, what a server call for `owner` that was dropped
+/// mid-flight or failed may have granted, unless disarmed once its answer is known.
 pub(crate) struct CancelCleanup<'a> {
-    pub(crate) inner: &'a Arc<Inner>,
-    pub(crate) key: &'a str,
-    pub(crate) owner: Owner,
-    pub(crate) armed: bool,
+    inner: &'a Inner,
+    key: &'a Arc<str>,
+    owner: Owner,
+    armed: bool,
+}
+
+impl CancelCleanup<'_> {
+    /// The call's answer is known: nothing to clean up.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
 }
 
 impl Drop for CancelCleanup<'_> {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
+        if self.armed {
+            self.inner.cleanup_in_background(Lease::new(
+                self.key.clone(),
+                self.owner,
+                0,
+                Instant::now(),
+            ));
         }
-        self.inner
-            .cleanup_in_background(Lease::new(self.key, self.owner, 0, Instant::now()));
     }
 }
 
 impl Inner {
+    /// A clean-up for the grant a call on `key` for `owner` may make, armed until
+    /// [`CancelCleanup::disarm`].
+    pub(crate) fn arm_cleanup<'a>(&'a self, key: &'a Arc<str>, owner: Owner) -> CancelCleanup<'a> {
+        CancelCleanup {
+            inner: self,
+            key,
+            owner,
+            armed: true,
+        }
+    }
+
     /// Releases, in the background, what `lease` may hold (an abandoned or refused grant).
     pub(crate) fn cleanup_in_background(&self, lease: Lease) {
         let backend = self.backend.clone();

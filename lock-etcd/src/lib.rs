@@ -323,6 +323,7 @@ impl EtcdBackend {
                 monotonic_fencing: true,
                 release_notices: true,
                 cross_process: true,
+                clock_drift: lock_core::ClockDrift::NONE,
                 hand_over: true,
             },
             notices,

@@ -42,6 +42,7 @@ const CAPABILITIES: Capabilities = Capabilities {
     release_notices: true,
     cross_process: false,
     hand_over: false,
+    clock_drift: lock_core::ClockDrift::NONE,
 };
 
 struct Entry {

@@ -129,6 +129,7 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     monotonic_fencing: true,
     release_notices: true,
     cross_process: true,
+    clock_drift: lock_core::ClockDrift::NONE,
     hand_over: true,
 };
 

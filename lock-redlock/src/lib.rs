@@ -268,6 +268,10 @@ impl RedlockBackend {
                 release_notices: true,
                 cross_process: true,
                 hand_over: false,
+                clock_drift: lock_core::ClockDrift {
+                    per_million: (config.drift() * 1e6).ceil() as u32,
+                    fixed: EXPIRY_PRECISION,
+                },
             },
             members,
             notices: Arc::new(ReleaseNotices::new()),
