@@ -10,7 +10,9 @@ use distlock::{Backend, Locker, MemoryBackend};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion_memory() {
     let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
-    let lockers: Vec<Locker> = (0..3).map(|_| Locker::with_backend(backend.clone())).collect();
+    let lockers: Vec<Locker> = (0..3)
+        .map(|_| Locker::with_backend(backend.clone()))
+        .collect();
     let report = Exclusion::new(lockers)
         .config(ExclusionConfig::from_env())
         .run()

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Fault, ViolationKind};
 use distlock::redis::RedisBackend;
-use distlock::{Locker, LockUrl};
+use distlock::{LockUrl, Locker};
 use lock_testkit::{FaultProxy, ProxyMode, RedisServer};
 use tokio::sync::Mutex;
 
@@ -36,8 +36,16 @@ async fn snapshot(server: &RedisServer) -> Vec<(String, i64, Vec<u8>)> {
         .expect("KEYS");
     let mut saved = Vec::new();
     for key in keys {
-        let pttl: i64 = redis::cmd("PTTL").arg(&key).query_async(&mut raw).await.unwrap();
-        let dump: Option<Vec<u8>> = redis::cmd("DUMP").arg(&key).query_async(&mut raw).await.unwrap();
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        let dump: Option<Vec<u8>> = redis::cmd("DUMP")
+            .arg(&key)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
         if let (Some(dump), true) = (dump, pttl != -2) {
             saved.push((key, pttl, dump));
         }
@@ -119,14 +127,17 @@ async fn exclusion_redis() {
     };
     let blackhole = {
         let proxy = proxies[0].clone();
-        Fault::new("L0's network blackholed past twice the longest TTL", move || {
-            let proxy = proxy.clone();
-            async move {
-                proxy.set_mode(ProxyMode::Blackhole);
-                tokio::time::sleep(TTL_MAX * 2 + Duration::from_millis(500)).await;
-                proxy.set_mode(ProxyMode::Pass);
-            }
-        })
+        Fault::new(
+            "L0's network blackholed past twice the longest TTL",
+            move || {
+                let proxy = proxy.clone();
+                async move {
+                    proxy.set_mode(ProxyMode::Blackhole);
+                    tokio::time::sleep(TTL_MAX * 2 + Duration::from_millis(500)).await;
+                    proxy.set_mode(ProxyMode::Pass);
+                }
+            },
+        )
     };
     let node = probe_backend.node().clone();
     let probe_server = server.clone();
@@ -143,7 +154,11 @@ async fn exclusion_redis() {
                 let mut left = Vec::new();
                 for name in names {
                     let key = node.lock_key(&name);
-                    let n: i64 = redis::cmd("EXISTS").arg(&key).query_async(&mut raw).await.unwrap();
+                    let n: i64 = redis::cmd("EXISTS")
+                        .arg(&key)
+                        .query_async(&mut raw)
+                        .await
+                        .unwrap();
                     if n == 1 {
                         left.push(key);
                     }

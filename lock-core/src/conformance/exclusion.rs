@@ -471,12 +471,7 @@ impl Exclusion {
         let caps = self.lockers[0].capabilities().clone();
         let seed = resolve_seed(self.config.seed);
         let (ttl_min, ttl_max) = ttl_range(&caps, self.config.ttl_range);
-        let keys: Vec<Arc<str>> = self
-            .config
-            .key_names()
-            .into_iter()
-            .map(Arc::from)
-            .collect();
+        let keys: Vec<Arc<str>> = self.config.key_names().into_iter().map(Arc::from).collect();
         let mut phases = vec!["normal".to_owned()];
         phases.extend(self.faults.iter().map(|f| f.name.clone()));
         eprintln!(
@@ -568,13 +563,21 @@ impl Exclusion {
                         format!("L{l}: settle() did not finish within {drain:?}"),
                     );
                 }
-                check_stats(&state, l, locker, "after the round's guards ended and settle()");
+                check_stats(
+                    &state,
+                    l,
+                    locker,
+                    "after the round's guards ended and settle()",
+                );
             }
         }
         lock(&state.phase).name = "final".into();
         lock(&state.phase).allowed.clear();
         for (l, locker) in self.lockers.iter().enumerate() {
-            if tokio::time::timeout(drain, locker.shutdown()).await.is_err() {
+            if tokio::time::timeout(drain, locker.shutdown())
+                .await
+                .is_err()
+            {
                 state.violation(
                     ViolationKind::Hang,
                     "",
@@ -629,7 +632,10 @@ fn resolve_seed(configured: Option<u64>) -> u64 {
 }
 
 /// The TTL range: configured, or from the backend's minimum.
-fn ttl_range(caps: &Capabilities, configured: Option<(Duration, Duration)>) -> (Duration, Duration) {
+fn ttl_range(
+    caps: &Capabilities,
+    configured: Option<(Duration, Duration)>,
+) -> (Duration, Duration) {
     let round = |d: Duration| caps.effective_ttl(d).unwrap_or(caps.min_ttl.max(d));
     match configured {
         Some((a, b)) => (round(a), round(b.max(a))),
@@ -704,7 +710,10 @@ enum Belief {
     Guard(Weak<LockGuard>),
     /// A `Locker::run` job, which cannot see its guard: alive (not dropped) and before a
     /// lower bound of its guard's validity.
-    Job { alive: Arc<AtomicBool>, until: Instant },
+    Job {
+        alive: Arc<AtomicBool>,
+        until: Instant,
+    },
 }
 
 impl Belief {
@@ -826,7 +835,8 @@ impl State {
         let (t2, fence_issue, accepted) = {
             let mut ks = lock(&self.resource[me.key]);
             let t2 = Instant::now();
-            ks.occupants.retain(|o| o.id == me.id || o.belief.sample().0);
+            ks.occupants
+                .retain(|o| o.id == me.id || o.belief.sample().0);
             for o in ks.occupants.iter().filter(|o| o.id != me.id) {
                 let (other_believes, other_until) = o.belief.sample();
                 if other_believes {
@@ -1022,7 +1032,10 @@ impl Worker {
             e => self.state.violation(
                 ViolationKind::UnexpectedError,
                 key,
-                format!("{}: acquire failed with a non-transient error: {e}", self.who),
+                format!(
+                    "{}: acquire failed with a non-transient error: {e}",
+                    self.who
+                ),
             ),
         }
     }
@@ -1033,7 +1046,12 @@ impl Worker {
         let guard = Arc::new(guard);
         let me = Holding {
             id: self.state.next_id.fetch_add(1, Ordering::SeqCst),
-            who: self.who.clone(),
+            who: format!(
+                "{} [ttl {:?}, watchdog {}]",
+                self.who,
+                guard.ttl(),
+                if watchdog { "on" } else { "off" }
+            ),
             key,
             fence: Some(guard.fence()),
             since: Instant::now(),
@@ -1117,7 +1135,11 @@ impl Worker {
         // minus the backend's drift allowance: half the TTL is a safe lower bound.
         let me = Holding {
             id: self.state.next_id.fetch_add(1, Ordering::SeqCst),
-            who: format!("{} (run job)", self.who),
+            who: format!(
+                "{} [run job, ttl {ttl:?}, watchdog {}]",
+                self.who,
+                if watchdog { "on" } else { "off" }
+            ),
             key,
             fence: None,
             since: before,
@@ -1148,7 +1170,10 @@ impl Worker {
             self.state.violation(
                 ViolationKind::RunOutcome,
                 &key_name,
-                format!("{}: run returned {result:?} but its job was not dropped", self.who),
+                format!(
+                    "{}: run returned {result:?} but its job was not dropped",
+                    self.who
+                ),
             );
         }
         let ran_for = lock(&started).map(|t| returned.saturating_duration_since(t));
