@@ -27,7 +27,9 @@ async fn exclusion_etcd() {
         lockers.push(Locker::new(backend(&endpoints).await));
     }
     let probe_backend = Arc::new(backend(&endpoints).await);
-    let config = ExclusionConfig::from_env();
+    // Fewer keys and more tasks than the default: whole-second TTLs make few iterations,
+    // and hand-overs (with renewals overlapping them) need siblings queued on one key.
+    let config = ExclusionConfig::from_env().keys(2).tasks_per_locker(4);
     // The checker's TTLs for etcd: whole seconds from the backend's minimum, up to 3×.
     let min_ttl = probe_backend
         .capabilities()

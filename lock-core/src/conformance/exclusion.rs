@@ -540,19 +540,22 @@ impl Exclusion {
                 );
             }
             let bound = round_end.max(Instant::now()) + drain;
-            for task in tasks {
-                match tokio::time::timeout_at(bound.into(), task).await {
+            for mut task in tasks {
+                match tokio::time::timeout_at(bound.into(), &mut task).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => state.violation(
-                        ViolationKind::Hang,
+                        ViolationKind::UnexpectedError,
                         "",
                         format!("a checker task failed: {e}"),
                     ),
-                    Err(_) => state.violation(
-                        ViolationKind::Hang,
-                        "",
-                        format!("a task did not finish within {drain:?} after its round"),
-                    ),
+                    Err(_) => {
+                        task.abort();
+                        state.violation(
+                            ViolationKind::Hang,
+                            "",
+                            format!("a task did not finish within {drain:?} after its round"),
+                        );
+                    }
                 }
             }
             for (l, locker) in self.lockers.iter().enumerate() {
@@ -1118,11 +1121,13 @@ impl Worker {
             .rng
             .gen_bool(0.5)
             .then(|| ttl.mul_f64(self.rng.gen_range(0.25..2.0)));
-        // A short wait: the job's belief bound below counts from before the acquire.
-        let wait = if self.rng.gen_bool(0.5) {
-            WaitStrategy::Skip
-        } else {
-            WaitStrategy::Wait(self.upto(ttl / 4))
+        // The job's belief bound below counts from before the acquire: after a long wait
+        // the job no longer counts as believing (its writes are skipped), but its outcome
+        // is still checked.
+        let wait = match self.rng.gen_range(0..3) {
+            0 => WaitStrategy::Skip,
+            1 => WaitStrategy::Wait(self.upto(ttl / 4)),
+            _ => WaitStrategy::Wait(self.upto(self.state.ttl_max * 2)),
         };
         let mut opts = LockOptions::new().ttl(ttl).wait(wait).watchdog(watchdog);
         if let Some(t) = job_timeout {
