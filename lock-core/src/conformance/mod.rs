@@ -7,6 +7,11 @@
 //! its name; TTLs are scaled up to the backend's minimum.
 //!
 //! Several [`Locker`]s over one backend stand in for several processes.
+//!
+//! [`exclusion`] holds the randomized exclusion checker (many Lockers × tasks, faults
+//! between rounds, a fenced resource that fails the run on any overlap).
+
+pub mod exclusion;
 
 use std::future::Future;
 use std::pin::Pin;
