@@ -8,7 +8,9 @@
 //!   backoff, local FIFO queues, cancellation safety, [`Locker::run`] for scheduled jobs,
 //!   [`Locker::acquire_many`] and [`Locker::shutdown`].
 //! - [`LockGuard`]: a held lock with a fencing token, a renewal watchdog, a `lost()` signal
-//!   and release on drop.
+//!   and release on drop. Its renewals, `extend` and release reach the server one at a
+//!   time, in order; a lost guard is never renewed again; its validity never exceeds what
+//!   the server may keep, even while an extension's answer is outstanding.
 //! - [`Error`]: one error type with actionable variants.
 //! - [`group`]: group commit, which backends use to send requests that arrive while the
 //!   server is busy as one call.
