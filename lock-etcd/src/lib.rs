@@ -615,12 +615,14 @@ impl Shared {
             });
         }
         let holder = holder_in(&response.response);
-        self.recycle(slot);
         // Its waiter hears of the next delete from the watch, from right after this answer.
         self.demand.ensure(key, response.revision.saturating_add(1));
-        Ok(Attempt::Taken {
-            expires_in: self.expires_in(holder.as_ref()).await,
-        })
+        let expires_in = self.expires_in(holder.as_ref()).await;
+        // Back to the pool only after the last await: an attempt cut off by its timeout
+        // revokes every lease it used, and a lease already in the pool may by then carry
+        // another lock.
+        self.recycle(slot);
+        Ok(Attempt::Taken { expires_in })
     }
 
     /// `txn` (an acquisition or a hand-over on `slot`'s lease): as is when the lease is
