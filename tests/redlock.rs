@@ -447,6 +447,7 @@ async fn bad_configuration_is_refused() {
     let server = RedisServer::start_with(RedisOptions {
         persistent: false,
         password: Some("pa55-right".into()),
+        ..RedisOptions::default()
     })
     .await;
     let url = format!("redlock://:hunter2@{}", server.addr());
@@ -877,6 +878,7 @@ async fn restart_with_persistence_grants_no_second_holder() {
     let persistent = RedisOptions {
         persistent: true,
         password: None,
+        ..RedisOptions::default()
     };
     let (mut servers, first, second) = hold_on_a_bare_majority(persistent, key, &opts).await;
     servers[1].restart().await;
