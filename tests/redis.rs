@@ -455,6 +455,56 @@ async fn fences_increase_across_restarts_without_persistence() {
     );
 }
 
+/// Fencing tokens keep increasing across a restart that restores an OLDER fence counter
+/// (an RDB snapshot taken before the last grants; AOF `everysec` and a promoted async
+/// replica do the same): grants a, b, c; snapshot; grants d, e, f; kill -9; restart from
+/// the snapshot. The counter is back at c's token, and the next grants must still be above
+/// f's, not re-issue d's and e's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_increase_across_a_restart_from_a_stale_snapshot() {
+    let mut server = RedisServer::start_with(RedisOptions {
+        rdb: true,
+        ..RedisOptions::default()
+    })
+    .await;
+    let backend = backend(&server.url()).await;
+    let fence_key = backend.node().fence_key("stale/k");
+    let locker = Locker::new(backend);
+    let mut fences = Vec::new();
+    let grant = |fences: &mut Vec<u64>, g: distlock::LockGuard| {
+        fences.push(g.fence());
+        g
+    };
+    for round in 0..2 {
+        for _ in 0..3 {
+            let g = locker
+                .acquire("stale/k", &skip(Duration::from_secs(10)))
+                .await
+                .unwrap();
+            grant(&mut fences, g).release().await.unwrap();
+        }
+        if round == 0 {
+            server.save().await;
+        }
+    }
+    server.restart().await;
+    assert!(
+        raw_exists(&server, &fence_key).await,
+        "the snapshot brought the (stale) counter back"
+    );
+    for _ in 0..3 {
+        let g = locker
+            .acquire("stale/k", &skip(Duration::from_secs(10)))
+            .await
+            .unwrap();
+        grant(&mut fences, g).release().await.unwrap();
+    }
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences must strictly increase across a restart from a stale snapshot: {fences:?}"
+    );
+}
+
 /// A waiter queued behind a holder of the same Locker is handed the key in one script,
 /// staged while the holder still holds it: the key is never deleted or announced free in
 /// between, the new fence is higher, and `inspect` names the new holder. A stale holder

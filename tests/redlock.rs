@@ -751,6 +751,59 @@ async fn fencing_holds_across_different_majorities() {
     }
 }
 
+/// Fencing tokens keep increasing when nodes restart from STALE snapshots (RDB taken before
+/// the last grants, then kill -9): grants a, b, c; SAVE on every node; grants d, e, f;
+/// nodes 1 and 2 restart from their snapshots and node 0 goes down, so the next quorum is
+/// made of stale nodes only. Each node's token is `max(counter + 1, TIME)`, so the next
+/// grants are above f's instead of re-issuing d's and e's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_increase_across_node_restarts_from_stale_snapshots() {
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        servers.push(
+            RedisServer::start_with(RedisOptions {
+                rdb: true,
+                ..RedisOptions::default()
+            })
+            .await,
+        );
+    }
+    let addrs: Vec<SocketAddr> = servers.iter().map(RedisServer::addr).collect();
+    let locker = Locker::new(backend(&addrs, "").await);
+    let key = "fence/stale";
+    let opts = skip(Duration::from_secs(10)).wait_for(Duration::from_secs(5));
+    let mut fences = Vec::new();
+    for round in 0..2 {
+        for _ in 0..3 {
+            let g = locker.acquire(key, &opts).await.unwrap();
+            fences.push(g.fence());
+            g.release().await.unwrap();
+        }
+        if round == 0 {
+            for server in &servers {
+                server.save().await;
+            }
+        }
+    }
+    servers[0].kill();
+    for server in &mut servers[1..] {
+        server.restart().await;
+        assert!(
+            raw_exists(server, &format!("distlock:{{{key}}}:fence")).await,
+            "the snapshot brought the (stale) counter back"
+        );
+    }
+    for _ in 0..3 {
+        let g = locker.acquire(key, &opts).await.unwrap();
+        fences.push(g.fence());
+        g.release().await.unwrap();
+    }
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences must strictly increase across restarts from stale snapshots: {fences:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Release notices, inspect, force_release
 // ---------------------------------------------------------------------------------------

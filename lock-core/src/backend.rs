@@ -21,7 +21,27 @@ pub struct Capabilities {
     pub ttl_granularity: Duration,
     /// The longest TTL the backend can represent; longer requests are refused.
     pub max_ttl: Duration,
-    /// Whether fencing tokens strictly increase across successive holders of a key.
+    /// Whether fencing tokens strictly increase across successive holders of a key (every
+    /// grant's token is greater than every earlier grant's for the same key), under the
+    /// conditions the backend documents; nothing is promised across different keys.
+    ///
+    /// What each backend promises across restarts and failovers:
+    /// - memory: a counter in the process (nothing survives the process anyway).
+    /// - redis: `max(counter + 1, server TIME in µs)` on every grant, so tokens increase
+    ///   across restarts and failovers that lose the counter or bring back an older one
+    ///   (no persistence, RDB, AOF `everysec`, an async replica promoted), unless the
+    ///   server's clock goes back (behind the time of earlier grants) while the counter is
+    ///   lost or stale.
+    /// - redlock (with fencing on): each node's token as for redis, the largest written
+    ///   back to a majority before the guard is returned; counters are kept for the TTL
+    ///   plus 10 minutes, after which (or once lost) node clocks order tokens, so nodes
+    ///   whose clocks disagree by more than that time can make tokens go back. `false` with
+    ///   fencing off.
+    /// - etcd: the revision of the granting write; the cluster's revision never goes back
+    ///   (short of restoring the cluster from an older backup).
+    ///
+    /// `false` means tokens may repeat or go back between holders: do not use them to
+    /// fence a resource.
     pub monotonic_fencing: bool,
     /// Whether the backend announces releases ([`Backend::listen`]), so waiters never poll.
     pub release_notices: bool,

@@ -21,9 +21,9 @@ use crate::CAPABILITIES;
 /// The name errors carry.
 pub(crate) const BACKEND: &str = "redis";
 
-/// How long a fence counter lives beyond the TTL of the grant that started it. While it
-/// lives, fences of the key increase whatever the server clock does; afterwards the server
-/// clock orders them (see the crate documentation).
+/// How long a fence counter lives beyond the TTL of the grant (or the Redlock write-back)
+/// that last wrote it. While it lives, fences of the key increase whatever the server clock
+/// does; afterwards the server clock orders them (see the crate documentation).
 pub const FENCE_RETENTION: Duration = Duration::from_secs(600);
 
 /// The largest fence this protocol handles: Lua numbers are doubles, exact up to 2^53.
@@ -204,10 +204,11 @@ impl RedisNode {
     /// Asking again with the owner that already holds the lock grants it again with the
     /// same fence and a fresh TTL.
     ///
-    /// Fences of a key strictly increase from grant to grant while its fence counter
-    /// lives, and otherwise (counter expired, or lost with a restart without persistence or
-    /// a failover) as long as the server clock did not step back by more than the time
-    /// since the previous grant (see the crate documentation).
+    /// A grant's fence is `max(counter + 1, server TIME in µs)`, written back to the
+    /// key's counter. Fences of a key strictly increase from grant to grant while the
+    /// counter lives, and otherwise (counter expired, lost, or restored STALE by an RDB
+    /// snapshot, AOF `everysec` or an async replica) as long as the server clock did not
+    /// go back below the time of the previous grants (see the crate documentation).
     ///
     /// # Errors
     /// [`Error::InvalidTtl`]; otherwise as [`ping`](Self::ping).

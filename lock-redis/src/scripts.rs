@@ -26,17 +26,38 @@ impl Script {
     }
 }
 
-/// The next fence of a lock whose key counter is `counter` (see [`ACQUIRE`]), into `fence`.
+/// The next fence of a lock whose fence counter is `counter` (see [`ACQUIRE`]), into
+/// `fence` (a local the caller declares): `max(counter + 1, server TIME in µs)`, written
+/// back to the counter, which is then kept for `retention` ms from this grant.
 macro_rules! next_fence {
     () => {
         r#"
-    local fence = redis.pcall('INCR', counter)
-    if type(fence) ~= 'number' or fence == 1 then
-      local now = redis.call('TIME')
-      fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-      redis.call('SET', counter, string.format('%d', fence), 'PX', retention)
+    local now = redis.call('TIME')
+    fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    local last = redis.pcall('GET', counter)
+    last = type(last) == 'string' and tonumber(last)
+    if last and last >= fence then fence = last + 1 end
+    redis.call('SET', counter, string.format('%d', fence), 'PX', retention)
+"#
+    };
+}
+
+/// The fence of the holder of a lock that asks again (a request re-sent after a lost
+/// reply), into `fence`: the counter (the last fence issued), or a new fence as
+/// [`next_fence`] makes when the counter is gone or not a number.
+macro_rules! current_fence {
+    () => {
+        concat!(
+            r#"
+    fence = redis.pcall('GET', counter)
+    fence = type(fence) == 'string' and tonumber(fence)
+    if not fence then
+"#,
+            next_fence!(),
+            r#"
     end
 "#
+        )
     };
 }
 
@@ -46,20 +67,25 @@ macro_rules! next_fence {
 /// owner that holds the lock grants it again with the same fence and a fresh TTL, so a
 /// request re-sent after a lost reply cannot leave an orphaned lock.
 ///
-/// The fence is the counter plus one while the counter lives (`INCR` keeps its expiry);
-/// otherwise the server time in µs, which starts a new counter kept for the retention. The
-/// counter orders grants whatever the clock does; the clock orders them across a lost or
-/// expired counter, because a counter that started at time `t` and served `k` grants holds
-/// `t + k`, below the time of its last grant. `INCR` answering 1 means the counter was
-/// missing (a live counter is never 0); `pcall` turns a non-numeric counter into a restart
-/// from the clock instead of an error. Numbers stay below 2^53, where Lua's doubles are
-/// exact; `%d` writes them without the exponent notation `tostring` would use.
+/// Every grant's fence is `max(counter + 1, server TIME in µs)`, written back to the
+/// counter with a fresh retention (the lock's TTL plus [`FENCE_RETENTION`]). The counter
+/// orders grants whatever the clock does; the clock orders them when the counter is
+/// missing (expired, lost with a restart) or STALE (an RDB snapshot, AOF `everysec` or an
+/// async replica brought back an older value): a token is never above the server time of
+/// its grant by more than the grants of the key within one microsecond, so a later clock
+/// reading exceeds every earlier token unless the clock went back. A counter that is not a
+/// number (a foreign value) counts as missing and is overwritten. Numbers stay below 2^53,
+/// where Lua's doubles are exact; `%d` writes them without the exponent notation
+/// `tostring` would use.
+///
+/// [`FENCE_RETENTION`]: crate::FENCE_RETENTION
 pub(crate) static ACQUIRE: Script = Script::new(concat!(
     r#"
 local out = {}
 for i = 1, #KEYS / 2 do
   local lock, counter = KEYS[2 * i - 1], KEYS[2 * i]
   local owner, ttl, retention = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  local fence
   if redis.call('SET', lock, owner, 'NX', 'PX', ttl) then
 "#,
     next_fence!(),
@@ -67,7 +93,10 @@ for i = 1, #KEYS / 2 do
     out[2 * i - 1], out[2 * i] = 1, fence
   elseif redis.call('GET', lock) == owner then
     redis.call('PEXPIRE', lock, ttl)
-    out[2 * i - 1], out[2 * i] = 1, tonumber(redis.call('GET', counter)) or 0
+"#,
+    current_fence!(),
+    r#"
+    out[2 * i - 1], out[2 * i] = 1, fence
   else
     out[2 * i - 1], out[2 * i] = 0, redis.call('PTTL', lock)
   end
@@ -86,6 +115,7 @@ pub(crate) static HAND_OVER: Script = Script::new(concat!(
 local lock, counter = KEYS[1], KEYS[2]
 local from, to, ttl, retention = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local holder = redis.call('GET', lock)
+local fence
 if holder == from then
   redis.call('SET', lock, to, 'PX', ttl)
 "#,
@@ -94,7 +124,10 @@ if holder == from then
   return {1, fence}
 elseif holder == to then
   redis.call('PEXPIRE', lock, ttl)
-  return {1, tonumber(redis.call('GET', counter)) or 0}
+"#,
+    current_fence!(),
+    r#"
+  return {1, fence}
 end
 return {0, redis.call('PTTL', lock)}
 "#

@@ -75,16 +75,35 @@
 //!
 //! ## Fencing tokens
 //!
-//! Each node issues its own token (see lock-redis). The largest token of a quorum is not
-//! monotonic by itself: two majorities can differ in their largest node. So, by default,
-//! a grant raises the fence counter of the key to its token on a majority of the nodes
-//! that granted it before it is returned ([`RedisNode::raise_fence`]; the nodes that
-//! issued the winning token already have it). Any later quorum shares a node with that
-//! majority, and that node's next token is greater, so tokens strictly increase across
-//! holders of a key. This costs one more round trip; it can be turned off
-//! (`fencing=false`, [`RedlockBuilder::fencing`]) and [`Capabilities::monotonic_fencing`]
-//! says which is in force. The promise holds as long as the nodes keep their data (see
-//! below) and lock-redis's counter promise holds on each node.
+//! Each node issues its own token by lock-redis's rule, `max(counter + 1, node TIME in µs)`,
+//! written back to that node's counter. The largest token of a quorum is not monotonic by
+//! itself: two majorities can differ in their largest node. So, by default, a grant raises
+//! the fence counter of the key to its token on a majority of the nodes that granted it
+//! before the guard is returned ([`RedisNode::raise_fence`]; the nodes that issued the
+//! winning token already have it). Any later quorum shares a node with that majority, and
+//! that node's next token is greater, so tokens strictly increase across holders of a key.
+//! This costs one more round trip; it can be turned off (`fencing=false`,
+//! [`RedlockBuilder::fencing`]) and [`Capabilities::monotonic_fencing`] says which is in
+//! force.
+//!
+//! What the tokens promise, precisely. A token `F` granted at (real) time `t` is carried by
+//! the counters of a majority, each kept for the TTL plus
+//! [`FENCE_RETENTION`](lock_redis::FENCE_RETENTION) (10 minutes) after it was written. A
+//! later grant's token is greater than `F`:
+//!
+//! - while one node of its quorum still has a counter carrying `F` (at most TTL + 10 min
+//!   after `t`, and only if that node did not lose it or restore an older one: a restart
+//!   without persistence, from an RDB snapshot or AOF `everysec`); otherwise
+//! - when the clock of one node of its quorum reads more than `F`, i.e. when that node's
+//!   clock is not behind the clock that issued `F` (at `t`) by more than the time since
+//!   `t`. Nodes with correct clocks always satisfy this.
+//!
+//! So tokens can go back only when node clocks disagree: a node whose clock runs ahead by
+//! `s` issues tokens that a later quorum without it and without a live counter (more than
+//! TTL + 10 minutes later, or sooner after counters were lost or restored stale) may
+//! undercut until `s` has passed. Keep node clocks synchronised (NTP) well within 10
+//! minutes; a counter lost on every node of a quorum is covered by the clocks alone.
+//! Tokens stay below 2^53.
 //!
 //! ## Safety: restarts, persistence and clocks
 //!
