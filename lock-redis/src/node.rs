@@ -226,6 +226,7 @@ impl RedisNode {
         };
         let reply = match self.grouped("acquire", lock_key, Op::Acquire(op)).await? {
             Out::Acquire(flag, value) => (flag, value),
+            Out::Refused(message) => return Err(self.failure("acquire", Failure::Refused(message))),
             Out::Release(_) => return Err(self.failure("acquire", mismatched())),
         };
         self.attempt_reply("acquire", started + ttl, reply)
@@ -345,6 +346,7 @@ impl RedisNode {
         };
         match self.grouped("release", lock_key, Op::Release(op)).await? {
             Out::Release(flag) => self.flag("release", Value::Int(flag)),
+            Out::Refused(message) => Err(self.failure("release", Failure::Refused(message))),
             Out::Acquire(..) => Err(self.failure("release", mismatched())),
         }
     }
@@ -576,10 +578,13 @@ pub(crate) enum Op {
     Release(ReleaseOp),
 }
 
-/// Its answer: `(1, fence)` or `(0, pttl)` for an acquire; 1 or 0 for a release.
+/// Its answer: `(1, fence)` or `(0, pttl)` for an acquire; 1 or 0 for a release; or the
+/// server's refusal of an operation on this request's keys alone (e.g. `WRONGTYPE`), which
+/// is this caller's error and nobody else's in its group.
 pub(crate) enum Out {
     Acquire(i64, i64),
     Release(i64),
+    Refused(String),
 }
 
 /// A node's acquires and releases, each group one call of [`scripts::ACQUIRE`] or of
@@ -627,11 +632,7 @@ impl Ops {
                     }
                 })
                 .await?;
-            let numbers = integers(&reply, acquires.len() * 2)?;
-            return Ok(numbers
-                .chunks(2)
-                .map(|p| Out::Acquire(p[0], p[1]))
-                .collect());
+            return acquire_answers(&reply, acquires.len());
         }
         if releases.len() != ops.len() {
             return Err(Failure::Reply("a group mixed acquires and releases".into()));
@@ -656,10 +657,7 @@ impl Ops {
                 }
             })
             .await?;
-        Ok(integers(&reply, releases.len())?
-            .into_iter()
-            .map(Out::Release)
-            .collect())
+        release_answers(&reply, releases.len())
     }
 }
 
@@ -722,6 +720,50 @@ fn gone() -> Failure {
     )
 }
 
+/// The `n` answers of an [`scripts::ACQUIRE`] reply: `flag, value` pairs, the value of a
+/// `-1` flag being the server's error message for that lock.
+fn acquire_answers(reply: &Value, n: usize) -> std::result::Result<Vec<Out>, Failure> {
+    let unexpected = || Failure::Reply(format!("unexpected reply {reply:?}"));
+    match reply {
+        Value::Array(items) if items.len() == n * 2 => items
+            .chunks(2)
+            .map(|pair| match pair {
+                [Value::Int(flag), Value::Int(value)] => Ok(Out::Acquire(*flag, *value)),
+                [Value::Int(-1), message] => {
+                    Ok(Out::Refused(text(message).ok_or_else(unexpected)?))
+                }
+                _ => Err(unexpected()),
+            })
+            .collect(),
+        _ => Err(unexpected()),
+    }
+}
+
+/// The `n` answers of a [`scripts::RELEASE`] reply: 1 or 0, or the server's error message
+/// for that lock.
+fn release_answers(reply: &Value, n: usize) -> std::result::Result<Vec<Out>, Failure> {
+    let unexpected = || Failure::Reply(format!("unexpected reply {reply:?}"));
+    match reply {
+        Value::Array(items) if items.len() == n => items
+            .iter()
+            .map(|item| match item {
+                Value::Int(flag) => Ok(Out::Release(*flag)),
+                message => Ok(Out::Refused(text(message).ok_or_else(unexpected)?)),
+            })
+            .collect(),
+        _ => Err(unexpected()),
+    }
+}
+
+/// The text of a string reply.
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
 /// `n` integers of an array reply.
 fn integers(reply: &Value, n: usize) -> std::result::Result<Vec<i64>, Failure> {
     let unexpected = || Failure::Reply(format!("unexpected reply {reply:?}"));
@@ -774,6 +816,9 @@ pub(crate) enum Failure {
     Redis(RedisError),
     /// The server answered something the protocol does not allow.
     Reply(String),
+    /// The server refused an operation on this request's keys (e.g. `WRONGTYPE`: a value
+    /// of another type at the lock key); the rest of its group was answered.
+    Refused(String),
     /// The failure of a group this request was part of.
     Shared(Arc<Failure>),
 }
@@ -790,7 +835,7 @@ impl Failure {
     fn is_transient(&self) -> bool {
         match self {
             Failure::Timeout => true,
-            Failure::Reply(_) => false,
+            Failure::Reply(_) | Failure::Refused(_) => false,
             Failure::Shared(failure) => failure.is_transient(),
             Failure::Redis(e) => match e.kind() {
                 ErrorKind::Io => true,
@@ -841,6 +886,10 @@ impl fmt::Display for NodeError {
                 )
             }
             Failure::Reply(what) => f.write_str(what),
+            Failure::Refused(what) => write!(
+                f,
+                "the server refused an operation on the lock's keys: {what}"
+            ),
             Failure::Shared(_) => f.write_str("the request's group failed"),
             Failure::Redis(e) => {
                 let auth = e.kind() == ErrorKind::AuthenticationFailed

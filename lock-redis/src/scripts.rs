@@ -28,7 +28,9 @@ impl Script {
 
 /// The next fence of a lock whose fence counter is `counter` (see [`ACQUIRE`]), into
 /// `fence` (a local the caller declares): `max(counter + 1, server TIME in µs)`, written
-/// back to the counter, which is then kept for `retention` ms from this grant.
+/// back to the counter, which is then kept for `retention` ms from this grant. When the
+/// write is refused (e.g. `OOM`), `fence` is `false` and `err` (also the caller's local)
+/// says why.
 macro_rules! next_fence {
     () => {
         r#"
@@ -37,7 +39,8 @@ macro_rules! next_fence {
     local last = redis.pcall('GET', counter)
     last = type(last) == 'string' and tonumber(last)
     if last and last >= fence then fence = last + 1 end
-    redis.call('SET', counter, string.format('%d', fence), 'PX', retention)
+    local written = redis.pcall('SET', counter, string.format('%d', fence), 'PX', retention)
+    if type(written) == 'table' and written.err then fence, err = false, written.err end
 "#
     };
 }
@@ -63,9 +66,17 @@ macro_rules! current_fence {
 
 /// Take locks if free, for one caller or a group of them. KEYS: lock, fence counter, for
 /// each lock. ARGV: owner, ttl ms, counter retention ms, for each lock. Returns, for each
-/// lock in order, `1, fence` when granted and `0, pttl` when taken. Asking again with the
-/// owner that holds the lock grants it again with the same fence and a fresh TTL, so a
-/// request re-sent after a lost reply cannot leave an orphaned lock.
+/// lock in order, `1, fence` when granted, `0, pttl` when taken, and `-1, message` when
+/// the server refused an operation on that lock's keys (e.g. `WRONGTYPE`: a foreign value
+/// of another type at the lock key). Asking again with the owner that holds the lock
+/// grants it again with the same fence and a fresh TTL, so a request re-sent after a lost
+/// reply cannot leave an orphaned lock.
+///
+/// Each lock's commands go through `redis.pcall`, so an error on one lock is that lock's
+/// answer and never aborts the script half-way (which would leave the grants already
+/// written for the earlier locks of a group, with nobody told): every caller of a group
+/// gets the answer it would have got alone. A lock whose fence cannot be written is not
+/// left granted (its key is deleted again).
 ///
 /// Every grant's fence is `max(counter + 1, server TIME in µs)`, written back to the
 /// counter with a fresh retention (the lock's TTL plus [`FENCE_RETENTION`]). The counter
@@ -81,24 +92,41 @@ macro_rules! current_fence {
 /// [`FENCE_RETENTION`]: crate::FENCE_RETENTION
 pub(crate) static ACQUIRE: Script = Script::new(concat!(
     r#"
+local function refused(reply)
+  return type(reply) == 'table' and reply.err
+end
 local out = {}
 for i = 1, #KEYS / 2 do
   local lock, counter = KEYS[2 * i - 1], KEYS[2 * i]
   local owner, ttl, retention = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
-  local fence
-  if redis.call('SET', lock, owner, 'NX', 'PX', ttl) then
+  local fence, err
+  local set = redis.pcall('SET', lock, owner, 'NX', 'PX', ttl)
+  if refused(set) then
+    err = set.err
+  elseif set then
 "#,
     next_fence!(),
     r#"
-    out[2 * i - 1], out[2 * i] = 1, fence
-  elseif redis.call('GET', lock) == owner then
-    redis.call('PEXPIRE', lock, ttl)
+    if not fence then redis.pcall('DEL', lock) end
+  else
+    local holder = redis.pcall('GET', lock)
+    if refused(holder) then
+      err = holder.err
+    elseif holder == owner then
+      redis.pcall('PEXPIRE', lock, ttl)
 "#,
     current_fence!(),
     r#"
+      if not fence then redis.pcall('DEL', lock) end
+    else
+      fence = false
+      out[2 * i - 1], out[2 * i] = 0, redis.pcall('PTTL', lock)
+    end
+  end
+  if fence then
     out[2 * i - 1], out[2 * i] = 1, fence
-  else
-    out[2 * i - 1], out[2 * i] = 0, redis.call('PTTL', lock)
+  elseif err then
+    out[2 * i - 1], out[2 * i] = -1, tostring(err)
   end
 end
 return out
@@ -109,24 +137,36 @@ return out
 /// fence counter. ARGV: holder, next owner, ttl ms, counter retention ms. Returns `1,
 /// fence` when handed over and `0, pttl` when the holder no longer holds it (nothing
 /// changes then). Asked again after a lost reply (the next owner holds it already), it
-/// answers as [`ACQUIRE`] does: the same fence, a fresh TTL.
+/// answers as [`ACQUIRE`] does: the same fence, a fresh TTL. When the new fence cannot be
+/// written (e.g. `OOM`), the hand-over is undone (the holder keeps the lock, the next
+/// owner holds nothing) and the error is returned.
 pub(crate) static HAND_OVER: Script = Script::new(concat!(
     r#"
 local lock, counter = KEYS[1], KEYS[2]
 local from, to, ttl, retention = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local holder = redis.call('GET', lock)
-local fence
+local fence, err
 if holder == from then
+  local left = redis.call('PTTL', lock)
   redis.call('SET', lock, to, 'PX', ttl)
 "#,
     next_fence!(),
     r#"
+  if not fence then
+    -- Undo: the holder keeps its lock, `to` gets nothing.
+    if left > 0 then redis.pcall('SET', lock, from, 'PX', left) else redis.pcall('SET', lock, from) end
+    return redis.error_reply(err)
+  end
   return {1, fence}
 elseif holder == to then
   redis.call('PEXPIRE', lock, ttl)
 "#,
     current_fence!(),
     r#"
+  if not fence then
+    redis.pcall('DEL', lock)
+    return redis.error_reply(err)
+  end
   return {1, fence}
 end
 return {0, redis.call('PTTL', lock)}
@@ -145,14 +185,20 @@ return 0
 
 /// Delete locks that are still ours and announce each release, for one caller or a group.
 /// KEYS: the locks. ARGV: channel, then owner and notice for each lock. Returns, for each
-/// lock in order, 1 when deleted and 0 when it was not ours (then nothing changes).
+/// lock in order, 1 when deleted, 0 when it was not ours (then nothing changes), and an
+/// error message (a string) when the server refused to read that lock's key (e.g.
+/// `WRONGTYPE`). As in [`ACQUIRE`], `redis.pcall` keeps an error on one lock from
+/// aborting the others' releases.
 pub(crate) static RELEASE: Script = Script::new(
     r#"
 local out = {}
 for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[2 * i] then
-    redis.call('DEL', KEYS[i])
-    redis.call('PUBLISH', ARGV[1], ARGV[2 * i + 1])
+  local holder = redis.pcall('GET', KEYS[i])
+  if type(holder) == 'table' and holder.err then
+    out[i] = tostring(holder.err)
+  elseif holder == ARGV[2 * i] then
+    redis.pcall('DEL', KEYS[i])
+    redis.pcall('PUBLISH', ARGV[1], ARGV[2 * i + 1])
     out[i] = 1
   else
     out[i] = 0
