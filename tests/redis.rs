@@ -595,6 +595,99 @@ async fn blackholed_network_never_hangs() {
     g.release().await.unwrap();
 }
 
+/// An acquire that timed out and was abandoned, whose request reaches the server only AFTER
+/// its clean-up (it sat in a socket buffer on the discarded connection; the clean-up went
+/// on another one): the late request must not grant. Reproduced deterministically with the
+/// acquire's connection behind a proxy that holds its bytes, and the clean-up on a direct
+/// connection. A plain release there (the old clean-up) finds nothing, and the late
+/// acquire then leaves an orphaned lock for its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_acquire_arriving_after_its_abandon_grants_nothing() {
+    let server = RedisServer::start().await;
+    let proxy = FaultProxy::start(server.addr()).await;
+    let late = RedisBackend::builder(proxy.addr().to_string())
+        .timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let direct = backend(&server.url()).await;
+    let lock_key = direct.node().lock_key("abandon/late");
+    // Load the acquire script, so that the late EVALSHA runs rather than meet NOSCRIPT.
+    let warm = Owner::random();
+    direct
+        .try_acquire("abandon/warm", warm, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let owner = Owner::random();
+    proxy.set_mode(ProxyMode::Blackhole);
+    let e = late
+        .try_acquire("abandon/late", owner, Duration::from_secs(30))
+        .await
+        .expect_err("no answer through the blackhole");
+    assert!(e.is_transient(), "{e}");
+    direct
+        .abandon("abandon/late", owner)
+        .await
+        .expect("the abandon reaches the server");
+    let before = calls(&server, "evalsha").await + calls(&server, "eval").await;
+    proxy.set_mode(ProxyMode::Pass);
+    // The held acquire is delivered now.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while calls(&server, "evalsha").await + calls(&server, "eval").await == before {
+        assert!(Instant::now() < deadline, "the held acquire never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !raw_exists(&server, &lock_key).await,
+        "the late acquire of an abandoned attempt left an orphaned lock"
+    );
+    // The key is free for everyone else.
+    let other = Owner::random();
+    assert!(matches!(
+        direct
+            .try_acquire("abandon/late", other, Duration::from_secs(5))
+            .await
+            .unwrap(),
+        distlock::Attempt::Granted { .. }
+    ));
+}
+
+/// The scenario of a paused server (SIGSTOP): an acquire times out with its request in the
+/// server's socket buffer, the connection is discarded, and `abandon` goes on a new one;
+/// after SIGCONT the key is not left held, whichever request the server reads first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_abandoned_on_a_paused_server_leaves_no_lock() {
+    let server = RedisServer::start().await;
+    let backend = RedisBackend::builder(server.addr().to_string())
+        .timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let lock_key = backend.node().lock_key("abandon/paused");
+    let patient = RedisBackend::from_node(backend.node().with_timeout(Duration::from_secs(5)));
+    let warm = Owner::random();
+    backend
+        .try_acquire("abandon/warm", warm, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let owner = Owner::random();
+    server.pause();
+    let e = backend
+        .try_acquire("abandon/paused", owner, Duration::from_secs(30))
+        .await
+        .expect_err("a paused server does not answer");
+    assert!(e.is_transient(), "{e}");
+    let abandon = tokio::spawn(async move { patient.abandon("abandon/paused", owner).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.resume();
+    abandon.await.unwrap().expect("abandon after the resume");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !raw_exists(&server, &lock_key).await,
+        "an abandoned acquire left its lock behind"
+    );
+}
+
 /// Fencing tokens keep increasing across restarts of a server without persistence, where
 /// the fence counter is lost and only the server clock orders grants.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -804,6 +804,79 @@ async fn fences_increase_across_node_restarts_from_stale_snapshots() {
     );
 }
 
+/// Calls of EVALSHA and EVAL the server has answered so far.
+async fn script_calls(server: &RedisServer) -> u64 {
+    let mut raw = server.client().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("cmdstat_evalsha:calls=")
+                .or_else(|| l.strip_prefix("cmdstat_eval:calls="))
+        })
+        .filter_map(|rest| rest.split(',').next())
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum()
+}
+
+/// An attempt whose requests time out on every node (held in the network) and that is
+/// then abandoned through another connection: when the held requests finally arrive, they
+/// grant nothing on any node (a plain release, the old clean-up, found nothing and let
+/// them leave orphaned keys for their TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_attempt_arriving_late_grants_nothing() {
+    let nodes = RedisNodes::start(3).await;
+    let mut proxies = Vec::new();
+    for addr in nodes.addrs() {
+        proxies.push(FaultProxy::start(addr).await);
+    }
+    let proxied: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
+    let late = backend(&proxied, "timeout=100ms").await;
+    let direct = backend(&nodes.addrs(), "").await;
+    let ttl = Duration::from_secs(30);
+    // Load the scripts on every node, so that the late EVALSHAs run.
+    let (warm, granted) = attempt(&late, "abandon/warm", ttl).await;
+    late.release(&lease_of("abandon/warm", warm, &granted.unwrap()))
+        .await
+        .unwrap();
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::Blackhole);
+    }
+    let (owner, result) = attempt(&late, "abandon/late", ttl).await;
+    let e = result.expect_err("no node answers through the blackhole");
+    assert!(e.is_transient(), "{e}");
+    direct
+        .abandon("abandon/late", owner)
+        .await
+        .expect("the abandon reaches every node");
+    let mut before = Vec::new();
+    for server in nodes.nodes() {
+        before.push(script_calls(server).await);
+    }
+    // Long enough for the attempt's own background clean-ups to time out in the blackhole
+    // too: only the abandon through the direct connections reached the nodes.
+    tokio::time::sleep(distlock::redlock::UNTIMED_NODE_TIMEOUT + Duration::from_millis(200)).await;
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::Pass);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for (server, before) in nodes.nodes().iter().zip(before) {
+        while script_calls(server).await == before {
+            assert!(Instant::now() < deadline, "a held acquire never arrived");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    for (i, server) in nodes.nodes().iter().enumerate() {
+        assert!(
+            !raw_exists(server, &lock_key("abandon/late")).await,
+            "node {i}: the late request of an abandoned attempt left an orphaned key"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Release notices, inspect, force_release
 // ---------------------------------------------------------------------------------------

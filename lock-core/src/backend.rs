@@ -187,6 +187,36 @@ pub trait Backend: Send + Sync + 'static {
     /// Deletes the lock if it is still ours; `NotHeld` if it was not.
     async fn release(&self, lease: &Lease) -> Result<()>;
 
+    /// Forgets an attempt of `owner` on `key` whose answer never came (it timed out, failed
+    /// transiently, or its caller gave up): if the attempt was granted, releases it; if it
+    /// has not reached the server yet, makes sure it never grants. `owner` is the owner
+    /// token of that one attempt (of a [`try_acquire`](Self::try_acquire), or the `to` of
+    /// a [`hand_over`](Self::hand_over)); the caller never uses it again.
+    ///
+    /// The Locker calls this to clean up after an abandoned attempt, instead of a release:
+    /// a release sent on a new connection can reach the server before the attempt still
+    /// buffered on the old one, and then leaves the later grant orphaned for its TTL. A
+    /// backend whose requests can be reordered so overrides it with a tombstone that the
+    /// late attempt finds; a backend whose server sees one client's requests in order may
+    /// keep the default.
+    ///
+    /// `Ok` also when nothing was held. An error means the clean-up may not have reached
+    /// the server: a grant may then stay until its TTL. The default releases
+    /// `Lease::new(key, owner, 0, now)` and maps [`Error::NotHeld`](crate::Error::NotHeld)
+    /// to `Ok`.
+    ///
+    /// Cancellation: dropping the future may leave the clean-up undone (the same as an
+    /// error); run it on a task of its own when it must finish.
+    async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
+        match self
+            .release(&Lease::new(key, owner, 0, Instant::now()))
+            .await
+        {
+            Ok(()) | Err(crate::Error::NotHeld { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Passes the lock `from` holds straight to `to` for `ttl` (already validated and
     /// rounded), in one step on the server, for a Locker whose next waiter on the key is
     /// queued behind `from`'s holder. Called only when [`Capabilities::hand_over`] is true.
@@ -284,6 +314,9 @@ macro_rules! forward_backend {
             }
             async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
                 (**self).hand_over(from, to, ttl).await
+            }
+            async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
+                (**self).abandon(key, owner).await
             }
             fn try_acquire_now(
                 &self,

@@ -44,7 +44,13 @@
 //!   [`Backend::hand_over`]): `SET lock next PX ttl` only if the value is still the
 //!   holder's owner token, with the next fence; the key is never free in between, so no
 //!   notice is published;
-//! - neither extend, release nor hand-over ever touches another owner's lock.
+//! - abandon (clean-up after an attempt whose answer never came, [`Backend::abandon`]):
+//!   `SET` a tombstone `<prefix>{name}:x:<owner>` for [`ABANDON_RETENTION`] (10 minutes),
+//!   then `DEL` + `PUBLISH` if the lock holds that owner. Acquire and hand-over refuse an
+//!   owner whose tombstone exists, so the abandoned request cannot grant even when it
+//!   reaches the server after the clean-up (it may sit in the socket buffer of the
+//!   discarded connection while the clean-up goes on a new one);
+//! - neither extend, release, hand-over nor abandon ever touches another owner's lock.
 //!
 //! Acquires and releases are grouped under load ([`lock_core::group`]): while two calls
 //! are on their way, further ones queue and then go as one call of the acquire (or the
@@ -123,7 +129,7 @@ use lock_core::{
 };
 
 pub use config::{RedisBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
-pub use node::{RedisNode, FENCE_RETENTION, MAX_FENCE};
+pub use node::{RedisNode, ABANDON_RETENTION, FENCE_RETENTION, MAX_FENCE};
 pub use watch::ReleaseWatch;
 
 /// What the Redis backend promises (see the crate documentation).
@@ -237,6 +243,15 @@ impl Backend for RedisBackend {
         } else {
             Err(Self::not_held(lease))
         }
+    }
+
+    /// A tombstone refuses the attempt should it still arrive, and a grant it got already
+    /// is deleted and announced ([`RedisNode::abandon`]).
+    async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
+        if self.node.abandon(key, owner).await? {
+            self.notices.notify(key);
+        }
+        Ok(())
     }
 
     fn listen(&self, key: &str) -> Option<ReleaseListener> {

@@ -26,6 +26,14 @@ pub(crate) const BACKEND: &str = "redis";
 /// does; afterwards the server clock orders them (see the crate documentation).
 pub const FENCE_RETENTION: Duration = Duration::from_secs(600);
 
+/// How long the tombstone of an abandoned attempt lives ([`RedisNode::abandon`]): an
+/// attempt's request that reaches the server up to this long after its abandon is refused.
+/// A request delayed longer (a server paused for more than this with the request in its
+/// socket buffer) can still grant, and that lock then lives for its TTL. Ten minutes is
+/// far longer than TCP keeps retransmitting to an unreachable peer by default, and each
+/// tombstone is one small key, written only for attempts whose answer never came.
+pub const ABANDON_RETENTION: Duration = Duration::from_secs(600);
+
 /// The largest fence this protocol handles: Lua numbers are doubles, exact up to 2^53.
 pub const MAX_FENCE: u64 = 1 << 53;
 
@@ -178,6 +186,15 @@ impl RedisNode {
         key(self.prefix(), name, ":fence")
     }
 
+    /// The Redis key of the tombstone of `owner`'s abandoned attempt on lock `name`:
+    /// `<prefix>{<name>}:x:<owner>` (the lock's hash tag; it cannot equal a lock key, which
+    /// ends with `}`, nor a fence counter key, which ends with `:fence`).
+    pub fn tombstone_key(&self, name: &str, owner: Owner) -> String {
+        let mut key = key(self.prefix(), name, ":x:");
+        key.push_str(std::str::from_utf8(&hex(owner)).unwrap_or_default());
+        key
+    }
+
     /// The pub/sub channel releases are announced on.
     pub fn release_channel(&self) -> &str {
         &self.shared.channel
@@ -219,6 +236,7 @@ impl RedisNode {
         let lock_key = self.lock_key(name);
         let op = AcquireOp {
             fence_key: self.fence_key(name),
+            tombstone: self.tombstone_key(name, owner),
             owner: hex(owner),
             ttl_ms,
             retention: ttl_ms + millis(FENCE_RETENTION),
@@ -249,12 +267,14 @@ impl RedisNode {
         let ttl_ms = millis(ttl);
         let started = Instant::now();
         let (lock_key, fence_key) = (self.lock_key(name), self.fence_key(name));
+        let tombstone = self.tombstone_key(name, to);
         let (from, to) = (hex(from), hex(to));
         let reply = self
             .eval(&scripts::HAND_OVER, "hand_over", |cmd| {
-                cmd.arg(2)
+                cmd.arg(3)
                     .arg(&lock_key)
                     .arg(&fence_key)
+                    .arg(&tombstone)
                     .arg(&from[..])
                     .arg(&to[..])
                     .arg(ttl_ms)
@@ -349,6 +369,42 @@ impl RedisNode {
             Out::Refused(message) => Err(self.failure("release", Failure::Refused(message))),
             Out::Acquire(..) => Err(self.failure("release", mismatched())),
         }
+    }
+
+    /// Forgets `owner`'s attempt on lock `name` whose answer never came (it timed out, or
+    /// its caller gave up): writes the attempt's tombstone ([`tombstone_key`], kept for
+    /// [`ABANDON_RETENTION`]), so that its request, if it reaches the server later (it may
+    /// sit in the socket buffer of a discarded connection while this goes on a new one),
+    /// is answered "taken" and grants nothing; and deletes the lock (announcing the
+    /// release) if the attempt was granted already. `true` when a lock was deleted.
+    ///
+    /// One script, sent at once (not behind queued requests): order does not matter, the
+    /// tombstone covers an attempt that arrives after it.
+    ///
+    /// Cancellation: dropping the future after the request went out does not recall it;
+    /// before, nothing is written, and the attempt may still grant (until its TTL).
+    ///
+    /// [`tombstone_key`]: Self::tombstone_key
+    ///
+    /// # Errors
+    /// As [`ping`](Self::ping); an error means the tombstone may not be written.
+    pub async fn abandon(&self, name: &str, owner: Owner) -> Result<bool> {
+        let lock_key = self.lock_key(name);
+        let tombstone = self.tombstone_key(name, owner);
+        let notice = self.notice(name);
+        let owner = hex(owner);
+        let reply = self
+            .eval(&scripts::ABANDON, "abandon", |cmd| {
+                cmd.arg(2)
+                    .arg(&lock_key)
+                    .arg(&tombstone)
+                    .arg(&owner[..])
+                    .arg(&self.shared.channel)
+                    .arg(&notice)
+                    .arg(millis(ABANDON_RETENTION));
+            })
+            .await?;
+        self.flag("abandon", reply)
     }
 
     /// Deletes lock `name` whoever holds it and announces the release; `true` when a lock
@@ -552,6 +608,7 @@ pub(crate) type Queued = Arc<dyn Fn() + Send + Sync>;
 /// One acquire of a group (its lock key travels with it).
 pub(crate) struct AcquireOp {
     fence_key: String,
+    tombstone: String,
     owner: [u8; 32],
     ttl_ms: u64,
     retention: u64,
@@ -623,9 +680,9 @@ impl Ops {
         if acquires.len() == ops.len() {
             let reply = shared
                 .eval_raw(&scripts::ACQUIRE, deadline, dispatched, |cmd| {
-                    cmd.arg(acquires.len() * 2);
+                    cmd.arg(acquires.len() * 3);
                     for (lock_key, op) in &acquires {
-                        cmd.arg(*lock_key).arg(&op.fence_key);
+                        cmd.arg(*lock_key).arg(&op.fence_key).arg(&op.tombstone);
                     }
                     for (_, op) in &acquires {
                         cmd.arg(&op.owner[..]).arg(op.ttl_ms).arg(op.retention);

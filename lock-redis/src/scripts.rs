@@ -64,9 +64,11 @@ macro_rules! current_fence {
     };
 }
 
-/// Take locks if free, for one caller or a group of them. KEYS: lock, fence counter, for
-/// each lock. ARGV: owner, ttl ms, counter retention ms, for each lock. Returns, for each
-/// lock in order, `1, fence` when granted, `0, pttl` when taken, and `-1, message` when
+/// Take locks if free, for one caller or a group of them. KEYS: lock, fence counter,
+/// tombstone of the owner, for each lock. ARGV: owner, ttl ms, counter retention ms, for
+/// each lock. Returns, for each lock in order, `1, fence` when granted, `0, pttl` when
+/// taken (also when the owner's tombstone exists: the attempt was abandoned, see
+/// [`ABANDON`]), and `-1, message` when
 /// the server refused an operation on that lock's keys (e.g. `WRONGTYPE`: a foreign value
 /// of another type at the lock key). Asking again with the owner that holds the lock
 /// grants it again with the same fence and a fresh TTL, so a request re-sent after a lost
@@ -96,12 +98,20 @@ local function refused(reply)
   return type(reply) == 'table' and reply.err
 end
 local out = {}
-for i = 1, #KEYS / 2 do
-  local lock, counter = KEYS[2 * i - 1], KEYS[2 * i]
+for i = 1, #KEYS / 3 do
+  local lock, counter, tombstone = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local owner, ttl, retention = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   local fence, err
-  local set = redis.pcall('SET', lock, owner, 'NX', 'PX', ttl)
-  if refused(set) then
+  local set = false
+  if redis.pcall('EXISTS', tombstone) == 1 then
+    fence = false
+    out[2 * i - 1], out[2 * i] = 0, redis.pcall('PTTL', lock)
+  else
+    set = redis.pcall('SET', lock, owner, 'NX', 'PX', ttl)
+  end
+  if fence == false then
+    -- abandoned: answered as taken above
+  elseif refused(set) then
     err = set.err
   elseif set then
 "#,
@@ -134,9 +144,10 @@ return out
 ));
 
 /// Pass a lock straight from its holder to the next owner, with a new fence. KEYS: lock,
-/// fence counter. ARGV: holder, next owner, ttl ms, counter retention ms. Returns `1,
-/// fence` when handed over and `0, pttl` when the holder no longer holds it (nothing
-/// changes then). Asked again after a lost reply (the next owner holds it already), it
+/// fence counter, tombstone of the next owner. ARGV: holder, next owner, ttl ms, counter
+/// retention ms. Returns `1, fence` when handed over and `0, pttl` when the holder no
+/// longer holds it or the next owner's attempt was abandoned ([`ABANDON`]; nothing changes
+/// then). Asked again after a lost reply (the next owner holds it already), it
 /// answers as [`ACQUIRE`] does: the same fence, a fresh TTL. When the new fence cannot be
 /// written (e.g. `OOM`), the hand-over is undone (the holder keeps the lock, the next
 /// owner holds nothing) and the error is returned.
@@ -144,6 +155,7 @@ pub(crate) static HAND_OVER: Script = Script::new(concat!(
     r#"
 local lock, counter = KEYS[1], KEYS[2]
 local from, to, ttl, retention = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+if redis.call('EXISTS', KEYS[3]) == 1 then return {0, redis.call('PTTL', lock)} end
 local holder = redis.call('GET', lock)
 local fence, err
 if holder == from then
@@ -205,6 +217,24 @@ for i = 1, #KEYS do
   end
 end
 return out
+"#,
+);
+
+/// Forget an attempt whose answer never came. KEYS: lock, tombstone of the owner. ARGV:
+/// owner, channel, notice, tombstone retention ms. Writes the tombstone (so that the
+/// attempt, should it still arrive, is refused by [`ACQUIRE`] or [`HAND_OVER`]), then
+/// deletes the lock and announces it if the owner holds it (it was granted). Returns 1 when
+/// a lock was deleted, 0 otherwise. The tombstone is written in both cases: a request can
+/// have been sent twice (re-sent on a new connection after the first looked lost).
+pub(crate) static ABANDON: Script = Script::new(
+    r#"
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  return 1
+end
+return 0
 "#,
 );
 
