@@ -242,13 +242,48 @@ type Launches<S> = Vec<(tokio::runtime::Handle, Vec<Pending<S>>, Room<S>)>;
 
 /// Spawns the groups [`GroupCommit::launch`] took (call it without the state lock held).
 /// Each task owns its room from the start, so dropping it unpolled frees the room.
+///
+/// A runtime that is shutting down drops a task inside `spawn`; its room's drop launches
+/// the next groups, whose spawn drops them at once too, and so on: so spawns made during
+/// a spawn are deferred to the outermost call's loop instead of recursing (one level of
+/// stack however long the queue).
 fn spawn_groups<S: GroupSend>(launches: Launches<S>) {
-    for (runtime, group, room) in launches {
-        runtime.spawn(async move {
-            let commit = room.commit.clone();
-            commit.send_group(group, &|| room.free_keys()).await;
-        });
+    if launches.is_empty() {
+        return;
     }
+    let spawn = move || {
+        for (runtime, group, room) in launches {
+            runtime.spawn(async move {
+                let commit = room.commit.clone();
+                commit.send_group(group, &|| room.free_keys()).await;
+            });
+        }
+    };
+    let nested = DEFERRED.with(|deferred| match deferred.borrow_mut().as_mut() {
+        Some(later) => {
+            later.push(Box::new(spawn));
+            None
+        }
+        None => Some(spawn),
+    });
+    let Some(spawn) = nested else {
+        return;
+    };
+    DEFERRED.with(|deferred| *deferred.borrow_mut() = Some(Vec::new()));
+    spawn();
+    while let Some(next) =
+        DEFERRED.with(|deferred| deferred.borrow_mut().as_mut().and_then(Vec::pop))
+    {
+        next();
+    }
+    DEFERRED.with(|deferred| *deferred.borrow_mut() = None);
+}
+
+thread_local! {
+    /// Spawns deferred by a [`spawn_groups`] running further up this thread's stack.
+    #[allow(clippy::type_complexity)]
+    static DEFERRED: std::cell::RefCell<Option<Vec<Box<dyn FnOnce()>>>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// A place on the way, and the keys it carries; freeing the keys (at dispatch, or at the

@@ -99,7 +99,8 @@
 //! Nothing is promised across different keys, nor when the server clock steps back (NTP
 //! stepping it, a failover to a replica whose clock is behind) by more than the time since
 //! the key's last grant while the counter is lost or stale: tokens may then repeat or
-//! decrease. Each grant costs a `TIME`, a `GET` and a `SET` inside the acquire script.
+//! decrease. Each grant costs a `TIME`, a `GET` and a `SET` inside the acquire script (and
+//! every attempt an `EXISTS` of its tombstone, see abandon above).
 //!
 //! ## Capabilities
 //!
