@@ -455,6 +455,7 @@ async fn bad_configuration_is_refused() {
     let server = RedisServer::start_with(RedisOptions {
         persistent: false,
         password: Some("pa55-right".into()),
+        ..RedisOptions::default()
     })
     .await;
     let url = format!("redlock://:hunter2@{}", server.addr());
@@ -758,6 +759,132 @@ async fn fencing_holds_across_different_majorities() {
     }
 }
 
+/// Fencing tokens keep increasing when nodes restart from STALE snapshots (RDB taken before
+/// the last grants, then kill -9): grants a, b, c; SAVE on every node; grants d, e, f;
+/// nodes 1 and 2 restart from their snapshots and node 0 goes down, so the next quorum is
+/// made of stale nodes only. Each node's token is `max(counter + 1, TIME)`, so the next
+/// grants are above f's instead of re-issuing d's and e's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_increase_across_node_restarts_from_stale_snapshots() {
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        servers.push(
+            RedisServer::start_with(RedisOptions {
+                rdb: true,
+                ..RedisOptions::default()
+            })
+            .await,
+        );
+    }
+    let addrs: Vec<SocketAddr> = servers.iter().map(RedisServer::addr).collect();
+    let locker = Locker::new(backend(&addrs, "").await);
+    let key = "fence/stale";
+    let opts = skip(Duration::from_secs(10)).wait_for(Duration::from_secs(5));
+    let mut fences = Vec::new();
+    for round in 0..2 {
+        for _ in 0..3 {
+            let g = locker.acquire(key, &opts).await.unwrap();
+            fences.push(g.fence());
+            g.release().await.unwrap();
+        }
+        if round == 0 {
+            for server in &servers {
+                server.save().await;
+            }
+        }
+    }
+    servers[0].kill();
+    for server in &mut servers[1..] {
+        server.restart().await;
+        assert!(
+            raw_exists(server, &format!("distlock:{{{key}}}:fence")).await,
+            "the snapshot brought the (stale) counter back"
+        );
+    }
+    for _ in 0..3 {
+        let g = locker.acquire(key, &opts).await.unwrap();
+        fences.push(g.fence());
+        g.release().await.unwrap();
+    }
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences must strictly increase across restarts from stale snapshots: {fences:?}"
+    );
+}
+
+/// Calls of EVALSHA and EVAL the server has answered so far.
+async fn script_calls(server: &RedisServer) -> u64 {
+    let mut raw = server.client().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| {
+            l.strip_prefix("cmdstat_evalsha:calls=")
+                .or_else(|| l.strip_prefix("cmdstat_eval:calls="))
+        })
+        .filter_map(|rest| rest.split(',').next())
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum()
+}
+
+/// An attempt whose requests time out on every node (held in the network) and that is
+/// then abandoned through another connection: when the held requests finally arrive, they
+/// grant nothing on any node (a plain release, the old clean-up, found nothing and let
+/// them leave orphaned keys for their TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_attempt_arriving_late_grants_nothing() {
+    let nodes = RedisNodes::start(3).await;
+    let mut proxies = Vec::new();
+    for addr in nodes.addrs() {
+        proxies.push(FaultProxy::start(addr).await);
+    }
+    let proxied: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
+    let late = backend(&proxied, "timeout=100ms").await;
+    let direct = backend(&nodes.addrs(), "").await;
+    let ttl = Duration::from_secs(30);
+    // Load the scripts on every node, so that the late EVALSHAs run.
+    let (warm, granted) = attempt(&late, "abandon/warm", ttl).await;
+    late.release(&lease_of("abandon/warm", warm, &granted.unwrap()))
+        .await
+        .unwrap();
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::Blackhole);
+    }
+    let (owner, result) = attempt(&late, "abandon/late", ttl).await;
+    let e = result.expect_err("no node answers through the blackhole");
+    assert!(e.is_transient(), "{e}");
+    direct
+        .abandon("abandon/late", owner)
+        .await
+        .expect("the abandon reaches every node");
+    let mut before = Vec::new();
+    for server in nodes.nodes() {
+        before.push(script_calls(server).await);
+    }
+    // Long enough for the attempt's own background clean-ups to time out in the blackhole
+    // too: only the abandon through the direct connections reached the nodes.
+    tokio::time::sleep(distlock::redlock::UNTIMED_NODE_TIMEOUT + Duration::from_millis(200)).await;
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::Pass);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for (server, before) in nodes.nodes().iter().zip(before) {
+        while script_calls(server).await == before {
+            assert!(Instant::now() < deadline, "a held acquire never arrived");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    for (i, server) in nodes.nodes().iter().enumerate() {
+        assert!(
+            !raw_exists(server, &lock_key("abandon/late")).await,
+            "node {i}: the late request of an abandoned attempt left an orphaned key"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Release notices, inspect, force_release
 // ---------------------------------------------------------------------------------------
@@ -885,6 +1012,7 @@ async fn restart_with_persistence_grants_no_second_holder() {
     let persistent = RedisOptions {
         persistent: true,
         password: None,
+        ..RedisOptions::default()
     };
     let (mut servers, first, second) = hold_on_a_bare_majority(persistent, key, &opts).await;
     servers[1].restart().await;

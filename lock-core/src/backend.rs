@@ -21,7 +21,27 @@ pub struct Capabilities {
     pub ttl_granularity: Duration,
     /// The longest TTL the backend can represent; longer requests are refused.
     pub max_ttl: Duration,
-    /// Whether fencing tokens strictly increase across successive holders of a key.
+    /// Whether fencing tokens strictly increase across successive holders of a key (every
+    /// grant's token is greater than every earlier grant's for the same key), under the
+    /// conditions the backend documents; nothing is promised across different keys.
+    ///
+    /// What each backend promises across restarts and failovers:
+    /// - memory: a counter in the process (nothing survives the process anyway).
+    /// - redis: `max(counter + 1, server TIME in µs)` on every grant, so tokens increase
+    ///   across restarts and failovers that lose the counter or bring back an older one
+    ///   (no persistence, RDB, AOF `everysec`, an async replica promoted), unless the
+    ///   server's clock goes back (behind the time of earlier grants) while the counter is
+    ///   lost or stale.
+    /// - redlock (with fencing on): each node's token as for redis, the largest written
+    ///   back to a majority before the guard is returned; counters are kept for the TTL
+    ///   plus 10 minutes, after which (or once lost) node clocks order tokens, so nodes
+    ///   whose clocks disagree by more than that time can make tokens go back. `false` with
+    ///   fencing off.
+    /// - etcd: the revision of the granting write; the cluster's revision never goes back
+    ///   (short of restoring the cluster from an older backup).
+    ///
+    /// `false` means tokens may repeat or go back between holders: do not use them to
+    /// fence a resource.
     pub monotonic_fencing: bool,
     /// Whether the backend announces releases ([`Backend::listen`]), so waiters never poll.
     pub release_notices: bool,
@@ -202,6 +222,36 @@ pub trait Backend: Send + Sync + 'static {
     /// Deletes the lock if it is still ours; `NotHeld` if it was not.
     async fn release(&self, lease: &Lease) -> Result<()>;
 
+    /// Forgets an attempt of `owner` on `key` whose answer never came (it timed out, failed
+    /// transiently, or its caller gave up): if the attempt was granted, releases it; if it
+    /// has not reached the server yet, makes sure it never grants. `owner` is the owner
+    /// token of that one attempt (of a [`try_acquire`](Self::try_acquire), or the `to` of
+    /// a [`hand_over`](Self::hand_over)); the caller never uses it again.
+    ///
+    /// The Locker calls this to clean up after an abandoned attempt, instead of a release:
+    /// a release sent on a new connection can reach the server before the attempt still
+    /// buffered on the old one, and then leaves the later grant orphaned for its TTL. A
+    /// backend whose requests can be reordered so overrides it with a tombstone that the
+    /// late attempt finds; a backend whose server sees one client's requests in order may
+    /// keep the default.
+    ///
+    /// `Ok` also when nothing was held. An error means the clean-up may not have reached
+    /// the server: a grant may then stay until its TTL. The default releases
+    /// `Lease::new(key, owner, 0, now)` and maps [`Error::NotHeld`](crate::Error::NotHeld)
+    /// to `Ok`.
+    ///
+    /// Cancellation: dropping the future may leave the clean-up undone (the same as an
+    /// error); run it on a task of its own when it must finish.
+    async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
+        match self
+            .release(&Lease::new(key, owner, 0, Instant::now()))
+            .await
+        {
+            Ok(()) | Err(crate::Error::NotHeld { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Passes the lock `from` holds straight to `to` for `ttl` (already validated and
     /// rounded), in one step on the server, for a Locker whose next waiter on the key is
     /// queued behind `from`'s holder. Called only when [`Capabilities::hand_over`] is true.
@@ -299,6 +349,9 @@ macro_rules! forward_backend {
             }
             async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
                 (**self).hand_over(from, to, ttl).await
+            }
+            async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
+                (**self).abandon(key, owner).await
             }
             fn try_acquire_now(
                 &self,

@@ -11,6 +11,10 @@
 //! Requests on one key reach the server in the order they were sent: a request waits while
 //! another on its key is on its way. So a release that cleans up after an abandoned acquire
 //! (its caller gone, its request still queued or on its way) always runs after it.
+//!
+//! A call's slot and its keys' busy marks belong to a guard that is created when the call is
+//! counted and moves into the task that sends it, so they are freed however the call ends:
+//! answered, cancelled, or its task dropped before it ever ran (a runtime shutting down).
 
 use std::collections::{HashSet, VecDeque};
 use std::future::Future;
@@ -137,6 +141,7 @@ impl<S: GroupSend> GroupCommit<S> {
         request: S::Request,
         patience: Duration,
     ) -> Result<S::Answer, S::Error> {
+        let mut launches = Vec::new();
         let queued = {
             let mut state = self.state();
             if state.in_flight < self.max_in_flight
@@ -153,17 +158,20 @@ impl<S: GroupSend> GroupCommit<S> {
                     request,
                     reply,
                 });
-                self.launch(&mut state);
+                launches = self.launch(&mut state);
                 Ok(answer)
             }
         };
+        spawn_groups(launches);
         match queued {
             Ok(answer) => match tokio::time::timeout(patience, answer).await {
                 Ok(Ok(result)) => result,
                 Ok(Err(_)) | Err(_) => Err(self.sender.no_answer()),
             },
             Err(request) => {
-                let room = Room::new(self, Keys::One(key));
+                // Created in the same poll as the slot was counted: nothing can drop the
+                // future in between.
+                let room = Room::new(self.clone(), Keys::One(key));
                 self.sender.send_one(request, &|| room.free_keys()).await
             }
         }
@@ -174,30 +182,36 @@ impl<S: GroupSend> GroupCommit<S> {
         self.state().queue.len()
     }
 
-    /// Sends queued requests as groups while there is room on the way.
-    fn launch(self: &Arc<Self>, state: &mut State<S>) {
+    /// Takes queued requests as groups while there is room on the way, each with the room
+    /// (its slot and its keys' busy marks) it will free. The caller spawns them with
+    /// [`spawn_groups`] once the state lock is released: a runtime that is shutting down
+    /// drops a spawned task at once, inside `spawn`, and that drop takes the lock again.
+    ///
+    /// The room is counted here and travels into the task, so a task dropped before its
+    /// first poll (the runtime shutting down, or refusing it) still frees its slot and its
+    /// keys when its future is dropped: nothing leaks.
+    #[must_use = "the groups must be spawned"]
+    fn launch(self: &Arc<Self>, state: &mut State<S>) -> Launches<S> {
+        let mut launches = Vec::new();
         while state.in_flight < self.max_in_flight && !state.queue.is_empty() {
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 // No runtime (shutting down): the callers get `no_answer` from their
                 // dropped replies.
                 state.queue.clear();
-                return;
+                break;
             };
             let group = take_group(state, self.max_group, |a, b| self.sender.groups_with(a, b));
             if group.is_empty() {
                 // Everything queued waits for a key on its way.
-                return;
+                break;
             }
             state.in_flight += 1;
             let keys: Vec<GroupKey> = group.iter().map(|p| p.key).collect();
             state.busy.extend(keys.iter().copied());
-            let keys = Keys::Many(keys);
-            let me = self.clone();
-            runtime.spawn(async move {
-                let room = Room::new(&me, keys);
-                me.send_group(group, &|| room.free_keys()).await;
-            });
+            let room = Room::new(self.clone(), Keys::Many(keys));
+            launches.push((runtime, group, room));
         }
+        launches
     }
 
     async fn send_group(&self, group: Vec<Pending<S>>, dispatched: &(dyn Fn() + Sync)) {
@@ -223,10 +237,59 @@ impl<S: GroupSend> GroupCommit<S> {
     }
 }
 
+/// Groups taken by [`GroupCommit::launch`], each with its runtime and its room.
+type Launches<S> = Vec<(tokio::runtime::Handle, Vec<Pending<S>>, Room<S>)>;
+
+/// Spawns the groups [`GroupCommit::launch`] took (call it without the state lock held).
+/// Each task owns its room from the start, so dropping it unpolled frees the room.
+///
+/// A runtime that is shutting down drops a task inside `spawn`; its room's drop launches
+/// the next groups, whose spawn drops them at once too, and so on: so spawns made during
+/// a spawn are deferred to the outermost call's loop instead of recursing (one level of
+/// stack however long the queue).
+fn spawn_groups<S: GroupSend>(launches: Launches<S>) {
+    if launches.is_empty() {
+        return;
+    }
+    let spawn = move || {
+        for (runtime, group, room) in launches {
+            runtime.spawn(async move {
+                let commit = room.commit.clone();
+                commit.send_group(group, &|| room.free_keys()).await;
+            });
+        }
+    };
+    let nested = DEFERRED.with(|deferred| match deferred.borrow_mut().as_mut() {
+        Some(later) => {
+            later.push(Box::new(spawn));
+            None
+        }
+        None => Some(spawn),
+    });
+    let Some(spawn) = nested else {
+        return;
+    };
+    DEFERRED.with(|deferred| *deferred.borrow_mut() = Some(Vec::new()));
+    spawn();
+    while let Some(next) =
+        DEFERRED.with(|deferred| deferred.borrow_mut().as_mut().and_then(Vec::pop))
+    {
+        next();
+    }
+    DEFERRED.with(|deferred| *deferred.borrow_mut() = None);
+}
+
+thread_local! {
+    /// Spawns deferred by a [`spawn_groups`] running further up this thread's stack.
+    #[allow(clippy::type_complexity)]
+    static DEFERRED: std::cell::RefCell<Option<Vec<Box<dyn FnOnce()>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// A place on the way, and the keys it carries; freeing the keys (at dispatch, or at the
 /// latest on leaving) lets the requests waiting on them go.
-struct Room<'a, S: GroupSend> {
-    commit: &'a Arc<GroupCommit<S>>,
+struct Room<S: GroupSend> {
+    commit: Arc<GroupCommit<S>>,
     keys: Mutex<Keys>,
 }
 
@@ -259,8 +322,8 @@ impl Keys {
     }
 }
 
-impl<'a, S: GroupSend> Room<'a, S> {
-    fn new(commit: &'a Arc<GroupCommit<S>>, keys: Keys) -> Self {
+impl<S: GroupSend> Room<S> {
+    fn new(commit: Arc<GroupCommit<S>>, keys: Keys) -> Self {
         Room {
             commit,
             keys: Mutex::new(keys),
@@ -276,19 +339,26 @@ impl<'a, S: GroupSend> Room<'a, S> {
         if keys.is_empty() {
             return;
         }
-        let mut state = self.commit.state();
-        keys.unmark(&mut state.busy);
-        self.commit.launch(&mut state);
+        let launches = {
+            let mut state = self.commit.state();
+            keys.unmark(&mut state.busy);
+            self.commit.launch(&mut state)
+        };
+        spawn_groups(launches);
     }
 }
 
-impl<S: GroupSend> Drop for Room<'_, S> {
+impl<S: GroupSend> Drop for Room<S> {
+    /// Frees the slot and whatever keys are still marked, then launches what can go.
     fn drop(&mut self) {
         let keys = self.take_keys();
-        let mut state = self.commit.state();
-        state.in_flight -= 1;
-        keys.unmark(&mut state.busy);
-        self.commit.launch(&mut state);
+        let launches = {
+            let mut state = self.commit.state();
+            state.in_flight -= 1;
+            keys.unmark(&mut state.busy);
+            self.commit.launch(&mut state)
+        };
+        spawn_groups(launches);
     }
 }
 
@@ -501,5 +571,85 @@ mod tests {
             "{:?}",
             echo.log.lock().unwrap()
         );
+    }
+
+    /// Answers at once, except "slow", which waits until `open` is notified.
+    #[derive(Default)]
+    struct Gated {
+        open: tokio::sync::Notify,
+    }
+
+    impl GroupSend for Gated {
+        type Request = String;
+        type Answer = String;
+        type Error = String;
+        async fn send_one(
+            &self,
+            request: String,
+            _dispatched: &(dyn Fn() + Sync),
+        ) -> Result<String, String> {
+            if request == "slow" {
+                self.open.notified().await;
+            }
+            Ok(request)
+        }
+        async fn send_group(
+            &self,
+            requests: Vec<String>,
+            _dispatched: &(dyn Fn() + Sync),
+        ) -> Vec<Result<String, String>> {
+            requests.into_iter().map(Ok).collect()
+        }
+        fn no_answer(&self) -> String {
+            "no answer".into()
+        }
+    }
+
+    /// A group's task that is dropped before its first poll (here: its runtime ends right
+    /// after spawning it) still frees its slot and its keys' busy marks, so the commit keeps
+    /// working on another runtime instead of queueing every request forever.
+    #[test]
+    fn a_group_task_dropped_unpolled_frees_its_slot_and_keys() {
+        let g = GroupCommit::new(Gated::default(), 1, 8);
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap()
+        };
+        runtime().block_on(async {
+            let slow = g.send(GroupKey::of("slow"), "slow".into(), PATIENCE);
+            let queue_then_open = async {
+                let queued = g.clone();
+                // Queued behind "slow" (one call on the way at most).
+                tokio::spawn(async move {
+                    let _ = queued
+                        .send(GroupKey::of("next"), "next".into(), PATIENCE)
+                        .await;
+                });
+                while g.queued() == 0 {
+                    tokio::task::yield_now().await;
+                }
+                g.sender().open.notify_one();
+            };
+            let (answer, ()) = tokio::join!(slow, queue_then_open);
+            assert_eq!(answer, Ok("slow".into()));
+            // Leaving "slow" spawned the group of "next", and this future returns before
+            // the runtime polls it: dropping the runtime drops that task unpolled.
+        });
+        {
+            let state = g.state();
+            assert_eq!(state.in_flight, 0, "a dropped group task leaked its slot");
+            assert!(
+                state.busy.is_empty(),
+                "a dropped group task leaked its keys"
+            );
+        }
+        let answer = runtime().block_on(g.send(
+            GroupKey::of("next"),
+            "again".into(),
+            Duration::from_millis(500),
+        ));
+        assert_eq!(answer, Ok("again".into()));
     }
 }

@@ -44,7 +44,13 @@
 //!   [`Backend::hand_over`]): `SET lock next PX ttl` only if the value is still the
 //!   holder's owner token, with the next fence; the key is never free in between, so no
 //!   notice is published;
-//! - neither extend, release nor hand-over ever touches another owner's lock.
+//! - abandon (clean-up after an attempt whose answer never came, [`Backend::abandon`]):
+//!   `SET` a tombstone `<prefix>{name}:x:<owner>` for [`ABANDON_RETENTION`] (10 minutes),
+//!   then `DEL` + `PUBLISH` if the lock holds that owner. Acquire and hand-over refuse an
+//!   owner whose tombstone exists, so the abandoned request cannot grant even when it
+//!   reaches the server after the clean-up (it may sit in the socket buffer of the
+//!   discarded connection while the clean-up goes on a new one);
+//! - neither extend, release, hand-over nor abandon ever touches another owner's lock.
 //!
 //! Acquires and releases are grouped under load ([`lock_core::group`]): while two calls
 //! are on their way, further ones queue and then go as one call of the acquire (or the
@@ -69,25 +75,32 @@
 //!
 //! ## Fencing tokens
 //!
-//! Each key has a fence counter next to its lock. A grant's token is the counter plus one
-//! while the counter lives; when it does not (never locked, expired, or lost), the token is
-//! the server's `TIME` in µs and starts a new counter, kept for the lock's TTL plus
-//! [`FENCE_RETENTION`] (10 minutes) from its creation. What this promises, for the grants
-//! of one key:
+//! Each key has a fence counter next to its lock. Every grant's token is
+//! `max(counter + 1, server TIME in µs)`, and the token is written back to the counter,
+//! which is then kept for the lock's TTL plus [`FENCE_RETENTION`] (10 minutes) from that
+//! grant. The counter orders grants whatever the clock does; the clock orders them when the
+//! counter is missing or stale. What this promises, for the grants of one key:
 //!
-//! - While a counter lives, every token is greater than the previous one, whatever the
-//!   server clock does.
-//! - A token that starts a new counter (after it expired, or was lost with a restart
-//!   without persistence or a failover to a replica that missed the write) is greater than
-//!   every earlier token as long as the server clock (of the new server, after a failover)
-//!   did not step back by more than the time since the key's previous grant. A counter that
-//!   started at time `t` and served `k` grants holds `t + k` µs, less than the time of its
-//!   last grant, since no two grants of a key happen within the same microsecond.
+//! - **Strictly increasing** from grant to grant (and across hand-overs), unless the
+//!   server's clock goes back while the counter is lost or stale. In particular:
+//!   - while the counter lives on the server, whatever the clock does;
+//!   - across a restart or a failover that loses the counter (no persistence, the key
+//!     expired, a replica that never got it) or brings back an OLDER one (an RDB
+//!     snapshot, AOF with `appendfsync everysec`, an async replica promoted), as long as
+//!     the clock of the server answering now (the new primary, after a failover) reads
+//!     later than the clock that issued the previous tokens did when it issued them: every
+//!     token is at most the server time of its grant (plus the grants of that key within
+//!     one microsecond), so a later reading is above all of them.
+//! - A holder asking again with its own owner token (a request re-sent after a lost reply)
+//!   gets the counter's value back, its own token unless the counter was raised meanwhile
+//!   (Redlock's write-back), or a new token if the counter is gone.
 //! - Tokens stay below 2^53 (server time in µs reaches it in the year 2255).
 //!
-//! Nothing is promised across different keys, nor when the server clock steps back by more
-//! than that (tokens may then repeat or decrease). The common path costs one `INCR` inside
-//! the acquire script; `TIME` is read only when a counter starts.
+//! Nothing is promised across different keys, nor when the server clock steps back (NTP
+//! stepping it, a failover to a replica whose clock is behind) by more than the time since
+//! the key's last grant while the counter is lost or stale: tokens may then repeat or
+//! decrease. Each grant costs a `TIME`, a `GET` and a `SET` inside the acquire script (and
+//! every attempt an `EXISTS` of its tombstone, see abandon above).
 //!
 //! ## Capabilities
 //!
@@ -117,7 +130,7 @@ use lock_core::{
 };
 
 pub use config::{RedisBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
-pub use node::{RedisNode, FENCE_RETENTION, MAX_FENCE};
+pub use node::{RedisNode, ABANDON_RETENTION, FENCE_RETENTION, MAX_FENCE};
 pub use watch::ReleaseWatch;
 
 /// What the Redis backend promises (see the crate documentation).
@@ -232,6 +245,15 @@ impl Backend for RedisBackend {
         } else {
             Err(Self::not_held(lease))
         }
+    }
+
+    /// A tombstone refuses the attempt should it still arrive, and a grant it got already
+    /// is deleted and announced ([`RedisNode::abandon`]).
+    async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
+        if self.node.abandon(key, owner).await? {
+            self.notices.notify(key);
+        }
+        Ok(())
     }
 
     fn listen(&self, key: &str) -> Option<ReleaseListener> {

@@ -21,10 +21,18 @@ use crate::CAPABILITIES;
 /// The name errors carry.
 pub(crate) const BACKEND: &str = "redis";
 
-/// How long a fence counter lives beyond the TTL of the grant that started it. While it
-/// lives, fences of the key increase whatever the server clock does; afterwards the server
-/// clock orders them (see the crate documentation).
+/// How long a fence counter lives beyond the TTL of the grant (or the Redlock write-back)
+/// that last wrote it. While it lives, fences of the key increase whatever the server clock
+/// does; afterwards the server clock orders them (see the crate documentation).
 pub const FENCE_RETENTION: Duration = Duration::from_secs(600);
+
+/// How long the tombstone of an abandoned attempt lives ([`RedisNode::abandon`]): an
+/// attempt's request that reaches the server up to this long after its abandon is refused.
+/// A request delayed longer (a server paused for more than this with the request in its
+/// socket buffer) can still grant, and that lock then lives for its TTL. Ten minutes is
+/// far longer than TCP keeps retransmitting to an unreachable peer by default, and each
+/// tombstone is one small key, written only for attempts whose answer never came.
+pub const ABANDON_RETENTION: Duration = Duration::from_secs(600);
 
 /// The largest fence this protocol handles: Lua numbers are doubles, exact up to 2^53.
 pub const MAX_FENCE: u64 = 1 << 53;
@@ -178,6 +186,15 @@ impl RedisNode {
         key(self.prefix(), name, ":fence")
     }
 
+    /// The Redis key of the tombstone of `owner`'s abandoned attempt on lock `name`:
+    /// `<prefix>{<name>}:x:<owner>` (the lock's hash tag; it cannot equal a lock key, which
+    /// ends with `}`, nor a fence counter key, which ends with `:fence`).
+    pub fn tombstone_key(&self, name: &str, owner: Owner) -> String {
+        let mut key = key(self.prefix(), name, ":x:");
+        key.push_str(std::str::from_utf8(&hex(owner)).unwrap_or_default());
+        key
+    }
+
     /// The pub/sub channel releases are announced on.
     pub fn release_channel(&self) -> &str {
         &self.shared.channel
@@ -204,10 +221,11 @@ impl RedisNode {
     /// Asking again with the owner that already holds the lock grants it again with the
     /// same fence and a fresh TTL.
     ///
-    /// Fences of a key strictly increase from grant to grant while its fence counter
-    /// lives, and otherwise (counter expired, or lost with a restart without persistence or
-    /// a failover) as long as the server clock did not step back by more than the time
-    /// since the previous grant (see the crate documentation).
+    /// A grant's fence is `max(counter + 1, server TIME in µs)`, written back to the
+    /// key's counter. Fences of a key strictly increase from grant to grant while the
+    /// counter lives, and otherwise (counter expired, lost, or restored STALE by an RDB
+    /// snapshot, AOF `everysec` or an async replica) as long as the server clock did not
+    /// go back below the time of the previous grants (see the crate documentation).
     ///
     /// # Errors
     /// [`Error::InvalidTtl`]; otherwise as [`ping`](Self::ping).
@@ -218,6 +236,7 @@ impl RedisNode {
         let lock_key = self.lock_key(name);
         let op = AcquireOp {
             fence_key: self.fence_key(name),
+            tombstone: self.tombstone_key(name, owner),
             owner: hex(owner),
             ttl_ms,
             retention: ttl_ms + millis(FENCE_RETENTION),
@@ -225,6 +244,7 @@ impl RedisNode {
         };
         let reply = match self.grouped("acquire", lock_key, Op::Acquire(op)).await? {
             Out::Acquire(flag, value) => (flag, value),
+            Out::Refused(message) => return Err(self.failure("acquire", Failure::Refused(message))),
             Out::Release(_) => return Err(self.failure("acquire", mismatched())),
         };
         self.attempt_reply("acquire", started + ttl, reply)
@@ -247,12 +267,14 @@ impl RedisNode {
         let ttl_ms = millis(ttl);
         let started = Instant::now();
         let (lock_key, fence_key) = (self.lock_key(name), self.fence_key(name));
+        let tombstone = self.tombstone_key(name, to);
         let (from, to) = (hex(from), hex(to));
         let reply = self
             .eval(&scripts::HAND_OVER, "hand_over", |cmd| {
-                cmd.arg(2)
+                cmd.arg(3)
                     .arg(&lock_key)
                     .arg(&fence_key)
+                    .arg(&tombstone)
                     .arg(&from[..])
                     .arg(&to[..])
                     .arg(ttl_ms)
@@ -344,8 +366,45 @@ impl RedisNode {
         };
         match self.grouped("release", lock_key, Op::Release(op)).await? {
             Out::Release(flag) => self.flag("release", Value::Int(flag)),
+            Out::Refused(message) => Err(self.failure("release", Failure::Refused(message))),
             Out::Acquire(..) => Err(self.failure("release", mismatched())),
         }
+    }
+
+    /// Forgets `owner`'s attempt on lock `name` whose answer never came (it timed out, or
+    /// its caller gave up): writes the attempt's tombstone ([`tombstone_key`], kept for
+    /// [`ABANDON_RETENTION`]), so that its request, if it reaches the server later (it may
+    /// sit in the socket buffer of a discarded connection while this goes on a new one),
+    /// is answered "taken" and grants nothing; and deletes the lock (announcing the
+    /// release) if the attempt was granted already. `true` when a lock was deleted.
+    ///
+    /// One script, sent at once (not behind queued requests): order does not matter, the
+    /// tombstone covers an attempt that arrives after it.
+    ///
+    /// Cancellation: dropping the future after the request went out does not recall it;
+    /// before, nothing is written, and the attempt may still grant (until its TTL).
+    ///
+    /// [`tombstone_key`]: Self::tombstone_key
+    ///
+    /// # Errors
+    /// As [`ping`](Self::ping); an error means the tombstone may not be written.
+    pub async fn abandon(&self, name: &str, owner: Owner) -> Result<bool> {
+        let lock_key = self.lock_key(name);
+        let tombstone = self.tombstone_key(name, owner);
+        let notice = self.notice(name);
+        let owner = hex(owner);
+        let reply = self
+            .eval(&scripts::ABANDON, "abandon", |cmd| {
+                cmd.arg(2)
+                    .arg(&lock_key)
+                    .arg(&tombstone)
+                    .arg(&owner[..])
+                    .arg(&self.shared.channel)
+                    .arg(&notice)
+                    .arg(millis(ABANDON_RETENTION));
+            })
+            .await?;
+        self.flag("abandon", reply)
     }
 
     /// Deletes lock `name` whoever holds it and announces the release; `true` when a lock
@@ -549,6 +608,7 @@ pub(crate) type Queued = Arc<dyn Fn() + Send + Sync>;
 /// One acquire of a group (its lock key travels with it).
 pub(crate) struct AcquireOp {
     fence_key: String,
+    tombstone: String,
     owner: [u8; 32],
     ttl_ms: u64,
     retention: u64,
@@ -575,10 +635,13 @@ pub(crate) enum Op {
     Release(ReleaseOp),
 }
 
-/// Its answer: `(1, fence)` or `(0, pttl)` for an acquire; 1 or 0 for a release.
+/// Its answer: `(1, fence)` or `(0, pttl)` for an acquire; 1 or 0 for a release; or the
+/// server's refusal of an operation on this request's keys alone (e.g. `WRONGTYPE`), which
+/// is this caller's error and nobody else's in its group.
 pub(crate) enum Out {
     Acquire(i64, i64),
     Release(i64),
+    Refused(String),
 }
 
 /// A node's acquires and releases, each group one call of [`scripts::ACQUIRE`] or of
@@ -617,20 +680,16 @@ impl Ops {
         if acquires.len() == ops.len() {
             let reply = shared
                 .eval_raw(&scripts::ACQUIRE, deadline, dispatched, |cmd| {
-                    cmd.arg(acquires.len() * 2);
+                    cmd.arg(acquires.len() * 3);
                     for (lock_key, op) in &acquires {
-                        cmd.arg(*lock_key).arg(&op.fence_key);
+                        cmd.arg(*lock_key).arg(&op.fence_key).arg(&op.tombstone);
                     }
                     for (_, op) in &acquires {
                         cmd.arg(&op.owner[..]).arg(op.ttl_ms).arg(op.retention);
                     }
                 })
                 .await?;
-            let numbers = integers(&reply, acquires.len() * 2)?;
-            return Ok(numbers
-                .chunks(2)
-                .map(|p| Out::Acquire(p[0], p[1]))
-                .collect());
+            return acquire_answers(&reply, acquires.len());
         }
         if releases.len() != ops.len() {
             return Err(Failure::Reply("a group mixed acquires and releases".into()));
@@ -655,10 +714,7 @@ impl Ops {
                 }
             })
             .await?;
-        Ok(integers(&reply, releases.len())?
-            .into_iter()
-            .map(Out::Release)
-            .collect())
+        release_answers(&reply, releases.len())
     }
 }
 
@@ -721,6 +777,50 @@ fn gone() -> Failure {
     )
 }
 
+/// The `n` answers of an [`scripts::ACQUIRE`] reply: `flag, value` pairs, the value of a
+/// `-1` flag being the server's error message for that lock.
+fn acquire_answers(reply: &Value, n: usize) -> std::result::Result<Vec<Out>, Failure> {
+    let unexpected = || Failure::Reply(format!("unexpected reply {reply:?}"));
+    match reply {
+        Value::Array(items) if items.len() == n * 2 => items
+            .chunks(2)
+            .map(|pair| match pair {
+                [Value::Int(flag), Value::Int(value)] => Ok(Out::Acquire(*flag, *value)),
+                [Value::Int(-1), message] => {
+                    Ok(Out::Refused(text(message).ok_or_else(unexpected)?))
+                }
+                _ => Err(unexpected()),
+            })
+            .collect(),
+        _ => Err(unexpected()),
+    }
+}
+
+/// The `n` answers of a [`scripts::RELEASE`] reply: 1 or 0, or the server's error message
+/// for that lock.
+fn release_answers(reply: &Value, n: usize) -> std::result::Result<Vec<Out>, Failure> {
+    let unexpected = || Failure::Reply(format!("unexpected reply {reply:?}"));
+    match reply {
+        Value::Array(items) if items.len() == n => items
+            .iter()
+            .map(|item| match item {
+                Value::Int(flag) => Ok(Out::Release(*flag)),
+                message => Ok(Out::Refused(text(message).ok_or_else(unexpected)?)),
+            })
+            .collect(),
+        _ => Err(unexpected()),
+    }
+}
+
+/// The text of a string reply.
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
 /// `n` integers of an array reply.
 fn integers(reply: &Value, n: usize) -> std::result::Result<Vec<i64>, Failure> {
     let unexpected = || Failure::Reply(format!("unexpected reply {reply:?}"));
@@ -773,6 +873,9 @@ pub(crate) enum Failure {
     Redis(RedisError),
     /// The server answered something the protocol does not allow.
     Reply(String),
+    /// The server refused an operation on this request's keys (e.g. `WRONGTYPE`: a value
+    /// of another type at the lock key); the rest of its group was answered.
+    Refused(String),
     /// The failure of a group this request was part of.
     Shared(Arc<Failure>),
 }
@@ -789,7 +892,7 @@ impl Failure {
     fn is_transient(&self) -> bool {
         match self {
             Failure::Timeout => true,
-            Failure::Reply(_) => false,
+            Failure::Reply(_) | Failure::Refused(_) => false,
             Failure::Shared(failure) => failure.is_transient(),
             Failure::Redis(e) => match e.kind() {
                 ErrorKind::Io => true,
@@ -840,6 +943,10 @@ impl fmt::Display for NodeError {
                 )
             }
             Failure::Reply(what) => f.write_str(what),
+            Failure::Refused(what) => write!(
+                f,
+                "the server refused an operation on the lock's keys: {what}"
+            ),
             Failure::Shared(_) => f.write_str("the request's group failed"),
             Failure::Redis(e) => {
                 let auth = e.kind() == ErrorKind::AuthenticationFailed

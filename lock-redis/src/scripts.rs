@@ -26,50 +26,117 @@ impl Script {
     }
 }
 
-/// The next fence of a lock whose key counter is `counter` (see [`ACQUIRE`]), into `fence`.
+/// The next fence of a lock whose fence counter is `counter` (see [`ACQUIRE`]), into
+/// `fence` (a local the caller declares): `max(counter + 1, server TIME in µs)`, written
+/// back to the counter, which is then kept for `retention` ms from this grant. When the
+/// write is refused (e.g. `OOM`), `fence` is `false` and `err` (also the caller's local)
+/// says why.
 macro_rules! next_fence {
     () => {
         r#"
-    local fence = redis.pcall('INCR', counter)
-    if type(fence) ~= 'number' or fence == 1 then
-      local now = redis.call('TIME')
-      fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-      redis.call('SET', counter, string.format('%d', fence), 'PX', retention)
-    end
+    local now = redis.call('TIME')
+    fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    local last = redis.pcall('GET', counter)
+    last = type(last) == 'string' and tonumber(last)
+    if last and last >= fence then fence = last + 1 end
+    local written = redis.pcall('SET', counter, string.format('%d', fence), 'PX', retention)
+    if type(written) == 'table' and written.err then fence, err = false, written.err end
 "#
     };
 }
 
-/// Take locks if free, for one caller or a group of them. KEYS: lock, fence counter, for
-/// each lock. ARGV: owner, ttl ms, counter retention ms, for each lock. Returns, for each
-/// lock in order, `1, fence` when granted and `0, pttl` when taken. Asking again with the
-/// owner that holds the lock grants it again with the same fence and a fresh TTL, so a
-/// request re-sent after a lost reply cannot leave an orphaned lock.
+/// The fence of the holder of a lock that asks again (a request re-sent after a lost
+/// reply), into `fence`: the counter (the last fence issued), or a new fence as
+/// [`next_fence`] makes when the counter is gone or not a number.
+macro_rules! current_fence {
+    () => {
+        concat!(
+            r#"
+    fence = redis.pcall('GET', counter)
+    fence = type(fence) == 'string' and tonumber(fence)
+    if not fence then
+"#,
+            next_fence!(),
+            r#"
+    end
+"#
+        )
+    };
+}
+
+/// Take locks if free, for one caller or a group of them. KEYS: lock, fence counter,
+/// tombstone of the owner, for each lock. ARGV: owner, ttl ms, counter retention ms, for
+/// each lock. Returns, for each lock in order, `1, fence` when granted, `0, pttl` when
+/// taken (also when the owner's tombstone exists: the attempt was abandoned, see
+/// [`ABANDON`]), and `-1, message` when
+/// the server refused an operation on that lock's keys (e.g. `WRONGTYPE`: a foreign value
+/// of another type at the lock key). Asking again with the owner that holds the lock
+/// grants it again with the same fence and a fresh TTL, so a request re-sent after a lost
+/// reply cannot leave an orphaned lock.
 ///
-/// The fence is the counter plus one while the counter lives (`INCR` keeps its expiry);
-/// otherwise the server time in µs, which starts a new counter kept for the retention. The
-/// counter orders grants whatever the clock does; the clock orders them across a lost or
-/// expired counter, because a counter that started at time `t` and served `k` grants holds
-/// `t + k`, below the time of its last grant. `INCR` answering 1 means the counter was
-/// missing (a live counter is never 0); `pcall` turns a non-numeric counter into a restart
-/// from the clock instead of an error. Numbers stay below 2^53, where Lua's doubles are
-/// exact; `%d` writes them without the exponent notation `tostring` would use.
+/// Each lock's commands go through `redis.pcall`, so an error on one lock is that lock's
+/// answer and never aborts the script half-way (which would leave the grants already
+/// written for the earlier locks of a group, with nobody told): every caller of a group
+/// gets the answer it would have got alone. A lock whose fence cannot be written is not
+/// left granted (its key is deleted again).
+///
+/// Every grant's fence is `max(counter + 1, server TIME in µs)`, written back to the
+/// counter with a fresh retention (the lock's TTL plus [`FENCE_RETENTION`]). The counter
+/// orders grants whatever the clock does; the clock orders them when the counter is
+/// missing (expired, lost with a restart) or STALE (an RDB snapshot, AOF `everysec` or an
+/// async replica brought back an older value): a token is never above the server time of
+/// its grant by more than the grants of the key within one microsecond, so a later clock
+/// reading exceeds every earlier token unless the clock went back. A counter that is not a
+/// number (a foreign value) counts as missing and is overwritten. Numbers stay below 2^53,
+/// where Lua's doubles are exact; `%d` writes them without the exponent notation
+/// `tostring` would use.
+///
+/// [`FENCE_RETENTION`]: crate::FENCE_RETENTION
 pub(crate) static ACQUIRE: Script = Script::new(concat!(
     r#"
+local function refused(reply)
+  return type(reply) == 'table' and reply.err
+end
 local out = {}
-for i = 1, #KEYS / 2 do
-  local lock, counter = KEYS[2 * i - 1], KEYS[2 * i]
+for i = 1, #KEYS / 3 do
+  local lock, counter, tombstone = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local owner, ttl, retention = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
-  if redis.call('SET', lock, owner, 'NX', 'PX', ttl) then
+  local fence, err
+  local set = false
+  if redis.pcall('EXISTS', tombstone) == 1 then
+    fence = false
+    out[2 * i - 1], out[2 * i] = 0, redis.pcall('PTTL', lock)
+  else
+    set = redis.pcall('SET', lock, owner, 'NX', 'PX', ttl)
+  end
+  if fence == false then
+    -- abandoned: answered as taken above
+  elseif refused(set) then
+    err = set.err
+  elseif set then
 "#,
     next_fence!(),
     r#"
-    out[2 * i - 1], out[2 * i] = 1, fence
-  elseif redis.call('GET', lock) == owner then
-    redis.call('PEXPIRE', lock, ttl)
-    out[2 * i - 1], out[2 * i] = 1, tonumber(redis.call('GET', counter)) or 0
+    if not fence then redis.pcall('DEL', lock) end
   else
-    out[2 * i - 1], out[2 * i] = 0, redis.call('PTTL', lock)
+    local holder = redis.pcall('GET', lock)
+    if refused(holder) then
+      err = holder.err
+    elseif holder == owner then
+      redis.pcall('PEXPIRE', lock, ttl)
+"#,
+    current_fence!(),
+    r#"
+      if not fence then redis.pcall('DEL', lock) end
+    else
+      fence = false
+      out[2 * i - 1], out[2 * i] = 0, redis.pcall('PTTL', lock)
+    end
+  end
+  if fence then
+    out[2 * i - 1], out[2 * i] = 1, fence
+  elseif err then
+    out[2 * i - 1], out[2 * i] = -1, tostring(err)
   end
 end
 return out
@@ -77,24 +144,42 @@ return out
 ));
 
 /// Pass a lock straight from its holder to the next owner, with a new fence. KEYS: lock,
-/// fence counter. ARGV: holder, next owner, ttl ms, counter retention ms. Returns `1,
-/// fence` when handed over and `0, pttl` when the holder no longer holds it (nothing
-/// changes then). Asked again after a lost reply (the next owner holds it already), it
-/// answers as [`ACQUIRE`] does: the same fence, a fresh TTL.
+/// fence counter, tombstone of the next owner. ARGV: holder, next owner, ttl ms, counter
+/// retention ms. Returns `1, fence` when handed over and `0, pttl` when the holder no
+/// longer holds it or the next owner's attempt was abandoned ([`ABANDON`]; nothing changes
+/// then). Asked again after a lost reply (the next owner holds it already), it
+/// answers as [`ACQUIRE`] does: the same fence, a fresh TTL. When the new fence cannot be
+/// written (e.g. `OOM`), the hand-over is undone (the holder keeps the lock, the next
+/// owner holds nothing) and the error is returned.
 pub(crate) static HAND_OVER: Script = Script::new(concat!(
     r#"
 local lock, counter = KEYS[1], KEYS[2]
 local from, to, ttl, retention = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+if redis.call('EXISTS', KEYS[3]) == 1 then return {0, redis.call('PTTL', lock)} end
 local holder = redis.call('GET', lock)
+local fence, err
 if holder == from then
+  local left = redis.call('PTTL', lock)
   redis.call('SET', lock, to, 'PX', ttl)
 "#,
     next_fence!(),
     r#"
+  if not fence then
+    -- Undo: the holder keeps its lock, `to` gets nothing.
+    if left > 0 then redis.pcall('SET', lock, from, 'PX', left) else redis.pcall('SET', lock, from) end
+    return redis.error_reply(err)
+  end
   return {1, fence}
 elseif holder == to then
   redis.call('PEXPIRE', lock, ttl)
-  return {1, tonumber(redis.call('GET', counter)) or 0}
+"#,
+    current_fence!(),
+    r#"
+  if not fence then
+    redis.pcall('DEL', lock)
+    return redis.error_reply(err)
+  end
+  return {1, fence}
 end
 return {0, redis.call('PTTL', lock)}
 "#
@@ -112,20 +197,44 @@ return 0
 
 /// Delete locks that are still ours and announce each release, for one caller or a group.
 /// KEYS: the locks. ARGV: channel, then owner and notice for each lock. Returns, for each
-/// lock in order, 1 when deleted and 0 when it was not ours (then nothing changes).
+/// lock in order, 1 when deleted, 0 when it was not ours (then nothing changes), and an
+/// error message (a string) when the server refused to read that lock's key (e.g.
+/// `WRONGTYPE`). As in [`ACQUIRE`], `redis.pcall` keeps an error on one lock from
+/// aborting the others' releases.
 pub(crate) static RELEASE: Script = Script::new(
     r#"
 local out = {}
 for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[2 * i] then
-    redis.call('DEL', KEYS[i])
-    redis.call('PUBLISH', ARGV[1], ARGV[2 * i + 1])
+  local holder = redis.pcall('GET', KEYS[i])
+  if type(holder) == 'table' and holder.err then
+    out[i] = tostring(holder.err)
+  elseif holder == ARGV[2 * i] then
+    redis.pcall('DEL', KEYS[i])
+    redis.pcall('PUBLISH', ARGV[1], ARGV[2 * i + 1])
     out[i] = 1
   else
     out[i] = 0
   end
 end
 return out
+"#,
+);
+
+/// Forget an attempt whose answer never came. KEYS: lock, tombstone of the owner. ARGV:
+/// owner, channel, notice, tombstone retention ms. Writes the tombstone (so that the
+/// attempt, should it still arrive, is refused by [`ACQUIRE`] or [`HAND_OVER`]), then
+/// deletes the lock and announces it if the owner holds it (it was granted). Returns 1 when
+/// a lock was deleted, 0 otherwise. The tombstone is written in both cases: a request can
+/// have been sent twice (re-sent on a new connection after the first looked lost).
+pub(crate) static ABANDON: Script = Script::new(
+    r#"
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  return 1
+end
+return 0
 "#,
 );
 

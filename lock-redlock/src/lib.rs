@@ -75,16 +75,35 @@
 //!
 //! ## Fencing tokens
 //!
-//! Each node issues its own token (see lock-redis). The largest token of a quorum is not
-//! monotonic by itself: two majorities can differ in their largest node. So, by default,
-//! a grant raises the fence counter of the key to its token on a majority of the nodes
-//! that granted it before it is returned ([`RedisNode::raise_fence`]; the nodes that
-//! issued the winning token already have it). Any later quorum shares a node with that
-//! majority, and that node's next token is greater, so tokens strictly increase across
-//! holders of a key. This costs one more round trip; it can be turned off
-//! (`fencing=false`, [`RedlockBuilder::fencing`]) and [`Capabilities::monotonic_fencing`]
-//! says which is in force. The promise holds as long as the nodes keep their data (see
-//! below) and lock-redis's counter promise holds on each node.
+//! Each node issues its own token by lock-redis's rule, `max(counter + 1, node TIME in µs)`,
+//! written back to that node's counter. The largest token of a quorum is not monotonic by
+//! itself: two majorities can differ in their largest node. So, by default, a grant raises
+//! the fence counter of the key to its token on a majority of the nodes that granted it
+//! before the guard is returned ([`RedisNode::raise_fence`]; the nodes that issued the
+//! winning token already have it). Any later quorum shares a node with that majority, and
+//! that node's next token is greater, so tokens strictly increase across holders of a key.
+//! This costs one more round trip; it can be turned off (`fencing=false`,
+//! [`RedlockBuilder::fencing`]) and [`Capabilities::monotonic_fencing`] says which is in
+//! force.
+//!
+//! What the tokens promise, precisely. A token `F` granted at (real) time `t` is carried by
+//! the counters of a majority, each kept for the TTL plus
+//! [`FENCE_RETENTION`](lock_redis::FENCE_RETENTION) (10 minutes) after it was written. A
+//! later grant's token is greater than `F`:
+//!
+//! - while one node of its quorum still has a counter carrying `F` (at most TTL + 10 min
+//!   after `t`, and only if that node did not lose it or restore an older one: a restart
+//!   without persistence, from an RDB snapshot or AOF `everysec`); otherwise
+//! - when the clock of one node of its quorum reads more than `F`, i.e. when that node's
+//!   clock is not behind the clock that issued `F` (at `t`) by more than the time since
+//!   `t`. Nodes with correct clocks always satisfy this.
+//!
+//! So tokens can go back only when node clocks disagree: a node whose clock runs ahead by
+//! `s` issues tokens that a later quorum without it and without a live counter (more than
+//! TTL + 10 minutes later, or sooner after counters were lost or restored stale) may
+//! undercut until `s` has passed. Keep node clocks synchronised (NTP) well within 10
+//! minutes; a counter lost on every node of a quorum is covered by the clocks alone.
+//! Tokens stay below 2^53.
 //!
 //! ## Safety: restarts, persistence and clocks
 //!
@@ -109,7 +128,13 @@
 //!
 //! Requests cut short when an operation was decided without them are still delivered; a
 //! node that answers very late (paused, then resumed) may then set a key for an owner
-//! that already gave up. Such a key expires at its TTL and never counts for anyone else.
+//! that already gave up. Requests that failed (timed out: their connection is discarded,
+//! and a release on a new one could overtake them) are abandoned with a tombstone
+//! ([`RedisNode::abandon`], [`Backend::abandon`] for the Locker's clean-ups), which
+//! refuses them should they still arrive within
+//! [`ABANDON_RETENTION`](lock_redis::ABANDON_RETENTION); requests merely unanswered when
+//! the attempt was decided are released behind them on the same connection. Any key left
+//! over expires at its TTL and never counts for anyone else.
 //!
 //! ## Configuration
 //!
@@ -374,24 +399,34 @@ impl RedlockBackend {
         )
     }
 
-    /// Releases an abandoned attempt of `owner` on every node that may hold it: `now`
-    /// (those that granted) before returning, `later` (failed or unanswered) in the
-    /// background.
-    async fn abandon(
+    /// Cleans up after an attempt of `owner` that was not granted, on every node that may
+    /// hold it: `now` (those that granted) released before returning; `failed` (an error,
+    /// e.g. a timeout that discarded the node's connection, so a release could overtake
+    /// the attempt) abandoned with a tombstone ([`RedisNode::abandon`]) in the background;
+    /// `unanswered` (still on their way on a live connection) released in the background,
+    /// queued behind the attempt on the same connection.
+    async fn give_up(
         &self,
         key: &Arc<str>,
         owner: Owner,
         timeout: Duration,
         now: Vec<usize>,
-        later: Vec<usize>,
+        failed: Vec<usize>,
+        unanswered: Vec<usize>,
     ) {
         let release = |node: RedisNode| {
             let key = key.clone();
             async move { node.release(&key, owner).await }
         };
+        let abandon = |node: RedisNode| {
+            let key = key.clone();
+            async move { node.abandon(&key, owner).await }
+        };
         // No local notice for these: the keys never blocked a quorum, and a notice would wake
         // this very attempt's waiter at once.
-        self.fan_out(later, timeout, release)
+        self.fan_out(unanswered, timeout, release)
+            .finish_in_background(|_, _| {});
+        self.fan_out(failed, self.timeout_for(None), abandon)
             .finish_in_background(|_, _| {});
         let mut replies = self.fan_out(now, timeout, release);
         while let Some((i, reply)) = replies.next().await {
@@ -533,7 +568,7 @@ impl Backend for RedlockBackend {
             }
         }
         // Requests still in flight were handed to their connections: dropping their futures
-        // does not recall them (a late grant is released by `abandon` or by our release).
+        // does not recall them (a late grant is cleaned up by `give_up` or by our release).
         drop(replies);
 
         let mut failure = None;
@@ -562,10 +597,14 @@ impl Backend for RedlockBackend {
         // Not granted: nodes that answered "taken" hold nothing of ours; every other node may
         // (a failed request may have been applied, an unanswered one may still be).
         let now: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
-        let later: Vec<usize> = (0..n)
-            .filter(|i| !now.contains(i) && !taken.iter().any(|(t, _)| t == i))
+        let errored: Vec<usize> = failed.iter().map(|(i, _)| *i).collect();
+        let unanswered: Vec<usize> = (0..n)
+            .filter(|i| {
+                !now.contains(i) && !errored.contains(i) && !taken.iter().any(|(t, _)| t == i)
+            })
             .collect();
-        self.abandon(&key, owner, timeout, now, later).await;
+        self.give_up(&key, owner, timeout, now, errored, unanswered)
+            .await;
 
         if let Some(e) = failure {
             return Err(e);
@@ -685,6 +724,25 @@ impl Backend for RedlockBackend {
         } else {
             Err(self.quorum_error(released, failed))
         }
+    }
+
+    /// Abandons the attempt on every node ([`RedisNode::abandon`]: a tombstone refuses it
+    /// should it still arrive, a grant it got already is deleted), waiting for every answer
+    /// within the untimed per-node timeout. `Ok` when a majority answered: the leftover of
+    /// the attempt on a minority never counts for anyone and expires at its TTL. Otherwise
+    /// the quorum error.
+    async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
+        let name: Arc<str> = Arc::from(key);
+        let (deleted, _) = self
+            .ask_all(|node| {
+                let name = name.clone();
+                async move { node.abandon(&name, owner).await }
+            })
+            .await?;
+        if deleted.contains(&true) {
+            self.notices.notify(key);
+        }
+        Ok(())
     }
 
     fn listen(&self, key: &str) -> Option<ReleaseListener> {

@@ -30,6 +30,12 @@ pub struct RedisOptions {
     /// acknowledged write survives a `SIGKILL`. When false (the default) the
     /// server has no persistence and comes back empty after a restart.
     pub persistent: bool,
+    /// Keep RDB snapshots: no automatic saves (`--save ""`) and no append-only file, but
+    /// the data directory (with `dump.rdb`) is kept across [`RedisServer::restart`], so a
+    /// restart brings back the data set of the last [`RedisServer::save`] — an older
+    /// state, as after a crash of a server snapshotting periodically. Ignored when
+    /// `persistent` is set (the append-only file wins). Default: false.
+    pub rdb: bool,
     /// Require this password (`--requirepass`). [`RedisServer::url`] and
     /// [`RedisServer::client`] include it. Default: none.
     pub password: Option<String>,
@@ -174,8 +180,9 @@ impl RedisServer {
     /// Kills the server if it is running (also when paused) and starts it
     /// again on the same port, then waits until it answers `PING`.
     ///
-    /// A non-persistent server comes back with an empty data set; a
-    /// persistent one reloads its append-only file.
+    /// A server with neither option comes back with an empty data set; a
+    /// persistent one reloads its append-only file; one with `rdb` loads its
+    /// last snapshot ([`save`](Self::save)).
     ///
     /// # Panics
     ///
@@ -183,7 +190,7 @@ impl RedisServer {
     /// else meanwhile); the message includes its log.
     pub async fn restart(&mut self) {
         self.process.kill();
-        if !self.options.persistent {
+        if !self.options.persistent && !self.options.rdb {
             // Nothing should be there (no RDB, no AOF), but make "empty after
             // restart" unconditional.
             let _ = std::fs::remove_dir_all(&self.data_dir);
@@ -211,6 +218,20 @@ impl RedisServer {
                 Err(e) => panic!("lock-testkit: restart failed: {e}"),
             }
         }
+    }
+
+    /// Writes an RDB snapshot now (`SAVE`, synchronous), which a restart of a server with
+    /// [`RedisOptions::rdb`] loads.
+    ///
+    /// # Panics
+    ///
+    /// If the server cannot be reached or refuses to save.
+    pub async fn save(&self) {
+        let mut connection = self.client().await;
+        redis::cmd("SAVE")
+            .query_async::<()>(&mut connection)
+            .await
+            .unwrap_or_else(|e| panic!("lock-testkit: SAVE on {} failed: {e}", self.addr()));
     }
 
     /// True while the server process has not exited (paused counts as

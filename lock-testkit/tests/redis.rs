@@ -63,6 +63,7 @@ async fn persistent_server_keeps_keys_across_restart() {
     let mut server = RedisServer::start_with(RedisOptions {
         persistent: true,
         password: None,
+        ..RedisOptions::default()
     })
     .await;
     let mut connection = server.client().await;
@@ -76,10 +77,29 @@ async fn persistent_server_keeps_keys_across_restart() {
 }
 
 #[tokio::test]
+async fn rdb_server_restarts_from_its_last_snapshot() {
+    let mut server = RedisServer::start_with(RedisOptions {
+        rdb: true,
+        ..RedisOptions::default()
+    })
+    .await;
+    let mut connection = server.client().await;
+    set(&mut connection, "saved", "old").await;
+    server.save().await;
+    set(&mut connection, "saved", "new").await;
+    set(&mut connection, "unsaved", "yes").await;
+    server.restart().await; // SIGKILL: nothing written after the SAVE survives
+    let mut connection = server.client().await;
+    assert_eq!(get(&mut connection, "saved").await.as_deref(), Some("old"));
+    assert_eq!(get(&mut connection, "unsaved").await, None);
+}
+
+#[tokio::test]
 async fn password_is_required_and_in_the_url() {
     let server = RedisServer::start_with(RedisOptions {
         persistent: false,
         password: Some("s3cr3t/pw".into()),
+        ..RedisOptions::default()
     })
     .await;
     assert_eq!(
