@@ -97,6 +97,32 @@ pub struct FaultProxy {
     accept_task: JoinHandle<()>,
 }
 
+impl ListenerSlot {
+    /// Stops listening now, then closes the socket.
+    ///
+    /// Dropping the listener alone is not enough: `close` only drops this
+    /// process's descriptor, and a child forked meanwhile (every server the
+    /// testkit starts is forked from the test process, often by a test
+    /// running in parallel) holds a copy of it until it execs, so the socket
+    /// would keep listening, and completing connections, for that long.
+    /// `shutdown` acts on the socket itself, whoever else holds it: Linux
+    /// takes a listening socket out of `LISTEN` at once (its backlog is
+    /// reset), and new connections get `ECONNREFUSED`.
+    fn close(&mut self) {
+        let fd = match self {
+            ListenerSlot::Closed => return,
+            ListenerSlot::Bound(listener) => listener.as_raw_fd(),
+            ListenerSlot::Active(listener) => listener.as_raw_fd(),
+        };
+        // SAFETY: shutdown on a socket we own; the descriptor stays open (and
+        // ours) until the listener is dropped right after.
+        unsafe {
+            libc::shutdown(fd, libc::SHUT_RDWR);
+        }
+        *self = ListenerSlot::Closed;
+    }
+}
+
 impl std::fmt::Debug for ListenerSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -164,7 +190,7 @@ impl FaultProxy {
         {
             let mut slot = lock(&self.listener);
             if mode == ProxyMode::Refuse {
-                *slot = ListenerSlot::Closed;
+                slot.close();
             } else if matches!(*slot, ListenerSlot::Closed) {
                 *slot = ListenerSlot::Bound(rebind(self.addr));
             }
@@ -189,7 +215,7 @@ impl Drop for FaultProxy {
         // connection task and, through their JoinSets, every pump. Closing
         // the watch channel (when `state` drops) stops them too.
         self.accept_task.abort();
-        *lock(&self.listener) = ListenerSlot::Closed;
+        lock(&self.listener).close();
     }
 }
 

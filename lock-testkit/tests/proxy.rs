@@ -233,6 +233,47 @@ async fn refuse_stops_accepting_and_pass_accepts_again() {
         .unwrap();
 }
 
+/// A child forked from the test process holds a copy of every descriptor,
+/// the listening socket's too, until it execs (the testkit forks every server
+/// it starts, often for a test running in parallel): Refuse must stop the
+/// listening even then. Here the child waits between fork and exec long
+/// enough for the connect to land in that window every time.
+#[tokio::test]
+async fn refuse_holds_while_a_forked_child_has_not_exec_yet() {
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+
+    let (_server, proxy) = setup().await;
+    let child = std::thread::spawn(|| {
+        let mut command = Command::new("true");
+        // SAFETY: only nanosleep, which is async-signal-safe, between fork
+        // and exec.
+        unsafe {
+            command.pre_exec(|| {
+                std::thread::sleep(Duration::from_millis(1500));
+                Ok(())
+            });
+        }
+        command.status()
+    });
+    // Let the fork happen (spawn returns only after the exec).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set_mode(ProxyMode::Refuse);
+    let connected = TcpStream::connect(proxy.addr()).await;
+    assert!(!child.is_finished(), "the child exec'd before the connect");
+    let error = connected.expect_err("connect must fail during Refuse");
+    assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused, "{error}");
+    // And the port can be bound again while the child still holds the old
+    // socket.
+    proxy.set_mode(ProxyMode::Pass);
+    let mut after = TcpStream::connect(proxy.addr()).await.unwrap();
+    ping_within(&mut after, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(!child.is_finished(), "the child exec'd before the re-bind");
+    child.join().unwrap().unwrap();
+}
+
 #[tokio::test]
 async fn upstream_down_resets_clients() {
     let (mut server, proxy) = setup().await;
