@@ -837,15 +837,14 @@ impl CancelCleanup<'_> {
 impl Drop for CancelCleanup<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.inner.cleanup_in_background(Lease::new(
-                self.key.clone(),
-                self.owner,
-                0,
-                Instant::now(),
-            ));
+            self.inner
+                .abandon_in_background(self.key.clone(), self.owner);
         }
     }
 }
+
+/// Attempts at [`Backend::abandon`] for one clean-up before the grant is left to its TTL.
+const ABANDON_ATTEMPTS: u32 = 5;
 
 impl Inner {
     /// A clean-up for the grant a call on `key` for `owner` may make, armed until
@@ -859,7 +858,34 @@ impl Inner {
         }
     }
 
-    /// Releases, in the background, what `lease` may hold (an abandoned or refused grant).
+    /// Forgets, in the background, a server call for `owner` on `key` whose answer never
+    /// came ([`Backend::abandon`]): whatever it granted is released, and if it has not
+    /// reached the server yet it never grants. Transient failures are retried a few times
+    /// with backoff (a paused server can fail the first try too); the task is tracked, so
+    /// `shutdown` waits for it.
+    pub(crate) fn abandon_in_background(&self, key: Arc<str>, owner: Owner) {
+        let backend = self.backend.clone();
+        self.tasks.spawn(async move {
+            let mut backoff = Backoff::new(ERROR_BACKOFF.0, ERROR_BACKOFF.1);
+            for attempt in 1..=ABANDON_ATTEMPTS {
+                match backend.as_ref().abandon(&key, owner).await {
+                    Ok(()) => return,
+                    Err(e) if e.is_transient() && attempt < ABANDON_ATTEMPTS => {
+                        tracing::debug!(key = &*key, error = %e, "abandoning an attempt failed; retrying");
+                        tokio::time::sleep(backoff.next_delay()).await;
+                    }
+                    Err(e) => {
+                        tracing::debug!(key = &*key, error = %e, "abandoning an attempt failed; a grant it made expires at its TTL");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Releases, in the background, a grant whose answer came but that nobody holds (a
+    /// hand-over whose waiter gave up, a lease handed over too late, a grant after
+    /// shutdown).
     pub(crate) fn cleanup_in_background(&self, lease: Lease) {
         let backend = self.backend.clone();
         self.tasks.spawn(async move {
