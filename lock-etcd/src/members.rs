@@ -6,9 +6,9 @@
 //! member; a request that fails transiently (a timeout, a refused connection) makes the
 //! next member the preferred one, so a hung member costs one timeout, not one in N requests.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use etcd_client::{Client, ConnectOptions};
 use lock_core::{Error, Result};
@@ -21,6 +21,8 @@ pub(crate) struct Members {
     /// Carries the credentials, to connect again when a token expires.
     options: ConnectOptions,
     timeout: Duration,
+    /// The origin of the members' answer times.
+    epoch: Instant,
 }
 
 struct Member {
@@ -30,6 +32,11 @@ struct Member {
     client: Arc<RwLock<Arc<Client>>>,
     /// A new client is being connected.
     reconnecting: Arc<AtomicBool>,
+    /// When a request to it last succeeded, in µs since [`Members::epoch`] plus one (0:
+    /// never).
+    last_ok: AtomicU64,
+    /// When a request to it last failed transiently, likewise.
+    last_failed: AtomicU64,
 }
 
 impl Members {
@@ -79,6 +86,8 @@ impl Members {
                     client.unwrap_or_else(|_| working.clone()),
                 ))),
                 reconnecting: Arc::default(),
+                last_ok: AtomicU64::new(0),
+                last_failed: AtomicU64::new(0),
             })
             .collect();
         Ok(Members {
@@ -86,6 +95,7 @@ impl Members {
             preferred: AtomicUsize::new(0),
             options,
             timeout,
+            epoch: Instant::now(),
         })
     }
 
@@ -105,10 +115,34 @@ impl Members {
         self.pick().1
     }
 
-    /// A request to member `i` failed transiently: prefer the next member, unless another
-    /// request already moved on from `i`.
+    /// Now, as stored in [`Member::last_ok`] and [`Member::last_failed`].
+    fn stamp(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    /// A request to member `i` failed transiently: prefer the next member whose last
+    /// answer was not a failure; when every other member's was, the one that answered
+    /// last. So a member that is still hung costs no second timeout when a healthy one is
+    /// slow once. Nothing changes when another request already moved on from `i`.
     pub(crate) fn suspect(&self, i: usize) {
-        let next = (i + 1) % self.members.len();
+        self.members[i]
+            .last_failed
+            .store(self.stamp(), Ordering::Relaxed);
+        let n = self.members.len();
+        let others = (1..n).map(|step| (i + step) % n);
+        let healthy = |j: &usize| {
+            let m = &self.members[*j];
+            m.last_failed.load(Ordering::Relaxed) <= m.last_ok.load(Ordering::Relaxed)
+        };
+        let next = others
+            .clone()
+            .find(healthy)
+            .or_else(|| {
+                others.min_by_key(|&j| {
+                    std::cmp::Reverse(self.members[j].last_ok.load(Ordering::Relaxed))
+                })
+            })
+            .unwrap_or(i);
         let _ = self
             .preferred
             .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
@@ -121,6 +155,9 @@ impl Members {
         match &result {
             Err(e) if token_expired(e) => self.reconnect(i),
             Err(Error::Unavailable { .. }) => self.suspect(i),
+            Ok(_) => self.members[i]
+                .last_ok
+                .store(self.stamp(), Ordering::Relaxed),
             _ => {}
         }
         result
@@ -147,5 +184,53 @@ impl Members {
             }
             busy.store(false, Ordering::SeqCst);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unavailable() -> Result<()> {
+        Err(Error::unavailable("etcd", "no answer"))
+    }
+
+    /// Member 0 hangs; member 1 and then member 2 are each slow once: the preference never
+    /// goes back to member 0, which has not answered since it hung.
+    #[tokio::test]
+    async fn a_hung_member_is_not_preferred_again_when_a_healthy_one_is_slow_once() {
+        // Clients connect lazily: no server is needed to choose between them.
+        let endpoints: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", 9 + i)).collect();
+        let members = Members::connect(
+            &endpoints,
+            ConnectOptions::new(),
+            Duration::from_millis(100),
+            "test",
+        )
+        .await
+        .expect("lazy clients");
+        for i in 0..3 {
+            let _ = members.note(i, Ok(()));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(members.pick().0, 0);
+        let _ = members.note(0, unavailable());
+        assert_eq!(members.pick().0, 1, "the next member after a failure");
+        let _ = members.note(1, Ok(()));
+        let _ = members.note(1, unavailable());
+        assert_eq!(
+            members.pick().0,
+            2,
+            "the next member whose last answer was good"
+        );
+        let _ = members.note(2, unavailable());
+        assert_eq!(
+            members.pick().0,
+            1,
+            "every member failed last: the one that answered last, not the hung one"
+        );
+        let _ = members.note(1, Ok(()));
+        let _ = members.note(1, unavailable());
+        assert_eq!(members.pick().0, 2);
     }
 }

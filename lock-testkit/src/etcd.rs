@@ -293,9 +293,7 @@ impl EtcdCluster {
             .enumerate()
             .map(|(i, name)| {
                 let (client_port, peer_port) = (ports[2 * i], ports[2 * i + 1]);
-                let dir = tempfile::Builder::new()
-                    .prefix("lock-testkit-etcd-")
-                    .tempdir()
+                let dir = data_parent()
                     .unwrap_or_else(|e| panic!("lock-testkit: cannot create a temp dir: {e}"));
                 // etcd creates the data dir itself (mode 0700).
                 let data_dir = dir.path().join("data");
@@ -463,4 +461,20 @@ impl EtcdCluster {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// A member's temporary directory: in memory (`/dev/shm`) where the machine has it, so
+/// that etcd's write-ahead-log syncs do not wait behind a disk shared with every other test
+/// process (a slow sync makes a healthy member miss a test's short timeout); in the default
+/// temporary directory otherwise. Nothing here needs to survive the machine.
+fn data_parent() -> std::io::Result<TempDir> {
+    let mut builder = tempfile::Builder::new();
+    builder.prefix("lock-testkit-etcd-");
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(dir) = builder.tempdir_in(shm) {
+            return Ok(dir);
+        }
+    }
+    builder.tempdir()
 }
