@@ -108,18 +108,22 @@ fn opts(ttl: Duration) -> LockOptions {
     LockOptions::new().ttl(ttl).wait(WaitStrategy::Skip)
 }
 
+/// Runs each rule on the target, in order, each bounded by a generous timeout so a hang
+/// fails loudly with the rule's name.
+macro_rules! run_rules {
+    ($t:expr; $($rule:ident),* $(,)?) => {$(
+        eprintln!("conformance [{}]: {}", $t.caps().name, stringify!($rule));
+        if tokio::time::timeout(Duration::from_secs(120), $rule($t)).await.is_err() {
+            panic!("conformance rule {} hung for 120 s", stringify!($rule));
+        }
+    )*};
+}
+
 /// Runs every rule, in order, each bounded by a generous timeout so a hang fails loudly
 /// with the rule's name.
 pub async fn run_all(t: &Target) {
-    macro_rules! rules {
-        ($($rule:ident),* $(,)?) => {$(
-            eprintln!("conformance [{}]: {}", t.caps().name, stringify!($rule));
-            if tokio::time::timeout(Duration::from_secs(120), $rule(t)).await.is_err() {
-                panic!("conformance rule {} hung for 120 s", stringify!($rule));
-            }
-        )*};
-    }
-    rules!(
+    run_rules!(
+        t;
         grant_and_release,
         held_key_is_refused,
         different_keys_are_independent,
@@ -906,15 +910,8 @@ pub async fn invalid_input_is_refused(t: &Target) {
 
 /// Runs the safety rules, in order, each bounded like [`run_all`]'s.
 pub async fn run_safety(t: &Target) {
-    macro_rules! rules {
-        ($($rule:ident),* $(,)?) => {$(
-            eprintln!("conformance [{}]: {}", t.caps().name, stringify!($rule));
-            if tokio::time::timeout(Duration::from_secs(120), $rule(t)).await.is_err() {
-                panic!("conformance rule {} hung for 120 s", stringify!($rule));
-            }
-        )*};
-    }
-    rules!(
+    run_rules!(
+        t;
         a_waiter_with_a_shorter_ttl_never_shortens_its_siblings_lock,
         renewals_while_a_waiter_is_queued_keep_the_holder,
         a_hand_over_never_returns_an_expired_lease,
