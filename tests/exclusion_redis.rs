@@ -1,7 +1,7 @@
 //! The randomized exclusion checker on one real `redis-server`: three Lockers, each over
 //! its own backend instance connected through its own [`FaultProxy`], and four fault
 //! rounds after the normal one: the server paused past the longest TTL, a restart without
-//! persistence, a restart that restores a stale snapshot, and one Locker's network
+//! persistence, a restart from a stale RDB snapshot, and one Locker's network
 //! blackholed past the longest TTL. `DISTLOCK_SOAK_SECS` runs it longer,
 //! `DISTLOCK_CHECK_SEED` replays a seed.
 
@@ -11,7 +11,7 @@ use std::time::Duration;
 use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Fault, ViolationKind};
 use distlock::redis::RedisBackend;
 use distlock::{LockUrl, Locker};
-use lock_testkit::{FaultProxy, ProxyMode, RedisServer};
+use lock_testkit::{FaultProxy, ProxyMode, RedisOptions, RedisServer};
 use tokio::sync::Mutex;
 
 const PREFIX: &str = "excl:";
@@ -25,37 +25,16 @@ async fn backend(addr: std::net::SocketAddr) -> RedisBackend {
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
 }
 
-/// Every key of the server with its remaining time to live (ms, -1 without one) and its
-/// `DUMP` serialization.
-async fn snapshot(server: &RedisServer) -> Vec<(String, i64, Vec<u8>)> {
-    let mut raw = server.client().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{PREFIX}*"))
-        .query_async(&mut raw)
-        .await
-        .expect("KEYS");
-    let mut saved = Vec::new();
-    for key in keys {
-        let pttl: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-        let dump: Option<Vec<u8>> = redis::cmd("DUMP")
-            .arg(&key)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-        if let (Some(dump), true) = (dump, pttl != -2) {
-            saved.push((key, pttl, dump));
-        }
-    }
-    saved
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion_redis() {
-    let server = Arc::new(Mutex::new(RedisServer::start().await));
+    // Snapshots only when a fault round asks for one (`SAVE`), kept across restarts.
+    let server = Arc::new(Mutex::new(
+        RedisServer::start_with(RedisOptions {
+            rdb: true,
+            ..RedisOptions::default()
+        })
+        .await,
+    ));
     let addr = server.lock().await.addr();
     let mut proxies = Vec::new();
     let mut lockers = Vec::new();
@@ -83,7 +62,12 @@ async fn exclusion_redis() {
         let server = server.clone();
         Fault::new("restart without persistence", move || {
             let server = server.clone();
-            async move { server.lock().await.restart().await }
+            async move {
+                let mut server = server.lock().await;
+                // No snapshot to come back from: the server restarts empty.
+                let _ = std::fs::remove_file(server.data_dir().join("dump.rdb"));
+                server.restart().await
+            }
         })
         // Redis without persistence forgets every lock on restart: until a holder's next
         // renewal (or its validity) tells it, a new holder may be granted the key while the
@@ -102,36 +86,17 @@ async fn exclusion_redis() {
         )
     };
     let stale = {
-        let (server, proxies) = (server.clone(), proxies.clone());
-        Fault::new("restart restoring a stale snapshot", move || {
-            let (server, proxies) = (server.clone(), proxies.clone());
+        let server = server.clone();
+        Fault::new("restart from a stale RDB snapshot", move || {
+            let server = server.clone();
             async move {
-                // lock-testkit has no RDB option: the snapshot is taken with DUMP (keys, their
-                // TTLs and the fence counters as they are now), the server keeps running for
-                // a while, then restarts empty and the snapshot is RESTOREd, as a restart
-                // from an older RDB file would load it.
-                // The Lockers are cut off from the restart until the restore is done, as a
-                // server loading its RDB file accepts no commands.
-                let saved = snapshot(&*server.lock().await).await;
+                // A snapshot now, grants go on, then kill -9 and a restart: the server loads
+                // the older snapshot (its locks and fence counters as they were then) before
+                // it accepts a command, as after a crash of a server snapshotting
+                // periodically.
+                server.lock().await.save().await;
                 tokio::time::sleep(TTL_MAX / 2).await;
-                let mut server = server.lock().await;
-                for proxy in &proxies {
-                    proxy.set_mode(ProxyMode::Blackhole);
-                }
-                server.restart().await;
-                let mut raw = server.client().await;
-                for (key, pttl, dump) in saved {
-                    let _: redis::RedisResult<()> = redis::cmd("RESTORE")
-                        .arg(&key)
-                        .arg(pttl.max(0))
-                        .arg(dump)
-                        .arg("REPLACE")
-                        .query_async(&mut raw)
-                        .await;
-                }
-                for proxy in &proxies {
-                    proxy.set_mode(ProxyMode::Pass);
-                }
+                server.lock().await.restart().await;
             }
         })
         // As above: the restored data set lacks the grants made after the snapshot.
