@@ -22,6 +22,15 @@ async fn backend(url: &str) -> RedisBackend {
         .expect("connect to the test server")
 }
 
+/// A bare node of `server` whose keys start with `prefix`.
+async fn node(server: &RedisServer, prefix: &str) -> RedisNode {
+    RedisBackend::builder(server.addr().to_string())
+        .prefix(prefix)
+        .build_node()
+        .await
+        .expect("connect to the test server")
+}
+
 async fn connect_err(url: &str) -> Error {
     match distlock::connect(url).await {
         Ok(locker) => panic!("{url}: connected to {locker:?}"),
@@ -174,11 +183,7 @@ async fn inspect_reports_the_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raise_fence_lifts_the_next_fence() {
     let server = RedisServer::start().await;
-    let node: RedisNode = RedisBackend::builder(server.addr().to_string())
-        .prefix("raise:")
-        .build_node()
-        .await
-        .unwrap();
+    let node = node(&server, "raise:").await;
     let ttl = Duration::from_secs(5);
     let owner = Owner::random();
     let first = match node.try_acquire("k", owner, ttl).await.unwrap() {
@@ -332,11 +337,7 @@ async fn raw_list(server: &RedisServer, key: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_type_in_an_acquire_group_fails_only_its_own_caller() {
     let server = RedisServer::start().await;
-    let node: RedisNode = RedisBackend::builder(server.addr().to_string())
-        .prefix("wrongtype:")
-        .build_node()
-        .await
-        .unwrap();
+    let node = node(&server, "wrongtype:").await;
     let ttl = Duration::from_secs(10);
     let holder = Owner::random();
     assert!(matches!(
@@ -414,11 +415,7 @@ async fn a_foreign_type_in_an_acquire_group_fails_only_its_own_caller() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_type_in_a_release_group_fails_only_its_own_caller() {
     let server = RedisServer::start().await;
-    let node: RedisNode = RedisBackend::builder(server.addr().to_string())
-        .prefix("wrongtype:")
-        .build_node()
-        .await
-        .unwrap();
+    let node = node(&server, "wrongtype:").await;
     let ttl = Duration::from_secs(10);
     let mut names: Vec<String> = (0..40).map(|i| format!("wtr/{i}")).collect();
     let owners: Vec<Owner> = names.iter().map(|_| Owner::random()).collect();

@@ -197,10 +197,7 @@ impl GuardShared {
     /// the head waiter queued behind this guard when there is one, releases it otherwise.
     /// Called once, after [`finish`](Self::finish).
     async fn end_on_server(&self) -> Result<()> {
-        let _op = match self.ops.try_lock() {
-            Ok(op) => op,
-            Err(_) => self.ops.lock().await,
-        };
+        let _op = self.ops.lock().await;
         if let Some(answer) = self.release_now() {
             return answer;
         }
