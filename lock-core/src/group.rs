@@ -103,10 +103,24 @@ pub struct GroupCommit<S: GroupSend> {
     state: Mutex<State<S>>,
 }
 
+/// Calls on their way at once before requests queue for a group (the connection pipelines
+/// them): the default of [`GroupCommit::new`].
+pub const MAX_IN_FLIGHT: usize = 2;
+/// Requests in one group: the default of [`GroupCommit::new`]. It keeps one call well
+/// inside the servers' own limits (etcd refuses transactions of more than `--max-txn-ops`,
+/// default 128, operations).
+pub const MAX_GROUP: usize = 64;
+
 impl<S: GroupSend> GroupCommit<S> {
+    /// A group commit over `sender` with the default limits, [`MAX_IN_FLIGHT`] and
+    /// [`MAX_GROUP`].
+    pub fn new(sender: S) -> Arc<Self> {
+        Self::with_limits(sender, MAX_IN_FLIGHT, MAX_GROUP)
+    }
+
     /// A group commit over `sender` with at most `max_in_flight` calls on their way and at
     /// most `max_group` requests per group (both at least 1).
-    pub fn new(sender: S, max_in_flight: usize, max_group: usize) -> Arc<Self> {
+    pub fn with_limits(sender: S, max_in_flight: usize, max_group: usize) -> Arc<Self> {
         Arc::new(GroupCommit {
             sender,
             max_in_flight: max_in_flight.max(1),
@@ -125,7 +139,7 @@ impl<S: GroupSend> GroupCommit<S> {
     }
 
     fn state(&self) -> MutexGuard<'_, State<S>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// Sends `request`, which acts on `key` only: alone at once when there is room, or in
@@ -331,7 +345,7 @@ impl<S: GroupSend> Room<S> {
     }
 
     fn take_keys(&self) -> Keys {
-        std::mem::take(&mut *self.keys.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *crate::sync::lock(&self.keys))
     }
 
     fn free_keys(&self) {
@@ -469,7 +483,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_lone_request_goes_at_once_and_concurrent_ones_are_grouped() {
-        let g = GroupCommit::new(Echo::default(), 1, 8);
+        let g = GroupCommit::with_limits(Echo::default(), 1, 8);
         assert_eq!(
             g.send(GroupKey::of("k"), "alone".into(), PATIENCE).await,
             Ok("alone".into())
@@ -510,7 +524,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_group_holds_each_key_once() {
-        let g = GroupCommit::new(Echo::default(), 1, 64);
+        let g = GroupCommit::with_limits(Echo::default(), 1, 64);
         let requests = ["a", "b", "a", "c", "a"];
         let first = g.send(GroupKey::of("x"), "x".into(), PATIENCE);
         let rest: Vec<_> = requests
@@ -529,7 +543,7 @@ mod tests {
     /// requests on one key run in the order they were sent; groups hold one kind only.
     #[tokio::test]
     async fn requests_on_one_key_keep_their_order_and_groups_their_kind() {
-        let g = GroupCommit::new(Echo::default(), 4, 64);
+        let g = GroupCommit::with_limits(Echo::default(), 4, 64);
         // Requests are "kind/key"; the commit key is the part after '/'.
         let sends = ["acq/k", "rel/k", "acq/a", "rel/b", "acq/c"].map(|r| {
             g.send(
@@ -556,7 +570,7 @@ mod tests {
     /// the key starts before the first is answered.
     #[tokio::test]
     async fn a_dispatched_request_lets_the_next_on_its_key_go() {
-        let g = GroupCommit::new(Echo::default(), 4, 64);
+        let g = GroupCommit::with_limits(Echo::default(), 4, 64);
         let first = g.send(GroupKey::of("k"), "early/1".to_owned(), PATIENCE);
         let second = async {
             tokio::task::yield_now().await;
@@ -610,7 +624,7 @@ mod tests {
     /// working on another runtime instead of queueing every request forever.
     #[test]
     fn a_group_task_dropped_unpolled_frees_its_slot_and_keys() {
-        let g = GroupCommit::new(Gated::default(), 1, 8);
+        let g = GroupCommit::with_limits(Gated::default(), 1, 8);
         let runtime = || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_time()

@@ -23,8 +23,8 @@ use crate::backend::Attempt;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::locker::{HandOffRequest, Inner};
-use crate::notices::lock;
 use crate::registry::Slot;
+use crate::sync::lock;
 
 pub(crate) struct GuardShared {
     slot: Slot,

@@ -62,6 +62,14 @@ pub struct Lease {
 }
 
 impl Lease {
+    /// The [`Error::NotHeld`](crate::Error::NotHeld) a backend answers when this lease is no
+    /// longer the holder of its key.
+    pub fn not_held(&self) -> crate::Error {
+        crate::Error::NotHeld {
+            key: self.key().to_owned(),
+        }
+    }
+
     /// Builds a lease (used by the [`Locker`](crate::Locker) and by backend tests).
     pub fn new(key: impl Into<Arc<str>>, owner: Owner, fence: u64, valid_until: Instant) -> Self {
         Lease {

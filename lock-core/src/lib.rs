@@ -28,6 +28,7 @@ mod locker;
 mod notices;
 mod options;
 mod registry;
+pub mod sync;
 pub mod url;
 
 #[cfg(feature = "conformance")]

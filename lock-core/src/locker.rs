@@ -12,9 +12,9 @@ use crate::backend::{Attempt, Backend, Capabilities, Pause};
 use crate::error::{Error, Result};
 use crate::guard::{GuardShared, LockGuard};
 use crate::lease::{Lease, LockKey, Owner};
-use crate::notices::lock;
 use crate::options::{Backoff, LockOptions, WaitStrategy};
 use crate::registry::Registry;
+use crate::sync::lock;
 
 /// The longest key accepted, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;

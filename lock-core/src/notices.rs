@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
+use crate::sync::lock;
+
 /// A per-key hub of release notices, shared by a backend's notification source (its own
 /// release path, a Redis subscription, an etcd watch) and the waiters of its keys.
 ///
@@ -123,11 +125,6 @@ impl std::fmt::Debug for ReleaseListener {
             .field("key", &self.key)
             .finish()
     }
-}
-
-/// Locks a std mutex, ignoring poisoning: every critical section here leaves the map valid.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

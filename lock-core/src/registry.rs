@@ -59,7 +59,7 @@ impl<T> Registry<T> {
     }
 
     fn shard(&self, i: usize) -> MutexGuard<'_, Slab<T>> {
-        self.shards[i].0.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.shards[i].0)
     }
 
     /// Stores the entry `make` builds from its slot; returns what `make` returned besides.

@@ -2,7 +2,7 @@
 //!
 //! Every etcd write costs a raft round and a WAL sync, and on etcd 3.4 every transaction
 //! with a comparison also copies the server's read buffer: a transaction costs several
-//! times a plain put. So transactions that arrive while [`MAX_IN_FLIGHT`] others are on
+//! times a plain put. So transactions that arrive while [`MAX_IN_FLIGHT`](lock_core::group::MAX_IN_FLIGHT) others are on
 //! their way are queued and go together, as the nested transactions of one outer
 //! transaction (etcd ≥ 3.3): each keeps its own comparison and its own outcome, and the
 //! group costs one write. A transaction arriving when the way is free goes alone at once,
@@ -25,12 +25,6 @@ use lock_core::group::{GroupCommit, GroupSend};
 
 use crate::error::is_transient;
 use crate::members::Members;
-
-/// Groups (or lone transactions) on their way at once.
-const MAX_IN_FLIGHT: usize = 2;
-/// Transactions in one group: etcd refuses more than `--max-txn-ops` (default 128) operations
-/// in one transaction.
-const MAX_GROUP: usize = 64;
 
 /// One transaction's answer, as if it had been sent alone.
 #[derive(Debug)]
@@ -57,7 +51,7 @@ pub(crate) type Batcher = GroupCommit<Txns>;
 
 /// A new batcher over the backend's members.
 pub(crate) fn batcher(members: Arc<Members>, timeout: Duration) -> Arc<Batcher> {
-    GroupCommit::new(Txns { members, timeout }, MAX_IN_FLIGHT, MAX_GROUP)
+    GroupCommit::new(Txns { members, timeout })
 }
 
 /// Sends transactions to the preferred member, each call bounded by the timeout.

@@ -117,10 +117,11 @@ mod leases;
 mod members;
 mod watch;
 
+use lock_core::sync::lock;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -763,7 +764,7 @@ impl Shared {
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
         let ttl_secs = self.lease_secs(ttl)?;
         if lease.is_expired() {
-            return Err(not_held(lease));
+            return Err(lease.not_held());
         }
         let owner = lease.owner().as_u128();
         let (lease_id, held_secs, slot, value_fence) = match lock(&self.held).map.get_mut(&owner) {
@@ -773,7 +774,7 @@ impl Shared {
                 entry.slot.take(),
                 entry.value_fence,
             ),
-            None => return Err(not_held(lease)),
+            None => return Err(lease.not_held()),
         };
         let started = Instant::now();
         self.within("extending", async {
@@ -817,7 +818,7 @@ impl Shared {
                 // Ours, but it holds no key of ours any more.
                 self.revoke_later(lease_id);
             }
-            return Err(not_held(lease));
+            return Err(lease.not_held());
         }
         match lock(&self.held).map.get_mut(&owner) {
             Some(entry) if entry.lease_id == lease_id => {
@@ -826,7 +827,7 @@ impl Shared {
                 Ok(valid_until)
             }
             // Reaped or released while the renewal was in flight.
-            _ => Err(not_held(lease)),
+            _ => Err(lease.not_held()),
         }
     }
 
@@ -874,7 +875,7 @@ impl Shared {
             lock(&self.held).map.remove(&owner.as_u128());
             self.recycle(slot);
             self.revoke_later(old.id);
-            return Err(not_held(lease));
+            return Err(lease.not_held());
         }
         let mut held = lock(&self.held);
         match held.map.get_mut(&owner.as_u128()) {
@@ -893,7 +894,7 @@ impl Shared {
                 drop(held);
                 self.revoke_later(slot.id);
                 self.revoke_later(old.id);
-                Err(not_held(lease))
+                Err(lease.not_held())
             }
         }
     }
@@ -1027,7 +1028,7 @@ impl Shared {
         match deleted {
             Ok(true) if lease.valid_until() > sent => Ok(()),
             // Deleted, but its validity had passed: the hold was not ours to the end.
-            Ok(_) => Err(not_held(lease)),
+            Ok(_) => Err(lease.not_held()),
             Err(e) => Err(e),
         }
     }
@@ -1204,15 +1205,4 @@ fn holder_in(response: &TxnResponse) -> Option<Seen> {
 fn new_lease_id() -> i64 {
     let bits = (Owner::random().as_u128() as u64) >> 1;
     i64::try_from(bits.max(1)).unwrap_or(1)
-}
-
-fn not_held(lease: &Lease) -> Error {
-    Error::NotHeld {
-        key: lease.key().to_owned(),
-    }
-}
-
-/// Locks a std mutex, ignoring poisoning: every critical section leaves the data valid.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -11,9 +11,9 @@ use etcd_client::{
 };
 use tokio::sync::Notify;
 
-use crate::lock;
 use crate::members::Members;
 use futures::FutureExt;
+use lock_core::sync::lock;
 use lock_core::ReleaseNotices;
 
 /// How often the stream is asked for a progress report when nothing else arrives: a stream

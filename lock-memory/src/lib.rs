@@ -17,6 +17,7 @@
 
 mod coarse;
 
+use lock_core::sync::lock;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -132,11 +133,6 @@ impl MemoryBackend {
     }
 }
 
-/// Locks a shard, ignoring poisoning: every critical section leaves the table valid.
-fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Shard {
     fn sweep_if_due(&mut self, now: Instant) {
         if self.entries.len() >= 64 && self.entries.len() >= self.swept_at * 2 {
@@ -189,7 +185,7 @@ impl Backend for MemoryBackend {
                 })?;
                 Ok(e.valid_until)
             }
-            _ => Err(not_held(lease)),
+            _ => Err(lease.not_held()),
         }
     }
 
@@ -287,16 +283,10 @@ impl MemoryBackend {
                 if self.clock.ahead(e.valid_until) {
                     Ok(())
                 } else {
-                    Err(not_held(lease))
+                    Err(lease.not_held())
                 }
             }
-            _ => Err(not_held(lease)),
+            _ => Err(lease.not_held()),
         }
-    }
-}
-
-fn not_held(lease: &Lease) -> Error {
-    Error::NotHeld {
-        key: lease.key().to_owned(),
     }
 }

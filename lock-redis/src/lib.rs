@@ -125,8 +125,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lock_core::{
-    Attempt, Backend, Capabilities, Error, Holder, Lease, LockUrl, Owner, ReleaseListener,
-    ReleaseNotices, Result,
+    Attempt, Backend, Capabilities, Holder, Lease, LockUrl, Owner, ReleaseListener, ReleaseNotices,
+    Result,
 };
 
 pub use config::{RedisBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
@@ -198,12 +198,6 @@ impl RedisBackend {
     pub fn node(&self) -> &RedisNode {
         &self.node
     }
-
-    fn not_held(lease: &Lease) -> Error {
-        Error::NotHeld {
-            key: lease.key().to_owned(),
-        }
-    }
 }
 
 #[async_trait]
@@ -223,7 +217,7 @@ impl Backend for RedisBackend {
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
         match self.node.extend(lease.key(), lease.owner(), ttl).await? {
             Some(valid_until) => Ok(valid_until),
-            None => Err(Self::not_held(lease)),
+            None => Err(lease.not_held()),
         }
     }
 
@@ -243,7 +237,7 @@ impl Backend for RedisBackend {
             self.notices.notify(key);
             Ok(())
         } else {
-            Err(Self::not_held(lease))
+            Err(lease.not_held())
         }
     }
 

@@ -1,5 +1,6 @@
 //! One Redis server: the single-node lock protocol, [`RedisNode`].
 
+use lock_core::sync::lock;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -77,12 +78,6 @@ struct Shared {
     ops: Arc<GroupCommit<Ops>>,
 }
 
-/// Calls on their way at once before requests queue for a group; the connection pipelines
-/// them.
-const MAX_IN_FLIGHT: usize = 2;
-/// Locks per group: one script call of at most this many.
-const MAX_GROUP: usize = 64;
-
 impl fmt::Debug for RedisNode {
     /// The server's URL with the password hidden, and the timeout.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -139,7 +134,7 @@ impl RedisNode {
                 channel,
                 origin: format!("{} ", Owner::random()),
                 config,
-                ops: GroupCommit::new(Ops(me.clone()), MAX_IN_FLIGHT, MAX_GROUP),
+                ops: GroupCommit::new(Ops(me.clone())),
             }),
             timeout,
         };
@@ -1096,10 +1091,6 @@ impl Connector {
             }
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

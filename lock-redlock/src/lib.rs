@@ -629,7 +629,7 @@ impl Backend for RedlockBackend {
         let start = Instant::now();
         let current = lease.valid_until();
         if start >= current {
-            return Err(not_held(lease));
+            return Err(lease.not_held());
         }
         let key = lease.key_arc().clone();
         let owner = lease.owner();
@@ -658,11 +658,11 @@ impl Backend for RedlockBackend {
             return if now < current && now < valid_until {
                 Ok(valid_until)
             } else {
-                Err(not_held(lease))
+                Err(lease.not_held())
             };
         }
         if refused > n - q {
-            return Err(not_held(lease));
+            return Err(lease.not_held());
         }
         Err(self.quorum_error(extended, failed))
     }
@@ -720,7 +720,7 @@ impl Backend for RedlockBackend {
         if released >= q {
             Ok(())
         } else if refused > n - q {
-            Err(not_held(lease))
+            Err(lease.not_held())
         } else {
             Err(self.quorum_error(released, failed))
         }
@@ -846,12 +846,6 @@ impl Tally {
             Ok(false) => self.no += 1,
             Err(e) => self.failed.push((i, e)),
         }
-    }
-}
-
-fn not_held(lease: &Lease) -> Error {
-    Error::NotHeld {
-        key: lease.key().to_owned(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! One node of the quorum: a [`RedisNode`] once connected, reconnected in the background
 //! while it is not.
 
+use lock_core::sync::lock;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -152,7 +153,3 @@ impl std::fmt::Display for NotConnected {
 }
 
 impl std::error::Error for NotConnected {}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}

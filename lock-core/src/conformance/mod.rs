@@ -758,7 +758,7 @@ pub async fn tasks_never_overlap(t: &Target) {
                         0,
                         "two holders at once"
                     );
-                    crate::notices::lock(&fences).push(g.fence());
+                    crate::sync::lock(&fences).push(g.fence());
                     tokio::task::yield_now().await;
                     assert_eq!(
                         inside.fetch_sub(1, Ordering::SeqCst),
@@ -777,7 +777,7 @@ pub async fn tasks_never_overlap(t: &Target) {
     {
         r.unwrap();
     }
-    let fences = crate::notices::lock(&fences).clone();
+    let fences = crate::sync::lock(&fences).clone();
     assert_eq!(fences.len(), lockers * per_locker * rounds);
     if t.caps().monotonic_fencing {
         assert!(

@@ -67,7 +67,7 @@ use worker::{Phase, State, Worker};
 
 type Inject = Arc<dyn Fn() -> BoxFuture + Send + Sync>;
 type Probe = Arc<dyn Fn(Vec<String>) -> ProbeFuture + Send + Sync>;
-use crate::notices::lock;
+use crate::sync::lock;
 use crate::{Capabilities, Error, LockGuard, LockOptions, Locker, Outcome, WaitStrategy};
 
 /// Environment variable forcing the checker's seed (decimal or `0x` hex).
