@@ -22,7 +22,6 @@
 mod backend;
 mod error;
 pub mod group;
-mod guard;
 mod lease;
 mod locker;
 mod notices;
@@ -36,9 +35,8 @@ pub mod conformance;
 
 pub use backend::{Attempt, Backend, Capabilities, ClockDrift, Holder, Pause};
 pub use error::{BoxError, Error, Result};
-pub use guard::LockGuard;
 pub use lease::{Lease, LockKey, Owner};
-pub use locker::{validate_key, Locker, LockerStats, Outcome, MAX_KEY_LEN};
+pub use locker::{validate_key, LockGuard, Locker, LockerStats, Outcome, MAX_KEY_LEN};
 pub use notices::{ReleaseListener, ReleaseNotices};
 pub use options::{Backoff, LockOptions, WaitStrategy};
 pub use url::{LockUrl, Scheme};

@@ -13,22 +13,24 @@
 //!   never renewed again.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use crate::backend::Attempt;
+use super::handover;
+use super::queue::{HandOffRequest, LocalHolder};
+use super::shared::{Held, Shared};
 use crate::error::{Error, Result};
 use crate::lease::Lease;
-use crate::locker::{HandOffRequest, Inner};
 use crate::registry::Slot;
 use crate::sync::lock;
 
-pub(crate) struct GuardShared {
+struct GuardShared {
     slot: Slot,
-    locker: Arc<Inner>,
+    locker: Arc<Shared>,
     /// The lease as granted: its key, owner and fence never change during a hold.
     granted: Lease,
     /// The validity now (moved by renewals) and the TTL renewals use.
@@ -55,14 +57,12 @@ impl GuardShared {
         lease
     }
 
-    pub(crate) fn valid_until(&self) -> Instant {
+    fn valid_until(&self) -> Instant {
         lock(&self.validity).0
     }
 
     fn not_held(&self) -> Error {
-        Error::NotHeld {
-            key: self.key().to_owned(),
-        }
+        self.granted.not_held()
     }
 
     /// Renews the lease for `ttl` from now: one operation, after every earlier one.
@@ -109,17 +109,17 @@ impl GuardShared {
     }
 
     /// Whether the hold is known ended (released, lost).
-    pub(crate) fn is_gone(&self) -> bool {
+    fn is_gone(&self) -> bool {
         self.lost.load(Ordering::SeqCst)
     }
 
-    pub(crate) fn is_done(&self) -> bool {
+    fn is_done(&self) -> bool {
         self.done.load(Ordering::SeqCst)
     }
 
     /// Resolves as soon as the hold is known ended: `lost` set, or the validity passed
     /// without a renewal.
-    pub(crate) fn ended(shared: Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+    fn ended(shared: Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
         shared.watched.store(true, Ordering::SeqCst);
         async move {
             loop {
@@ -169,7 +169,7 @@ impl GuardShared {
         was_lost
     }
 
-    pub(crate) fn mark_lost(&self, why: &str) {
+    fn mark_lost(&self, why: &str) {
         let was_lost = self.set_gone();
         if !was_lost && !self.done.load(Ordering::SeqCst) {
             tracing::warn!(
@@ -205,7 +205,7 @@ impl GuardShared {
         let lease = self.lease();
         // Kept to the end: a waiter whose request was taken waits for it to be answered or
         // dropped, and attempts on the server only then.
-        let mut request = self.locker.take_hand_off(self, self.key());
+        let mut request = handover::take(&self.locker, self, self.key());
         if let Some(request) = request.as_mut().filter(|_| lease.valid_until() > sent) {
             if let Some(result) = self.hand_over(&lease, request).await {
                 return self.released(result);
@@ -226,44 +226,12 @@ impl GuardShared {
     }
 
     /// Passes the key straight to the waiter queued behind this guard
-    /// ([`Backend::hand_over`](crate::Backend::hand_over)), in place of the release; `None`
-    /// when it did not happen and the lock is still to be released.
+    /// ([`handover::give`]), in place of the release; `None` when it did not happen and the
+    /// lock is still to be released.
     async fn hand_over(&self, lease: &Lease, request: &mut HandOffRequest) -> Option<Result<()>> {
         let sent = Instant::now();
-        // Dropped half-way (the release future was), the hand-over may still happen:
-        // what the waiter may have been granted is then released.
-        let mut cleanup = self.locker.arm_cleanup(lease.key_arc(), request.owner);
-        let answer = self
-            .locker
-            .proto()
-            .hand_over(lease, request.owner, request.ttl)
-            .await;
-        match answer {
-            Ok(Attempt::Granted { fence, valid_until }) => {
-                cleanup.disarm();
-                let next = Lease::new(lease.key_arc().clone(), request.owner, fence, valid_until);
-                let reply = request.reply.take().map(|reply| reply.send(next));
-                if let Some(Err(next)) = reply {
-                    // The waiter gave up meanwhile: nobody holds the grant.
-                    self.locker.cleanup_in_background(next);
-                }
-                Some(self.held_until(sent))
-            }
-            Ok(Attempt::Taken { .. }) => {
-                cleanup.disarm();
-                Some(Err(self.not_held()))
-            }
-            Err(Error::Unsupported { .. }) => {
-                cleanup.disarm();
-                None
-            }
-            Err(e) => {
-                // It may have happened: the clean-up releases what the waiter may have been
-                // granted.
-                tracing::debug!(key = self.key(), error = %e, "hand-over failed");
-                Some(Err(e))
-            }
-        }
+        let given = handover::give(&self.locker, lease, request).await?;
+        Some(given.and_then(|()| self.held_until(sent)))
     }
 
     /// The release answered at once by an in-process backend (no copy of the lease);
@@ -275,7 +243,7 @@ impl GuardShared {
 
     fn released(&self, result: Result<()>) -> Result<()> {
         self.set_gone();
-        self.locker.holder_ended(self, self.key());
+        self.locker.queues.holder_ended(self, self.key());
         let key = self.key();
         match &result {
             Ok(()) => tracing::debug!(key, fence = self.granted.fence(), "lock released"),
@@ -303,16 +271,30 @@ impl GuardShared {
                 "guard dropped outside a tokio runtime; the lock expires at its TTL"
             );
             self.set_gone();
-            self.locker.holder_ended(self, self.key());
+            self.locker.queues.holder_ended(&**self, self.key());
         }
     }
+}
 
-    pub(crate) async fn release_for_shutdown(self: &Arc<Self>) {
-        if self.finish() {
-            if let Err(e) = self.end_on_server().await {
-                tracing::debug!(error = %e, "shutdown release failed");
+impl Held for GuardShared {
+    fn release_for_shutdown(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            if self.finish() {
+                if let Err(e) = self.end_on_server().await {
+                    tracing::debug!(error = %e, "shutdown release failed");
+                }
             }
-        }
+        })
+    }
+}
+
+impl LocalHolder for GuardShared {
+    fn is_live(&self) -> bool {
+        !self.is_gone() && self.valid_until() > Instant::now()
+    }
+
+    fn ended(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(GuardShared::ended(self))
     }
 }
 
@@ -342,7 +324,7 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(locker: &Arc<Inner>, lease: Lease, ttl: Duration, watchdog: bool) -> Self {
+    pub(crate) fn new(locker: &Arc<Shared>, lease: Lease, ttl: Duration, watchdog: bool) -> Self {
         let shared = locker.held.insert(|slot| {
             let shared = Arc::new(GuardShared {
                 slot,
@@ -356,7 +338,7 @@ impl LockGuard {
                 ops: tokio::sync::Mutex::new(()),
                 stop: Notify::new(),
             });
-            (shared.clone(), shared)
+            (shared.clone() as Arc<dyn Held>, shared)
         });
         if watchdog {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -374,8 +356,9 @@ impl LockGuard {
         self.shared.key()
     }
 
-    pub(crate) fn downgrade(&self) -> std::sync::Weak<GuardShared> {
-        Arc::downgrade(&self.shared)
+    /// The guard's hold as the key's queue records it.
+    pub(crate) fn downgrade(&self) -> Weak<dyn LocalHolder> {
+        Arc::downgrade(&self.shared) as Weak<dyn LocalHolder>
     }
 
     /// The fencing token of this grant: pass it to the protected resource, which refuses
@@ -444,9 +427,7 @@ impl LockGuard {
     /// If the future is dropped before completing, the release continues in the background.
     pub async fn release(mut self) -> Result<()> {
         if !self.shared.finish() {
-            return Err(Error::NotHeld {
-                key: self.key().to_owned(),
-            });
+            return Err(self.shared.not_held());
         }
         // From here until the answer, a dropped future leaves the release to `Drop`, which
         // finishes it in the background.

@@ -1,0 +1,182 @@
+//! One acquisition: the attempts on the backend and the waiting loop between them.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::deadline::{timeout_error, within};
+use super::guard::LockGuard;
+use super::handover::{self, Woken};
+use super::shared::{Shared, ERROR_BACKOFF};
+use crate::backend::{Attempt, Pause};
+use crate::error::{Error, Result};
+use crate::lease::{Lease, Owner};
+use crate::options::{Backoff, LockOptions};
+
+/// Backoff between attempts when the backend cannot announce a release.
+const WAIT_BACKOFF: (Duration, Duration) = (Duration::from_millis(2), Duration::from_millis(500));
+
+/// A grant, or the holder's time left when the lock is taken.
+pub(super) type Answer = std::result::Result<LockGuard, Option<Duration>>;
+
+/// The slow path: take this key's local turn (FIFO), then attempt and wait until
+/// granted or the deadline passes.
+pub(super) async fn queued(
+    shared: &Arc<Shared>,
+    shared_key: &Arc<str>,
+    ttl: Duration,
+    opts: &LockOptions,
+    started: Option<Instant>,
+    deadline: Option<Instant>,
+) -> Result<LockGuard> {
+    let key: &str = shared_key;
+    let queue = shared.queues.join(key);
+    let _turn = match within(deadline, queue.turn.turn.lock()).await {
+        Some(turn) => turn,
+        None => return Err(timeout_error(key, started)),
+    };
+    let mut wait_backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
+    let mut error_backoff = Backoff::new(ERROR_BACKOFF.0, ERROR_BACKOFF.1);
+    let mut last_error: Option<Error> = None;
+    // Set when a release notice ended the last wait: attempt then, even if the
+    // sibling's release has not returned yet (a backend may announce it as soon as the
+    // release is queued ahead of our attempt).
+    let mut noticed = false;
+    loop {
+        // Listen before attempting, so a release right after a refusal is not missed.
+        let mut listener = shared.proto().listen(key);
+        // A sibling holds the key: its release (or loss) ends the wait, and a refused
+        // attempt would only cost the server work.
+        if let Some(holder) = queue.turn.local_holder().filter(|_| !noticed) {
+            let woken =
+                handover::wait_behind(shared, &queue.turn, holder, ttl, &mut listener, deadline)
+                    .await;
+            match woken {
+                Woken::HandedOver(Some(lease)) => {
+                    if shared.shut_down.load(Ordering::SeqCst) {
+                        shared.cleanup_in_background(lease);
+                        return Err(Error::Shutdown);
+                    }
+                    if lease.is_expired() {
+                        // Answered too late to be of use (the validity counts from
+                        // before the hand-over was sent): let it go, try the server.
+                        shared.cleanup_in_background(lease);
+                        noticed = false;
+                        continue;
+                    }
+                    tracing::debug!(key, fence = lease.fence(), "lock handed over");
+                    let guard = LockGuard::new(shared, lease, ttl, opts.watchdog);
+                    queue.turn.set_holder(guard.downgrade());
+                    return Ok(guard);
+                }
+                // Not handed over: the holder released it on the server meanwhile.
+                Woken::HandedOver(None) | Woken::Ended => noticed = false,
+                Woken::Notice => noticed = true,
+                Woken::Deadline => break,
+            }
+            continue;
+        }
+        noticed = false;
+        let pause = match within(deadline, attempt(shared, shared_key, ttl, opts)).await {
+            None => break,
+            Some(Ok(Ok(guard))) => {
+                queue.turn.set_holder(guard.downgrade());
+                queue.turn.handed.store(0, Ordering::SeqCst);
+                return Ok(guard);
+            }
+            Some(Ok(Err(expires_in))) => {
+                last_error = None;
+                error_backoff.reset();
+                Pause {
+                    expires_in,
+                    backoff: wait_backoff.next_delay(),
+                    listener,
+                }
+            }
+            Some(Err(e)) if e.is_transient() => {
+                tracing::debug!(key, error = %e, "lock attempt failed; retrying");
+                last_error = Some(e);
+                Pause {
+                    expires_in: None,
+                    backoff: error_backoff.next_delay(),
+                    listener: None,
+                }
+            }
+            Some(Err(e)) => return Err(e),
+        };
+        if within(deadline, shared.proto().wait(key, pause))
+            .await
+            .is_none()
+        {
+            break;
+        }
+    }
+    Err(last_error.unwrap_or_else(|| timeout_error(key, started)))
+}
+
+/// One attempt on the backend. `Ok(Err(expires_in))` means taken.
+///
+/// Cancel safe: if dropped while the backend call is in flight, a background task
+/// releases whatever that call may have granted.
+pub(super) async fn attempt(
+    shared: &Arc<Shared>,
+    shared_key: &Arc<str>,
+    ttl: Duration,
+    opts: &LockOptions,
+) -> Result<Answer> {
+    if let Some(answer) = attempt_now(shared, shared_key, ttl, opts) {
+        return answer;
+    }
+    let key: &str = shared_key;
+    let owner = Owner::random();
+    let mut cleanup = shared.arm_cleanup(shared_key, owner);
+    let result = shared.proto().try_acquire(key, owner, ttl).await;
+    // A failure may come after the request reached the server (a reply lost to a
+    // timeout, a paused server resuming, a script that failed half-way): the grant may
+    // exist, so the clean-up stays armed and releases it.
+    if result.is_ok() {
+        cleanup.disarm();
+    }
+    drop(cleanup);
+    match result? {
+        Attempt::Granted { fence, valid_until } => {
+            let lease = Lease::new(shared_key.clone(), owner, fence, valid_until);
+            if shared.shut_down.load(Ordering::SeqCst) {
+                let _ = shared.proto().release(&lease).await;
+                return Err(Error::Shutdown);
+            }
+            tracing::debug!(key, fence, backend = shared.caps.name, "lock granted");
+            Ok(Ok(LockGuard::new(shared, lease, ttl, opts.watchdog)))
+        }
+        Attempt::Taken { expires_in } => Ok(Err(expires_in)),
+    }
+}
+
+/// One attempt answered at once by an in-process backend
+/// ([`Backend::try_acquire_now`]); `None` when the backend needs the async call. A
+/// synchronous answer has no reply in flight, so nothing needs cleaning up.
+pub(super) fn attempt_now(
+    shared: &Arc<Shared>,
+    shared_key: &Arc<str>,
+    ttl: Duration,
+    opts: &LockOptions,
+) -> Option<Result<Answer>> {
+    let owner = Owner::random();
+    let proto = shared.proto();
+    Some(match proto.try_acquire_now(shared_key, owner, ttl)? {
+        Ok(Attempt::Granted { fence, valid_until }) => {
+            let lease = Lease::new(shared_key.clone(), owner, fence, valid_until);
+            if shared.shut_down.load(Ordering::SeqCst) {
+                if proto.release_now(&lease).is_none() {
+                    shared.cleanup_in_background(lease);
+                }
+                return Some(Err(Error::Shutdown));
+            }
+            let key: &str = shared_key;
+            tracing::debug!(key, fence, backend = shared.caps.name, "lock granted");
+            Ok(Ok(LockGuard::new(shared, lease, ttl, opts.watchdog)))
+        }
+        Ok(Attempt::Taken { expires_in }) => Ok(Err(expires_in)),
+        Err(e) => Err(e),
+    })
+}

@@ -1,0 +1,411 @@
+//! The waiting policy: [`Locker`], and the guards it hands out.
+//!
+//! The modules depend on each other in one direction only: this one (the public API) on
+//! `acquire` (attempts and the waiting loop), which uses `guard`, which uses `handover`,
+//! `shared`, `queue` and `deadline`; `queue` and `deadline` depend on nothing here.
+
+mod acquire;
+mod deadline;
+mod guard;
+mod handover;
+mod queue;
+mod shared;
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::backend::{Backend, Capabilities};
+use crate::error::{Error, Result};
+use crate::lease::LockKey;
+use crate::options::{LockOptions, WaitStrategy};
+
+pub use guard::LockGuard;
+use shared::Shared;
+
+/// The longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// Checks a key: not empty, at most [`MAX_KEY_LEN`] bytes.
+pub fn validate_key(key: &str) -> Result<()> {
+    let reason = if key.is_empty() {
+        "a lock key must not be empty"
+    } else if key.len() > MAX_KEY_LEN {
+        "a lock key must be at most 1024 bytes"
+    } else {
+        return Ok(());
+    };
+    let mut shown = key.to_owned();
+    if shown.len() > 64 {
+        let mut cut = 64;
+        while !shown.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        shown.truncate(cut);
+        shown.push('…');
+    }
+    Err(Error::InvalidKey { key: shown, reason })
+}
+
+/// What [`Locker::run`] did with the job.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Outcome<T> {
+    /// The lock was won and the job ran to completion with this result.
+    Ran(T),
+    /// The lock was not won (taken, or the wait timed out); the job did not run.
+    Skipped,
+    /// The job's hard timeout passed; the job was cancelled and the lock released.
+    TimedOut,
+    /// The lock was lost while the job ran; the job was cancelled.
+    LockLost,
+}
+
+/// Counts of what a [`Locker`] holds in memory, for monitoring and leak tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockerStats {
+    /// Guards currently held through this Locker.
+    pub held: usize,
+    /// Keys with local waiters queued.
+    pub queued_keys: usize,
+    /// Background tasks (releases, cleanups) still running.
+    pub background_tasks: usize,
+}
+
+/// Hands out locks from one backend with one waiting policy, the same on every backend.
+///
+/// Waiters of one Locker for the same key line up in a local FIFO queue and only the head
+/// of the queue attempts on the backend: a networked server sees one contender per process
+/// and waiters inside a process are served in arrival order. A Locker is cheap to clone
+/// (all clones share the queues and the set of held guards).
+///
+/// While a guard of this Locker holds the key, the head waiter does not attempt at all: it
+/// waits for that guard's end. On a backend with [`Backend::hand_over`], the holder's
+/// release *is* the hand-over: once the holder's own renewals have stopped, one server
+/// step passes the key to the head waiter (only if the server still holds it for the
+/// holder), with the next fence and a validity counted from before that step; nothing
+/// changes hands while the holder still holds. A key is handed over at most 16 times in a
+/// row: then the holder releases it on the server, which wakes waiters in other processes.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+/// use std::time::Duration;
+/// use lock_core::LockOptions;
+///
+/// let guard = locker
+///     .acquire("jobs/nightly", &LockOptions::new().ttl(Duration::from_secs(10)))
+///     .await?;
+/// println!("fencing token {}", guard.fence());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locker {
+    inner: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Locker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locker")
+            .field("backend", &self.inner.caps.name)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Locker {
+    /// A Locker over `backend` with the default [`LockOptions`].
+    pub fn new(backend: impl Backend) -> Self {
+        Self::with_backend(Arc::new(backend))
+    }
+
+    /// A Locker over a shared backend handle.
+    pub fn with_backend(backend: Arc<dyn Backend>) -> Self {
+        Self::with_options(backend, LockOptions::default())
+    }
+
+    /// A Locker over a shared backend handle whose [`lock`](Self::lock) uses `defaults`.
+    pub fn with_options(backend: Arc<dyn Backend>, defaults: LockOptions) -> Self {
+        Locker {
+            inner: Arc::new(Shared::new(backend, defaults)),
+        }
+    }
+
+    /// The backend behind this Locker.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// The backend's capabilities.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    /// The options [`lock`](Self::lock) uses.
+    pub fn default_options(&self) -> &LockOptions {
+        &self.inner.defaults
+    }
+
+    /// What this Locker holds in memory now.
+    pub fn stats(&self) -> LockerStats {
+        LockerStats {
+            held: self.inner.held.len(),
+            queued_keys: self.inner.queues.len(),
+            background_tasks: self.inner.tasks.len(),
+        }
+    }
+
+    /// Acquires `key` with the default options.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire).
+    pub async fn lock<K: LockKey + ?Sized>(&self, key: &K) -> Result<LockGuard> {
+        let opts = self.inner.defaults.clone();
+        self.acquire(key, &opts).await
+    }
+
+    /// One attempt at `key` with the default TTL and watchdog setting: `Ok(None)` when the
+    /// lock is taken.
+    ///
+    /// # Errors
+    /// Invalid key or TTL, or the backend failed.
+    pub async fn try_acquire<K: LockKey + ?Sized>(&self, key: &K) -> Result<Option<LockGuard>> {
+        let opts = self.inner.defaults.clone().skip();
+        match self.acquire(key, &opts).await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(Error::Locked { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Acquires `key` (any string; an `Arc<str>` is kept without a copy) following `opts`:
+    /// attempts on the backend, waits for a release notice (or the holder's expiry, or a
+    /// jittered exponential backoff) between attempts, and retries transient errors until
+    /// the wait strategy's deadline.
+    ///
+    /// The guard releases the lock when dropped (in the background) or by
+    /// [`LockGuard::release`].
+    ///
+    /// # Errors
+    /// - [`Error::InvalidKey`] / [`Error::InvalidTtl`] for bad input, before any I/O;
+    /// - [`Error::Locked`] with [`WaitStrategy::Skip`] when the lock is taken;
+    /// - [`Error::Timeout`] when the wait deadline passed while the lock was taken;
+    /// - the last transient error (e.g. [`Error::Unavailable`]) when the deadline passed
+    ///   while the server failed; non-transient backend errors at once;
+    /// - [`Error::Shutdown`] after [`shutdown`](Self::shutdown).
+    ///
+    /// # Cancel safety
+    /// Dropping the future at any await leaves no lock held and no waiter queued: an attempt
+    /// in flight when the future is dropped is released in the background (tracked by
+    /// [`shutdown`](Self::shutdown)).
+    pub async fn acquire<K: LockKey + ?Sized>(
+        &self,
+        key: &K,
+        opts: &LockOptions,
+    ) -> Result<LockGuard> {
+        let key_str = key.as_key();
+        validate_key(key_str)?;
+        let ttl = self.inner.caps.effective_ttl(opts.ttl)?;
+        if self.inner.shut_down.load(Ordering::SeqCst) {
+            return Err(Error::Shutdown);
+        }
+        // An in-process backend never yields: take part in tokio's cooperative budget, as
+        // tokio's own mutex does, so a task looping on locks cannot starve its neighbours.
+        tokio::task::coop::consume_budget().await;
+        // One shared copy of the key, for the lease and (in memory) the lock table.
+        let shared_key: Arc<str> = key.to_shared();
+        let key: &str = &shared_key;
+        let skip = matches!(opts.wait, WaitStrategy::Skip);
+        // Fast path: nobody of ours is queued on this key, so trying first is fair.
+        let first_try = skip || self.inner.queues.is_free(key);
+        // An in-process backend answers at once: no deadline is needed for that attempt.
+        let mut tried = false;
+        if first_try {
+            if let Some(answer) = acquire::attempt_now(&self.inner, &shared_key, ttl, opts) {
+                match answer {
+                    Ok(Ok(guard)) => return Ok(guard),
+                    Ok(Err(_)) if skip => {
+                        return Err(Error::Locked {
+                            key: key.to_owned(),
+                        })
+                    }
+                    Err(e) if skip || !e.is_transient() => return Err(e),
+                    Ok(Err(_)) | Err(_) => tried = true,
+                }
+            }
+        }
+        let (started, deadline) = match opts.wait {
+            WaitStrategy::Skip => {
+                return match acquire::attempt(&self.inner, &shared_key, ttl, opts).await? {
+                    Ok(guard) => Ok(guard),
+                    Err(_) => Err(Error::Locked {
+                        key: key.to_owned(),
+                    }),
+                };
+            }
+            WaitStrategy::Wait(t) => {
+                let now = Instant::now();
+                (
+                    Some(now),
+                    Some(now.checked_add(t).unwrap_or_else(deadline::far_future)),
+                )
+            }
+            // The start only matters for the error message of a bounded wait.
+            WaitStrategy::WaitForever => (None, None),
+        };
+        if first_try && !tried {
+            let first = match deadline {
+                None => Some(acquire::attempt(&self.inner, &shared_key, ttl, opts).await),
+                Some(d) => tokio::time::timeout_at(
+                    d.into(),
+                    acquire::attempt(&self.inner, &shared_key, ttl, opts),
+                )
+                .await
+                .ok(),
+            };
+            match first {
+                None => return Err(deadline::timeout_error(key, started)),
+                Some(Ok(Ok(guard))) => return Ok(guard),
+                Some(Err(e)) if !e.is_transient() => return Err(e),
+                Some(Ok(Err(_)) | Err(_)) => {}
+            }
+        }
+        // Boxed: the waiting state machine is large, and the uncontended path above should
+        // not carry (and move) it.
+        Box::pin(acquire::queued(
+            &self.inner,
+            &shared_key,
+            ttl,
+            opts,
+            started,
+            deadline,
+        ))
+        .await
+    }
+
+    /// Runs `job` only if `key` is won, and says what happened.
+    ///
+    /// The job is cancelled (dropped) as soon as the lock is known lost or
+    /// `opts.job_timeout` passes; after it completes or times out the lock is released.
+    /// A lock not won (taken with `Skip`, or the wait deadline passed) is
+    /// [`Outcome::Skipped`].
+    ///
+    /// # Errors
+    /// Invalid input, and backend failures while acquiring (other than a wait timeout).
+    pub async fn run<K, F, T>(&self, key: &K, opts: &LockOptions, job: F) -> Result<Outcome<T>>
+    where
+        K: LockKey + ?Sized,
+        F: Future<Output = T>,
+    {
+        let guard = match self.acquire(key, opts).await {
+            Ok(guard) => guard,
+            Err(Error::Locked { .. } | Error::Timeout { .. }) => return Ok(Outcome::Skipped),
+            Err(e) => return Err(e),
+        };
+        let key = key.as_key();
+        let lost = guard.lost();
+        let hard_timeout = async {
+            match opts.job_timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let outcome = tokio::select! {
+            biased;
+            _ = lost => {
+                tracing::warn!(key, "lock lost while the job ran; job cancelled");
+                return Ok(Outcome::LockLost);
+            }
+            value = job => Outcome::Ran(value),
+            _ = hard_timeout => {
+                tracing::warn!(key, "job passed its hard timeout; job cancelled");
+                Outcome::TimedOut
+            }
+        };
+        if let Err(e) = guard.release().await {
+            tracing::warn!(key, error = %e, "release after the job failed");
+        }
+        Ok(outcome)
+    }
+
+    /// Acquires every key of `keys` or none: keys are deduplicated and taken in sorted
+    /// order, so two callers with overlapping sets can never deadlock. The wait deadline of
+    /// `opts` covers the whole set. Guards come back in sorted key order.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire); locks taken before the failure are released first.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the guards taken so far, which release in the background.
+    pub async fn acquire_many<S: AsRef<str>>(
+        &self,
+        keys: &[S],
+        opts: &LockOptions,
+    ) -> Result<Vec<LockGuard>> {
+        let mut sorted: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
+        for key in &sorted {
+            validate_key(key)?;
+        }
+        sorted.sort_unstable();
+        sorted.dedup();
+        let started = Instant::now();
+        let mut guards = Vec::with_capacity(sorted.len());
+        for key in sorted {
+            let mut each = opts.clone();
+            if let WaitStrategy::Wait(total) = opts.wait {
+                each.wait = WaitStrategy::Wait(total.saturating_sub(started.elapsed()));
+            }
+            match self.acquire(key, &each).await {
+                Ok(guard) => guards.push(guard),
+                Err(e) => {
+                    for guard in guards.drain(..).rev() {
+                        let _ = guard.release().await;
+                    }
+                    return Err(match e {
+                        Error::Timeout { key, .. } => Error::Timeout {
+                            key,
+                            waited: started.elapsed(),
+                        },
+                        other => other,
+                    });
+                }
+            }
+        }
+        Ok(guards)
+    }
+
+    /// Waits until the background work of this Locker (releases of dropped guards, cleanups
+    /// of cancelled attempts) has finished, without stopping it.
+    pub async fn settle(&self) {
+        self.inner.tasks.wait_idle().await;
+    }
+
+    /// Stops granting, releases every lock still held through this Locker (their guards'
+    /// `lost()` fires), and waits for background releases to finish. For a graceful stop.
+    pub async fn shutdown(&self) {
+        self.inner.shut_down.store(true, Ordering::SeqCst);
+        for guard in self.inner.held.drain() {
+            guard.release_for_shutdown().await;
+        }
+        self.inner.tasks.wait_idle().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_validated() {
+        assert!(matches!(validate_key(""), Err(Error::InvalidKey { .. })));
+        assert!(validate_key(&"k".repeat(MAX_KEY_LEN)).is_ok());
+        let err = validate_key(&"é".repeat(MAX_KEY_LEN)).unwrap_err();
+        match err {
+            Error::InvalidKey { key, .. } => assert!(key.len() <= 64 + '…'.len_utf8()),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

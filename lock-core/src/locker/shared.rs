@@ -1,0 +1,189 @@
+//! What a Locker and its guards share: the backend, the guards held, the per-key queues,
+//! the background tasks, and the clean-up of attempts whose answer never came.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::queue::Queues;
+use crate::backend::{Backend, Capabilities};
+use crate::error::Error;
+use crate::lease::{Lease, Owner};
+use crate::options::{Backoff, LockOptions};
+use crate::registry::Registry;
+
+/// Backoff between attempts after a transient error (server unreachable).
+pub(crate) const ERROR_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(20), Duration::from_secs(1));
+
+/// Attempts at [`Backend::abandon`] for one clean-up before the grant is left to its TTL.
+const ABANDON_ATTEMPTS: u32 = 5;
+
+/// A hold registered with its Locker, so `shutdown` can end it.
+pub(crate) trait Held: Send + Sync {
+    /// Ends the hold (releases on the server) unless it ended already.
+    fn release_for_shutdown(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// The state of one Locker, shared by its clones and its guards.
+pub(crate) struct Shared {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) caps: Capabilities,
+    /// Local FIFO queues: only the waiter holding a key's turn attempts on the backend.
+    pub(crate) queues: Queues,
+    /// Guards held through this Locker, for `shutdown`.
+    pub(crate) held: Registry<Arc<dyn Held>>,
+    pub(crate) tasks: Arc<Tracker>,
+    pub(crate) shut_down: AtomicBool,
+    pub(crate) defaults: LockOptions,
+}
+
+impl Shared {
+    pub(crate) fn new(backend: Arc<dyn Backend>, defaults: LockOptions) -> Self {
+        Shared {
+            caps: backend.capabilities().clone(),
+            backend,
+            queues: Queues::default(),
+            held: Registry::new(),
+            tasks: Arc::new(Tracker::default()),
+            shut_down: AtomicBool::new(false),
+            defaults,
+        }
+    }
+
+    /// The backend as a trait object. Calling through `Arc<dyn Backend>` directly would
+    /// pick the forwarding `impl Backend for Arc<B>` and box every future twice.
+    pub(crate) fn proto(&self) -> &dyn Backend {
+        &*self.backend
+    }
+
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shut_down.load(Ordering::SeqCst)
+    }
+
+    /// A clean-up for the grant a call on `key` for `owner` may make, armed until
+    /// [`CancelCleanup::disarm`].
+    pub(crate) fn arm_cleanup<'a>(&'a self, key: &'a Arc<str>, owner: Owner) -> CancelCleanup<'a> {
+        CancelCleanup {
+            shared: self,
+            key,
+            owner,
+            armed: true,
+        }
+    }
+
+    /// Forgets, in the background, a server call for `owner` on `key` whose answer never
+    /// came ([`Backend::abandon`]): whatever it granted is released, and if it has not
+    /// reached the server yet it never grants. Transient failures are retried a few times
+    /// with backoff (a paused server can fail the first try too); the task is tracked, so
+    /// `shutdown` waits for it.
+    pub(crate) fn abandon_in_background(&self, key: Arc<str>, owner: Owner) {
+        let backend = self.backend.clone();
+        self.tasks.spawn(async move {
+            let mut backoff = Backoff::new(ERROR_BACKOFF.0, ERROR_BACKOFF.1);
+            for attempt in 1..=ABANDON_ATTEMPTS {
+                match backend.as_ref().abandon(&key, owner).await {
+                    Ok(()) => return,
+                    Err(e) if e.is_transient() && attempt < ABANDON_ATTEMPTS => {
+                        tracing::debug!(key = &*key, error = %e, "abandoning an attempt failed; retrying");
+                        tokio::time::sleep(backoff.next_delay()).await;
+                    }
+                    Err(e) => {
+                        tracing::debug!(key = &*key, error = %e, "abandoning an attempt failed; a grant it made expires at its TTL");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Releases, in the background, a grant whose answer came but that nobody holds (a
+    /// hand-over whose waiter gave up, a lease handed over too late, a grant after
+    /// shutdown).
+    pub(crate) fn cleanup_in_background(&self, lease: Lease) {
+        let backend = self.backend.clone();
+        self.tasks.spawn(async move {
+            let key = lease.key();
+            match backend.as_ref().release(&lease).await {
+                Ok(()) => tracing::debug!(key, "released a lock granted to an abandoned attempt"),
+                Err(Error::NotHeld { .. }) => {}
+                Err(e) => tracing::debug!(key, error = %e, "cleanup of an abandoned attempt failed; the lock expires at its TTL"),
+            }
+        });
+    }
+}
+
+/// Abandons, in the background, what a server call for `owner` that was dropped
+/// mid-flight or failed may have granted, unless disarmed once its answer is known.
+pub(crate) struct CancelCleanup<'a> {
+    shared: &'a Shared,
+    key: &'a Arc<str>,
+    owner: Owner,
+    armed: bool,
+}
+
+impl CancelCleanup<'_> {
+    /// The call's answer is known: nothing to clean up.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for CancelCleanup<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared
+                .abandon_in_background(self.key.clone(), self.owner);
+        }
+    }
+}
+
+/// Background tasks a Locker waits for on shutdown.
+#[derive(Default)]
+pub(crate) struct Tracker {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+impl Tracker {
+    /// Spawns `fut` on the current runtime, counted until it ends; false outside a runtime.
+    pub(crate) fn spawn<F>(self: &Arc<Self>, fut: F) -> bool
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        self.count.fetch_add(1, Ordering::SeqCst);
+        let me = self.clone();
+        handle.spawn(async move {
+            fut.await;
+            if me.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+                me.idle.notify_waiters();
+            }
+        });
+        true
+    }
+
+    /// Tasks still running.
+    pub(crate) fn len(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Waits until no task runs.
+    pub(crate) async fn wait_idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
