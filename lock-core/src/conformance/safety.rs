@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{opts, queued_holder, queued_holder_and_waiter, slack, spawn_acquire, Target};
+use super::target::{opts, queued_holder, queued_holder_and_waiter, slack, spawn_acquire, Target};
 use crate::{Attempt, Backend, Capabilities, Error, Lease, Locker, Owner, Result};
 
 /// Runs the safety rules, in order, each bounded like [`run_all`](super::run_all)'s.

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use super::SEED_ENV;
+/// Environment variable forcing the checker's seed (decimal or `0x` hex); a report
+/// names it with the seed to replay.
+pub const SEED_ENV: &str = "DISTLOCK_CHECK_SEED";
 
 /// The kinds of broken rules a run reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

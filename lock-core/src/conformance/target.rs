@@ -1,0 +1,154 @@
+//! The backend under test ([`Target`]) and the helpers the rules share.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{
+    Attempt, Backend, Capabilities, Lease, LockGuard, LockOptions, Locker, Owner, Result,
+    WaitStrategy,
+};
+
+/// A boxed future, as returned by a [`Target`]'s revoke hook.
+pub type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The backend under test and its per-backend hooks.
+#[derive(Clone)]
+pub struct Target {
+    pub(crate) backend: Arc<dyn Backend>,
+    revoke: Option<Arc<dyn Fn(String) -> BoxFuture + Send + Sync>>,
+    prefix: String,
+}
+
+impl Target {
+    /// A target over `backend`; locks are taken away with [`Backend::force_release`].
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        Target {
+            backend,
+            revoke: None,
+            prefix: format!("conf-{:08x}/", rand::random::<u32>()),
+        }
+    }
+
+    /// A target over the backend of an existing Locker.
+    pub fn from_locker(locker: &Locker) -> Self {
+        Self::new(locker.backend().clone())
+    }
+
+    /// Replaces the way a lock is taken away behind its holder's back (for example a raw
+    /// `DEL` on the server).
+    pub fn with_revoke<F, Fut>(mut self, revoke: F) -> Self
+    where
+        F: Fn(String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.revoke = Some(Arc::new(move |key| Box::pin(revoke(key))));
+        self
+    }
+
+    /// A new Locker over the backend: one "process".
+    pub fn locker(&self) -> Locker {
+        Locker::with_backend(self.backend.clone())
+    }
+
+    pub(crate) fn key(&self, name: &str) -> String {
+        format!("{}{}-{:08x}", self.prefix, name, rand::random::<u32>())
+    }
+
+    pub(crate) fn caps(&self) -> &Capabilities {
+        self.backend.capabilities()
+    }
+
+    /// A short TTL the backend accepts: 300 ms, or the backend's minimum.
+    pub fn short_ttl(&self) -> Duration {
+        self.caps()
+            .effective_ttl(Duration::from_millis(300))
+            .expect("300 ms is a valid TTL")
+    }
+
+    pub(crate) async fn revoke(&self, key: &str) {
+        match &self.revoke {
+            Some(hook) => hook(key.to_owned()).await,
+            None => {
+                self.backend
+                    .as_ref()
+                    .force_release(key)
+                    .await
+                    .expect("force_release");
+            }
+        }
+    }
+}
+
+/// Slack allowed for scheduling and network round trips in timing bounds.
+pub(crate) fn slack(t: &Target) -> Duration {
+    if t.caps().cross_process {
+        Duration::from_millis(250)
+    } else {
+        Duration::from_millis(100)
+    }
+}
+
+pub(crate) fn opts(ttl: Duration) -> LockOptions {
+    LockOptions::new().ttl(ttl).wait(WaitStrategy::Skip)
+}
+
+pub(crate) async fn grant(t: &Target, key: &str, owner: Owner, ttl: Duration) -> Lease {
+    match t
+        .backend
+        .as_ref()
+        .try_acquire(key, owner, ttl)
+        .await
+        .unwrap()
+    {
+        Attempt::Granted { fence, valid_until } => Lease::new(key, owner, fence, valid_until),
+        Attempt::Taken { .. } => panic!("{key} should be free"),
+    }
+}
+
+pub(crate) async fn wait_until_expired(t: &Target, lease: &Lease) {
+    tokio::time::sleep_until((lease.valid_until() + slack(t) / 2).into()).await;
+}
+
+/// `locker.acquire(key, opts)` on a task of its own.
+pub fn spawn_acquire(
+    locker: &Locker,
+    key: &str,
+    opts: &LockOptions,
+) -> tokio::task::JoinHandle<Result<LockGuard>> {
+    let (locker, key, opts) = (locker.clone(), key.to_owned(), opts.clone());
+    tokio::spawn(async move { locker.acquire(&key, &opts).await })
+}
+
+/// Takes `key` through `locker`'s queue: behind a first holder that releases it after
+/// `settle`. The guard returned is then the one the Locker's next waiters on the key queue
+/// behind (and, with [`Capabilities::hand_over`], are handed the key by).
+pub async fn queued_holder(
+    locker: &Locker,
+    key: &str,
+    opts: &LockOptions,
+    settle: Duration,
+) -> LockGuard {
+    let first = locker.acquire(key, opts).await.expect("the first holder");
+    let second = spawn_acquire(locker, key, opts);
+    tokio::time::sleep(settle).await;
+    first.release().await.expect("the first release");
+    second
+        .await
+        .expect("the waiter task")
+        .expect("the queued holder")
+}
+
+/// [`queued_holder`], and a waiter queued behind it for `settle`.
+pub async fn queued_holder_and_waiter(
+    locker: &Locker,
+    key: &str,
+    opts: &LockOptions,
+    settle: Duration,
+) -> (LockGuard, tokio::task::JoinHandle<Result<LockGuard>>) {
+    let holder = queued_holder(locker, key, opts, settle).await;
+    let waiter = spawn_acquire(locker, key, opts);
+    tokio::time::sleep(settle).await;
+    (holder, waiter)
+}
