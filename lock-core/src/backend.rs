@@ -1,4 +1,5 @@
-//! The seam between policy and protocol: the [`Backend`] trait.
+//! The seam between policy and protocol: the [`Backend`] trait, its optional abilities
+//! ([`HandOver`], [`Admin`], [`Immediate`]) and the validated [`Ttl`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,10 +52,35 @@ pub struct Capabilities {
     /// allowance; none elsewhere). The guard uses it to bound its validity while an
     /// extension's outcome is unknown.
     pub clock_drift: ClockDrift,
-    /// Whether [`Backend::hand_over`] is implemented: a Locker then passes a released key
-    /// straight to its next local waiter in one server step instead of a release and an
-    /// acquisition.
-    pub hand_over: bool,
+}
+
+/// A lock TTL that passed a backend's rules: not zero, within its maximum, rounded up to
+/// its minimum and granularity. Only [`Capabilities::effective_ttl`] makes one, so a
+/// backend handed a `Ttl` needs no checks of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ttl(Duration);
+
+impl Ttl {
+    /// The TTL as a duration.
+    pub fn get(self) -> Duration {
+        self.0
+    }
+
+    /// Whole milliseconds (a `Ttl` of a millisecond-granular backend is exact).
+    pub fn as_millis(self) -> u64 {
+        u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whole seconds (a `Ttl` of a second-granular backend is exact).
+    pub fn as_secs(self) -> u64 {
+        self.0.as_secs()
+    }
+}
+
+impl From<Ttl> for Duration {
+    fn from(ttl: Ttl) -> Duration {
+        ttl.0
+    }
 }
 
 /// The part of a TTL a backend sets aside for clock drift: `ttl × per_million / 10⁶ +
@@ -91,7 +117,10 @@ impl Capabilities {
 
     /// Applies the TTL rules: zero and TTLs above `max_ttl` are refused; TTLs below
     /// `min_ttl` are rounded up to it; every TTL is rounded up to the granularity.
-    pub fn effective_ttl(&self, ttl: Duration) -> Result<Duration> {
+    ///
+    /// # Errors
+    /// [`Error::InvalidTtl`](crate::Error::InvalidTtl) naming the backend and the rule.
+    pub fn effective_ttl(&self, ttl: Duration) -> Result<Ttl> {
         let refuse = |reason: String| crate::Error::InvalidTtl {
             ttl,
             backend: self.name,
@@ -129,7 +158,7 @@ impl Capabilities {
                 self.max_ttl
             )));
         }
-        Ok(ttl)
+        Ok(Ttl(ttl))
     }
 }
 
@@ -151,7 +180,7 @@ pub enum Attempt {
     },
 }
 
-/// What [`Backend::inspect`] knows of a key's current holder.
+/// What [`Admin::inspect`] knows of a key's current holder.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Holder {
     /// The holder's owner token, when the server stores it readably.
@@ -160,40 +189,6 @@ pub struct Holder {
     pub fence: Option<u64>,
     /// Time left before the lock expires, when the server tells.
     pub expires_in: Option<Duration>,
-}
-
-/// Everything a [`Backend::wait`] needs to decide how long to wait before the next attempt.
-#[derive(Debug)]
-pub struct Pause {
-    /// How long the holder has left according to the refused attempt.
-    pub expires_in: Option<Duration>,
-    /// The jittered exponential backoff the Locker computed for this round.
-    pub backoff: Duration,
-    /// The release listener registered before the refused attempt, if the backend has one.
-    pub listener: Option<ReleaseListener>,
-}
-
-impl Pause {
-    /// The default wait: with a release listener, until a release notice or the holder's
-    /// expiry (the backoff when the expiry is unknown); without one, the backoff cut short
-    /// at the holder's expiry.
-    pub async fn wait(mut self) {
-        let timer = match (&self.listener, self.expires_in) {
-            (Some(_), Some(exp)) => exp,
-            (Some(_), None) => self.backoff,
-            (None, Some(exp)) => self.backoff.min(exp),
-            (None, None) => self.backoff,
-        };
-        match self.listener.as_mut() {
-            Some(listener) => {
-                tokio::select! {
-                    _ = listener.released() => {}
-                    _ = tokio::time::sleep(timer) => {}
-                }
-            }
-            None => tokio::time::sleep(timer).await,
-        }
-    }
 }
 
 /// One lock server's protocol: each method is ONE attempt, with no retry, wait or renewal
@@ -212,21 +207,28 @@ pub trait Backend: Send + Sync + 'static {
     /// What this backend can promise.
     fn capabilities(&self) -> &Capabilities;
 
-    /// One attempt to take `key` for `owner` for `ttl` (already validated and rounded).
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt>;
+    /// One attempt to take `key` for `owner` for `ttl`.
+    ///
+    /// Cancellation: a dropped call may still reach the server and grant; the Locker then
+    /// [`abandon`](Self::abandon)s it.
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt>;
 
     /// Pushes the lease's expiry to `ttl` from now if it is still ours; returns the new
-    /// `valid_until`.
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant>;
+    /// `valid_until`, counted from before the request was sent.
+    async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant>;
 
     /// Deletes the lock if it is still ours; `NotHeld` if it was not.
     async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// Registers for the next release notice of `key` (called before an attempt); `None`
+    /// when the backend cannot announce releases ([`Capabilities::release_notices`] false).
+    fn listen(&self, key: &str) -> Option<ReleaseListener>;
 
     /// Forgets an attempt of `owner` on `key` whose answer never came (it timed out, failed
     /// transiently, or its caller gave up): if the attempt was granted, releases it; if it
     /// has not reached the server yet, makes sure it never grants. `owner` is the owner
     /// token of that one attempt (of a [`try_acquire`](Self::try_acquire), or the `to` of
-    /// a [`hand_over`](Self::hand_over)); the caller never uses it again.
+    /// a [`HandOver::hand_over`]); the caller never uses it again.
     ///
     /// The Locker calls this to clean up after an abandoned attempt, instead of a release:
     /// a release sent on a new connection can reach the server before the attempt still
@@ -252,9 +254,32 @@ pub trait Backend: Send + Sync + 'static {
         }
     }
 
-    /// Passes the lock `from` holds straight to `to` for `ttl` (already validated and
-    /// rounded), in one step on the server, for a Locker whose next waiter on the key is
-    /// queued behind `from`'s holder. Called only when [`Capabilities::hand_over`] is true.
+    /// The one-step hand-over of a released lock to the next local waiter, when the
+    /// backend can ([`HandOver`]); `None` (the default): the Locker releases and the waiter
+    /// acquires.
+    fn hand_over(&self) -> Option<&dyn HandOver> {
+        None
+    }
+
+    /// Inspection and administrative release, for tools ([`Admin`]); `None` (the default)
+    /// when the server cannot tell.
+    fn admin(&self) -> Option<&dyn Admin> {
+        None
+    }
+
+    /// Answers without I/O, for an in-process backend ([`Immediate`]); `None` (the
+    /// default): the Locker calls the async methods.
+    fn immediate(&self) -> Option<&dyn Immediate> {
+        None
+    }
+}
+
+/// A backend's one-step hand-over: the lock passes from its holder straight to the next
+/// waiter of the same Locker on release, instead of a release and an acquisition.
+#[async_trait]
+pub trait HandOver: Send + Sync {
+    /// Passes the lock `from` holds straight to `to` for `ttl`, in one step on the server,
+    /// for a Locker whose next waiter on the key is queued behind `from`'s holder.
     ///
     /// Rules: the lock changes hands only while the server still holds it for `from`, so no
     /// other owner is ever displaced, and `to`'s grant obeys `try_acquire`'s rules (its
@@ -262,73 +287,37 @@ pub trait Backend: Send + Sync + 'static {
     /// - `Granted`: `from` held the lock until the hand-over, and `to` holds it now;
     /// - `Taken`: `from` no longer held it; nothing changed;
     /// - [`Error::Unsupported`](crate::Error::Unsupported): nothing changed, the backend
-    ///   cannot hand this lock over (the default); the caller releases `from` as usual;
+    ///   cannot hand this lock over; the caller releases `from` as usual;
     /// - another error: the hand-over may or may not have happened, and the backend has
-    ///   undone what it could; the caller reports the error as `from`'s release and releases
-    ///   whatever `to` may have been granted.
-    async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
-        let _ = (from, to, ttl);
-        Err(crate::Error::Unsupported {
-            backend: self.capabilities().name,
-            operation: "hand_over",
-        })
-    }
+    ///   undone what it could; the caller reports the error as `from`'s release and
+    ///   abandons whatever `to` may have been granted.
+    ///
+    /// Cancellation: a dropped call may still hand the lock over; the caller then
+    /// abandons `to`'s grant.
+    async fn hand_over(&self, from: &Lease, to: Owner, ttl: Ttl) -> Result<Attempt>;
+}
 
-    /// [`try_acquire`](Self::try_acquire) answered at once, for a backend that never waits
-    /// on I/O (the in-process one): the Locker calls this first and skips the boxed future
-    /// when it answers. `None` (the default) means "call `try_acquire`". The key comes as
-    /// the shared string the lease will hold, so a backend may keep it without copying.
-    fn try_acquire_now(
-        &self,
-        key: &Arc<str>,
-        owner: Owner,
-        ttl: Duration,
-    ) -> Option<Result<Attempt>> {
-        let _ = (key, owner, ttl);
-        None
-    }
+/// Inspection and administrative override of a backend's locks (the CLI's `status`, the
+/// conformance suite's "taken away behind the holder's back").
+#[async_trait]
+pub trait Admin: Send + Sync {
+    /// Who holds `key` now; `None` when it is free.
+    async fn inspect(&self, key: &str) -> Result<Option<Holder>>;
 
-    /// [`release`](Self::release) answered at once, like
-    /// [`try_acquire_now`](Self::try_acquire_now); `None` (the default) means "call `release`".
-    fn release_now(&self, lease: &Lease) -> Option<Result<()>> {
-        let _ = lease;
-        None
-    }
+    /// Deletes `key`'s lock whoever holds it (the holder finds its lock lost at its next
+    /// renewal) and announces the release; true if a lock was there.
+    async fn force_release(&self, key: &str) -> Result<bool>;
+}
 
-    /// Registers for the next release notice of `key` (called before an attempt). The
-    /// default is `None`: the backend cannot announce releases.
-    fn listen(&self, key: &str) -> Option<ReleaseListener> {
-        let _ = key;
-        None
-    }
+/// A backend that answers without waiting on I/O (the in-process one): the Locker calls
+/// these instead of the boxed async methods.
+pub trait Immediate: Send + Sync {
+    /// [`Backend::try_acquire`], answered at once. The key comes as the shared string the
+    /// lease will hold, so the backend may keep it without copying.
+    fn try_acquire(&self, key: &Arc<str>, owner: Owner, ttl: Ttl) -> Result<Attempt>;
 
-    /// Who holds `key` now, for inspection tools; `None` when it is free. The default
-    /// reports [`Error::Unsupported`](crate::Error::Unsupported).
-    async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
-        let _ = key;
-        Err(crate::Error::Unsupported {
-            backend: self.capabilities().name,
-            operation: "inspect",
-        })
-    }
-
-    /// Deletes `key`'s lock whoever holds it (an administrative override: the holder finds
-    /// its lock lost at its next renewal) and announces the release; true if a lock was
-    /// there. The default reports [`Error::Unsupported`](crate::Error::Unsupported).
-    async fn force_release(&self, key: &str) -> Result<bool> {
-        let _ = key;
-        Err(crate::Error::Unsupported {
-            backend: self.capabilities().name,
-            operation: "force_release",
-        })
-    }
-
-    /// Waits before the next attempt on `key` after a refused one. The default is
-    /// [`Pause::wait`]; a backend overrides it only when its server offers a better signal.
-    async fn wait(&self, key: &str, pause: Pause) {
-        let _ = key;
-        pause.wait().await
-    }
+    /// [`Backend::release`], answered at once.
+    fn release(&self, lease: &Lease) -> Result<()>;
 }
 
 macro_rules! forward_backend {
@@ -338,43 +327,29 @@ macro_rules! forward_backend {
             fn capabilities(&self) -> &Capabilities {
                 (**self).capabilities()
             }
-            async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
+            async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
                 (**self).try_acquire(key, owner, ttl).await
             }
-            async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
+            async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
                 (**self).extend(lease, ttl).await
             }
             async fn release(&self, lease: &Lease) -> Result<()> {
                 (**self).release(lease).await
             }
-            async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
-                (**self).hand_over(from, to, ttl).await
+            fn listen(&self, key: &str) -> Option<ReleaseListener> {
+                (**self).listen(key)
             }
             async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
                 (**self).abandon(key, owner).await
             }
-            fn try_acquire_now(
-                &self,
-                key: &Arc<str>,
-                owner: Owner,
-                ttl: Duration,
-            ) -> Option<Result<Attempt>> {
-                (**self).try_acquire_now(key, owner, ttl)
+            fn hand_over(&self) -> Option<&dyn HandOver> {
+                (**self).hand_over()
             }
-            fn release_now(&self, lease: &Lease) -> Option<Result<()>> {
-                (**self).release_now(lease)
+            fn admin(&self) -> Option<&dyn Admin> {
+                (**self).admin()
             }
-            fn listen(&self, key: &str) -> Option<ReleaseListener> {
-                (**self).listen(key)
-            }
-            async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
-                (**self).inspect(key).await
-            }
-            async fn force_release(&self, key: &str) -> Result<bool> {
-                (**self).force_release(key).await
-            }
-            async fn wait(&self, key: &str, pause: Pause) {
-                (**self).wait(key, pause).await
+            fn immediate(&self) -> Option<&dyn Immediate> {
+                (**self).immediate()
             }
         }
     };
@@ -395,7 +370,6 @@ mod tests {
             max_ttl: Duration::from_secs(3600),
             monotonic_fencing: true,
             release_notices: false,
-            hand_over: false,
             cross_process: false,
             clock_drift: ClockDrift::NONE,
         }
@@ -408,20 +382,22 @@ mod tests {
         assert!(c.effective_ttl(Duration::from_secs(3601)).is_err());
         assert!(c.effective_ttl(Duration::MAX).is_err());
         assert_eq!(
-            c.effective_ttl(Duration::from_millis(3)).unwrap(),
+            c.effective_ttl(Duration::from_millis(3)).unwrap().get(),
             Duration::from_millis(10)
         );
         assert_eq!(
-            c.effective_ttl(Duration::from_micros(10_500)).unwrap(),
+            c.effective_ttl(Duration::from_micros(10_500))
+                .unwrap()
+                .get(),
             Duration::from_millis(11)
         );
         let s = caps(Duration::from_secs(2), Duration::from_secs(1));
         assert_eq!(
-            s.effective_ttl(Duration::from_millis(2100)).unwrap(),
+            s.effective_ttl(Duration::from_millis(2100)).unwrap().get(),
             Duration::from_secs(3)
         );
         assert_eq!(
-            s.effective_ttl(Duration::from_millis(100)).unwrap(),
+            s.effective_ttl(Duration::from_millis(100)).unwrap().get(),
             Duration::from_secs(2)
         );
     }

@@ -33,7 +33,9 @@ pub mod url;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use backend::{Attempt, Backend, Capabilities, ClockDrift, Holder, Pause};
+pub use backend::{
+    Admin, Attempt, Backend, Capabilities, ClockDrift, HandOver, Holder, Immediate, Ttl,
+};
 pub use error::{BoxError, Error, Result};
 pub use lease::{Lease, LockKey, Owner};
 pub use locker::{validate_key, LockGuard, Locker, LockerStats, Outcome, MAX_KEY_LEN};

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use hashbrown::HashTable;
 use lock_core::{
-    Attempt, Backend, Capabilities, Error, Holder, Lease, Owner, ReleaseListener, ReleaseNotices,
-    Result,
+    Admin, Attempt, Backend, Capabilities, Holder, Immediate, Lease, Owner, ReleaseListener,
+    ReleaseNotices, Result, Ttl,
 };
 
 /// Number of independently locked shards of the table (a power of two): tasks on different
@@ -42,7 +42,6 @@ const CAPABILITIES: Capabilities = Capabilities {
     monotonic_fencing: true,
     release_notices: true,
     cross_process: false,
-    hand_over: false,
     clock_drift: lock_core::ClockDrift::NONE,
 };
 
@@ -152,47 +151,51 @@ impl Backend for MemoryBackend {
         &CAPABILITIES
     }
 
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
-        self.acquire_in_table(key, owner, ttl, || Arc::from(key))
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
+        Ok(self.acquire_in_table(key, owner, ttl, || Arc::from(key)))
     }
 
-    fn try_acquire_now(
-        &self,
-        key: &Arc<str>,
-        owner: Owner,
-        ttl: Duration,
-    ) -> Option<Result<Attempt>> {
-        Some(self.acquire_in_table(key, owner, ttl, || key.clone()))
-    }
-
-    fn release_now(&self, lease: &Lease) -> Option<Result<()>> {
-        Some(self.release_in_table(lease))
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        self.release_in_table(lease)
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
+    async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
         let now = Instant::now();
         let (hash, mut shard) = self.shard(lease.key());
         match shard.find_mut(hash, lease.key()) {
             Some(e) if e.owner == lease.owner() && e.valid_until > now => {
-                e.valid_until = now.checked_add(ttl).ok_or_else(|| Error::InvalidTtl {
-                    ttl,
-                    backend: CAPABILITIES.name,
-                    reason: "does not fit the monotonic clock".into(),
-                })?;
+                e.valid_until = now + ttl.get();
                 Ok(e.valid_until)
             }
             _ => Err(lease.not_held()),
         }
     }
 
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.release_in_table(lease)
+    }
+
     fn listen(&self, key: &str) -> Option<ReleaseListener> {
         Some(self.notices.listen(key))
     }
 
+    fn admin(&self) -> Option<&dyn Admin> {
+        Some(self)
+    }
+
+    fn immediate(&self) -> Option<&dyn Immediate> {
+        Some(self)
+    }
+}
+
+impl Immediate for MemoryBackend {
+    fn try_acquire(&self, key: &Arc<str>, owner: Owner, ttl: Ttl) -> Result<Attempt> {
+        Ok(self.acquire_in_table(key, owner, ttl, || key.clone()))
+    }
+
+    fn release(&self, lease: &Lease) -> Result<()> {
+        self.release_in_table(lease)
+    }
+}
+
+#[async_trait]
+impl Admin for MemoryBackend {
     async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
         let now = Instant::now();
         let (hash, shard) = self.shard(key);
@@ -221,8 +224,8 @@ impl Backend for MemoryBackend {
     }
 }
 
-/// The table operations, synchronous: the async trait methods and their `_now` variants
-/// both call them.
+/// The table operations, synchronous: the async trait methods and [`Immediate`] both call
+/// them.
 impl MemoryBackend {
     /// `shared_key` gives the key as stored in a new entry (the caller's own `Arc` when it
     /// has one).
@@ -230,28 +233,25 @@ impl MemoryBackend {
         &self,
         key: &str,
         owner: Owner,
-        ttl: Duration,
+        ttl: Ttl,
         shared_key: impl FnOnce() -> Arc<str>,
-    ) -> Result<Attempt> {
+    ) -> Attempt {
         let now = Instant::now();
-        let valid_until = now.checked_add(ttl).ok_or_else(|| Error::InvalidTtl {
-            ttl,
-            backend: CAPABILITIES.name,
-            reason: "does not fit the monotonic clock".into(),
-        })?;
+        // A `Ttl` is at most `max_ttl` (a year): `now + ttl` cannot overflow.
+        let valid_until = now + ttl.get();
         let (hash, mut guard) = self.shard(key);
         let shard = &mut *guard;
         match shard.entries.find_mut(hash, |e| *e.key == *key) {
-            Some(held) if held.valid_until > now => Ok(Attempt::Taken {
+            Some(held) if held.valid_until > now => Attempt::Taken {
                 expires_in: Some(held.valid_until - now),
-            }),
+            },
             Some(expired) => {
                 shard.last_fence += 1;
                 let fence = shard.last_fence;
                 expired.owner = owner;
                 expired.fence = fence;
                 expired.valid_until = valid_until;
-                Ok(Attempt::Granted { fence, valid_until })
+                Attempt::Granted { fence, valid_until }
             }
             None => {
                 shard.sweep_if_due(now);
@@ -268,7 +268,7 @@ impl MemoryBackend {
                     },
                     |e| e.hash,
                 );
-                Ok(Attempt::Granted { fence, valid_until })
+                Attempt::Granted { fence, valid_until }
             }
         }
     }

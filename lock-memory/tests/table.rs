@@ -155,7 +155,7 @@ impl lock_core::Backend for Counting {
         &self,
         key: &str,
         owner: lock_core::Owner,
-        ttl: Duration,
+        ttl: lock_core::Ttl,
     ) -> lock_core::Result<lock_core::Attempt> {
         self.attempts
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -164,7 +164,7 @@ impl lock_core::Backend for Counting {
     async fn extend(
         &self,
         lease: &lock_core::Lease,
-        ttl: Duration,
+        ttl: lock_core::Ttl,
     ) -> lock_core::Result<std::time::Instant> {
         self.inner.extend(lease, ttl).await
     }

@@ -68,7 +68,7 @@ pub async fn stale_release_never_removes_new_holder(t: &Target) {
     ));
     let third = t
         .backend
-        .try_acquire(&key, Owner::random(), ttl)
+        .try_acquire(&key, Owner::random(), t.ttl(ttl))
         .await
         .unwrap();
     assert!(
@@ -88,7 +88,7 @@ pub async fn extend_of_expired_or_foreign_lease_fails(t: &Target) {
     let expired = grant(t, &key, Owner::random(), ttl).await;
     wait_until_expired(t, &expired).await;
     assert!(matches!(
-        t.backend.as_ref().extend(&expired, ttl).await,
+        t.backend.as_ref().extend(&expired, t.ttl(ttl)).await,
         Err(Error::NotHeld { .. })
     ));
     let holder = grant(t, &key, Owner::random(), Duration::from_secs(10)).await;
@@ -101,7 +101,7 @@ pub async fn extend_of_expired_or_foreign_lease_fails(t: &Target) {
     assert!(matches!(
         t.backend
             .as_ref()
-            .extend(&foreign, Duration::from_secs(10))
+            .extend(&foreign, t.ttl(Duration::from_secs(10)))
             .await,
         Err(Error::NotHeld { .. })
     ));
@@ -112,7 +112,7 @@ pub async fn extend_of_expired_or_foreign_lease_fails(t: &Target) {
     let extended = t
         .backend
         .as_ref()
-        .extend(&holder, Duration::from_secs(20))
+        .extend(&holder, t.ttl(Duration::from_secs(20)))
         .await;
     assert!(
         extended.is_ok(),

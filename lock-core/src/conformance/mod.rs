@@ -3,7 +3,7 @@
 //! Each function panics (like an assertion) when its rule is broken. Call them all with
 //! [`run_all`], or one by one. A [`Target`] gives the suite the backend and, per backend,
 //! the way to take a lock away behind its holder's back (by default
-//! [`Backend::force_release`](crate::Backend::force_release)). Expectations follow the backend's [`Capabilities`](crate::Capabilities), never
+//! [`Admin::force_release`](crate::Admin::force_release)). Expectations follow the backend's [`Capabilities`](crate::Capabilities), never
 //! its name; TTLs are scaled up to the backend's minimum.
 //!
 //! Several [`Locker`](crate::Locker)s over one backend stand in for several processes.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::target::{opts, queued_holder, queued_holder_and_waiter, slack, spawn_acquire, Target};
-use crate::{Attempt, Backend, Capabilities, Error, Lease, Locker, Owner, Result};
+use crate::{Attempt, Backend, Capabilities, Error, Lease, Locker, Owner, Result, Ttl};
 
 /// Runs the safety rules, in order, each bounded like [`run_all`](super::run_all)'s.
 pub async fn run_safety(t: &Target) {
@@ -27,7 +27,11 @@ pub async fn run_safety(t: &Target) {
 pub async fn a_waiter_with_a_shorter_ttl_never_shortens_its_siblings_lock(t: &Target) {
     let (a, b) = (t.locker(), t.locker());
     let key = t.key("short-waiter");
-    let long = t.caps().effective_ttl(Duration::from_secs(30)).unwrap();
+    let long = t
+        .caps()
+        .effective_ttl(Duration::from_secs(30))
+        .unwrap()
+        .get();
     let short = t.short_ttl();
     let holder_opts = opts(long).wait_for(Duration::from_secs(10)).watchdog(false);
     let holder = queued_holder(&a, &key, &holder_opts, slack(t)).await;
@@ -61,7 +65,11 @@ pub async fn a_waiter_with_a_shorter_ttl_never_shortens_its_siblings_lock(t: &Ta
 pub async fn renewals_while_a_waiter_is_queued_keep_the_holder(t: &Target) {
     let (a, b) = (t.locker(), t.locker());
     let key = t.key("renew-queued");
-    let ttl = t.caps().effective_ttl(Duration::from_millis(900)).unwrap();
+    let ttl = t
+        .caps()
+        .effective_ttl(Duration::from_millis(900))
+        .unwrap()
+        .get();
     let wait = opts(ttl).wait_for(Duration::from_secs(30));
     let mut holder = queued_holder(&a, &key, &wait, slack(t)).await;
     for round in 0..8 {
@@ -194,7 +202,11 @@ pub async fn extensions_apply_in_order(t: &Target) {
     let (a, b) = (t.locker(), t.locker());
     let key = t.key("extend-order");
     let short = t.short_ttl();
-    let long = t.caps().effective_ttl(Duration::from_secs(20)).unwrap();
+    let long = t
+        .caps()
+        .effective_ttl(Duration::from_secs(20))
+        .unwrap()
+        .get();
     for round in 0..10 {
         let guard = a.acquire(&key, &opts(long).watchdog(false)).await.unwrap();
         let (x, y) = if round % 2 == 0 {
@@ -228,7 +240,11 @@ pub async fn extensions_apply_in_order(t: &Target) {
 /// a key won through the queue does not keep its queue entry.
 pub async fn no_queue_entry_outlives_its_holder(t: &Target) {
     let a = t.locker();
-    let ttl = t.caps().effective_ttl(Duration::from_secs(5)).unwrap();
+    let ttl = t
+        .caps()
+        .effective_ttl(Duration::from_secs(5))
+        .unwrap()
+        .get();
     let wait = opts(ttl).wait_for(Duration::from_secs(10));
     for i in 0..3 {
         let key = t.key(&format!("entries-{i}"));
@@ -265,26 +281,23 @@ impl Backend for Counting {
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
     }
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
         self.inner.try_acquire(key, owner, ttl).await
     }
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
+    async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
         self.extends.fetch_add(1, Ordering::SeqCst);
         self.inner.extend(lease, ttl).await
     }
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.inner.release(lease).await
     }
-    async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
-        self.inner.hand_over(from, to, ttl).await
-    }
     fn listen(&self, key: &str) -> Option<crate::ReleaseListener> {
         self.inner.listen(key)
     }
-    async fn inspect(&self, key: &str) -> Result<Option<crate::Holder>> {
-        self.inner.inspect(key).await
+    fn hand_over(&self) -> Option<&dyn crate::HandOver> {
+        self.inner.hand_over()
     }
-    async fn force_release(&self, key: &str) -> Result<bool> {
-        self.inner.force_release(key).await
+    fn admin(&self) -> Option<&dyn crate::Admin> {
+        self.inner.admin()
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::{
-    Attempt, Backend, Capabilities, Lease, LockGuard, LockOptions, Locker, Owner, Result,
+    Attempt, Backend, Capabilities, Lease, LockGuard, LockOptions, Locker, Owner, Result, Ttl,
     WaitStrategy,
 };
 
@@ -22,7 +22,7 @@ pub struct Target {
 }
 
 impl Target {
-    /// A target over `backend`; locks are taken away with [`Backend::force_release`].
+    /// A target over `backend`; locks are taken away with [`Admin::force_release`](crate::Admin::force_release).
     pub fn new(backend: Arc<dyn Backend>) -> Self {
         Target {
             backend,
@@ -60,11 +60,27 @@ impl Target {
         self.backend.capabilities()
     }
 
+    /// `ttl` as the backend accepts it (rounded up to its minimum and granularity).
+    ///
+    /// # Panics
+    /// When the backend refuses the TTL.
+    pub fn ttl(&self, ttl: Duration) -> Ttl {
+        self.caps()
+            .effective_ttl(ttl)
+            .unwrap_or_else(|e| panic!("{ttl:?} is a valid TTL: {e}"))
+    }
+
     /// A short TTL the backend accepts: 300 ms, or the backend's minimum.
     pub fn short_ttl(&self) -> Duration {
         self.caps()
             .effective_ttl(Duration::from_millis(300))
             .expect("300 ms is a valid TTL")
+            .get()
+    }
+
+    /// Who holds `key`, when the backend can tell ([`Admin`](crate::Admin)).
+    pub(crate) async fn inspect(&self, key: &str) -> Option<Result<Option<crate::Holder>>> {
+        Some(self.backend.admin()?.inspect(key).await)
     }
 
     pub(crate) async fn revoke(&self, key: &str) {
@@ -72,7 +88,8 @@ impl Target {
             Some(hook) => hook(key.to_owned()).await,
             None => {
                 self.backend
-                    .as_ref()
+                    .admin()
+                    .expect("a backend without `admin()` needs a revoke hook")
                     .force_release(key)
                     .await
                     .expect("force_release");
@@ -98,7 +115,7 @@ pub(crate) async fn grant(t: &Target, key: &str, owner: Owner, ttl: Duration) ->
     match t
         .backend
         .as_ref()
-        .try_acquire(key, owner, ttl)
+        .try_acquire(key, owner, t.ttl(ttl))
         .await
         .unwrap()
     {
@@ -123,7 +140,7 @@ pub fn spawn_acquire(
 
 /// Takes `key` through `locker`'s queue: behind a first holder that releases it after
 /// `settle`. The guard returned is then the one the Locker's next waiters on the key queue
-/// behind (and, with [`Capabilities::hand_over`], are handed the key by).
+/// behind (and, with a backend that hands over ([`HandOver`](crate::HandOver)), are handed the key by).
 pub async fn queued_holder(
     locker: &Locker,
     key: &str,

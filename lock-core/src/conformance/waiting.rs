@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::target::{opts, queued_holder, queued_holder_and_waiter, slack, spawn_acquire, Target};
-use crate::{Backend, Error};
+use crate::Error;
 
 /// `Wait(timeout)` returns a timeout error within the timeout plus a small bound.
 pub async fn wait_timeout_is_bounded(t: &Target) {
@@ -76,7 +76,11 @@ pub async fn waiter_is_handed_the_lock_promptly(t: &Target) {
 pub async fn a_queued_waiter_takes_over_from_its_sibling(t: &Target) {
     let (a, b) = (t.locker(), t.locker());
     let key = t.key("takeover");
-    let ttl = t.caps().effective_ttl(Duration::from_secs(5)).unwrap();
+    let ttl = t
+        .caps()
+        .effective_ttl(Duration::from_secs(5))
+        .unwrap()
+        .get();
     let wait = opts(ttl).wait_for(Duration::from_secs(10)).watchdog(false);
     let settle = slack(t);
     for _ in 0..3 {
@@ -106,7 +110,7 @@ pub async fn a_queued_waiter_takes_over_from_its_sibling(t: &Target) {
             b.acquire(&key, &opts(ttl)).await,
             Err(Error::Locked { .. })
         ));
-        if let Ok(Some(seen)) = t.backend.inspect(&key).await {
+        if let Some(Ok(Some(seen))) = t.inspect(&key).await {
             assert_eq!(seen.owner, Some(next.lease().owner()));
             if fencing {
                 assert_eq!(seen.fence, Some(next.fence()));

@@ -8,9 +8,10 @@ use super::deadline::{timeout_error, within};
 use super::guard::LockGuard;
 use super::handover::{self, Woken};
 use super::shared::{Shared, ERROR_BACKOFF};
-use crate::backend::{Attempt, Pause};
+use crate::backend::{Attempt, Ttl};
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Owner};
+use crate::notices::ReleaseListener;
 use crate::options::{Backoff, LockOptions};
 
 /// Backoff between attempts when the backend cannot announce a release.
@@ -24,7 +25,7 @@ pub(super) type Answer = std::result::Result<LockGuard, Option<Duration>>;
 pub(super) async fn queued(
     shared: &Arc<Shared>,
     shared_key: &Arc<str>,
-    ttl: Duration,
+    ttl: Ttl,
     opts: &LockOptions,
     started: Option<Instant>,
     deadline: Option<Instant>,
@@ -104,10 +105,7 @@ pub(super) async fn queued(
             }
             Some(Err(e)) => return Err(e),
         };
-        if within(deadline, shared.proto().wait(key, pause))
-            .await
-            .is_none()
-        {
+        if within(deadline, pause.wait()).await.is_none() {
             break;
         }
     }
@@ -121,7 +119,7 @@ pub(super) async fn queued(
 pub(super) async fn attempt(
     shared: &Arc<Shared>,
     shared_key: &Arc<str>,
-    ttl: Duration,
+    ttl: Ttl,
     opts: &LockOptions,
 ) -> Result<Answer> {
     if let Some(answer) = attempt_now(shared, shared_key, ttl, opts) {
@@ -153,23 +151,21 @@ pub(super) async fn attempt(
 }
 
 /// One attempt answered at once by an in-process backend
-/// ([`Backend::try_acquire_now`]); `None` when the backend needs the async call. A
+/// ([`Immediate`](crate::Immediate)); `None` when the backend needs the async call. A
 /// synchronous answer has no reply in flight, so nothing needs cleaning up.
 pub(super) fn attempt_now(
     shared: &Arc<Shared>,
     shared_key: &Arc<str>,
-    ttl: Duration,
+    ttl: Ttl,
     opts: &LockOptions,
 ) -> Option<Result<Answer>> {
+    let now = shared.proto().immediate()?;
     let owner = Owner::random();
-    let proto = shared.proto();
-    Some(match proto.try_acquire_now(shared_key, owner, ttl)? {
+    Some(match now.try_acquire(shared_key, owner, ttl) {
         Ok(Attempt::Granted { fence, valid_until }) => {
             let lease = Lease::new(shared_key.clone(), owner, fence, valid_until);
-            if shared.shut_down.load(Ordering::SeqCst) {
-                if proto.release_now(&lease).is_none() {
-                    shared.cleanup_in_background(lease);
-                }
+            if shared.is_shut_down() {
+                let _ = now.release(&lease);
                 return Some(Err(Error::Shutdown));
             }
             let key: &str = shared_key;
@@ -179,4 +175,37 @@ pub(super) fn attempt_now(
         Ok(Attempt::Taken { expires_in }) => Ok(Err(expires_in)),
         Err(e) => Err(e),
     })
+}
+
+/// Everything the wait before the next attempt depends on.
+struct Pause {
+    /// How long the holder has left according to the refused attempt.
+    expires_in: Option<Duration>,
+    /// The jittered exponential backoff the Locker computed for this round.
+    backoff: Duration,
+    /// The release listener registered before the refused attempt, if the backend has one.
+    listener: Option<ReleaseListener>,
+}
+
+impl Pause {
+    /// The default wait: with a release listener, until a release notice or the holder's
+    /// expiry (the backoff when the expiry is unknown); without one, the backoff cut short
+    /// at the holder's expiry.
+    async fn wait(mut self) {
+        let timer = match (&self.listener, self.expires_in) {
+            (Some(_), Some(exp)) => exp,
+            (Some(_), None) => self.backoff,
+            (None, Some(exp)) => self.backoff.min(exp),
+            (None, None) => self.backoff,
+        };
+        match self.listener.as_mut() {
+            Some(listener) => {
+                tokio::select! {
+                    _ = listener.released() => {}
+                    _ = tokio::time::sleep(timer) => {}
+                }
+            }
+            None => tokio::time::sleep(timer).await,
+        }
+    }
 }

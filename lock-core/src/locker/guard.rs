@@ -23,6 +23,7 @@ use tokio::sync::Notify;
 use super::handover;
 use super::queue::{HandOffRequest, LocalHolder};
 use super::shared::{Held, Shared};
+use crate::backend::Ttl;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::registry::Slot;
@@ -34,7 +35,7 @@ struct GuardShared {
     /// The lease as granted: its key, owner and fence never change during a hold.
     granted: Lease,
     /// The validity now (moved by renewals) and the TTL renewals use.
-    validity: Mutex<(Instant, Duration)>,
+    validity: Mutex<(Instant, Ttl)>,
     /// Set when the lock is known gone (or the hold ended); never cleared.
     lost: AtomicBool,
     /// Wakes `lost()` futures on every change of `lost` or of the validity.
@@ -72,7 +73,7 @@ impl GuardShared {
     /// when that is earlier (a shorter TTL may be applied on the server before its answer
     /// arrives, or without one), so a renewal that is cut off or fails never leaves the
     /// guard believing in more than the server may keep.
-    async fn renew(&self, ttl: Duration) -> Result<Instant> {
+    async fn renew(&self, ttl: Ttl) -> Result<Instant> {
         let _op = self.ops.lock().await;
         if self.is_done() || self.is_gone() {
             return Err(self.not_held());
@@ -83,7 +84,7 @@ impl GuardShared {
             self.mark_lost("validity passed before the renewal");
             return Err(self.not_held());
         }
-        let bound = self.locker.caps.validity(sent, ttl);
+        let bound = self.locker.caps.validity(sent, ttl.get());
         if bound < current {
             self.set_validity(bound, None);
         }
@@ -142,7 +143,7 @@ impl GuardShared {
         }
     }
 
-    fn set_validity(&self, valid_until: Instant, ttl: Option<Duration>) {
+    fn set_validity(&self, valid_until: Instant, ttl: Option<Ttl>) {
         {
             let mut validity = lock(&self.validity);
             validity.0 = valid_until;
@@ -237,7 +238,7 @@ impl GuardShared {
     /// The release answered at once by an in-process backend (no copy of the lease);
     /// `None` when the backend needs the async call.
     fn release_now(&self) -> Option<Result<()>> {
-        let result = self.locker.proto().release_now(&self.granted)?;
+        let result = self.locker.proto().immediate()?.release(&self.granted);
         Some(self.released(result))
     }
 
@@ -324,7 +325,7 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(locker: &Arc<Shared>, lease: Lease, ttl: Duration, watchdog: bool) -> Self {
+    pub(crate) fn new(locker: &Arc<Shared>, lease: Lease, ttl: Ttl, watchdog: bool) -> Self {
         let shared = locker.held.insert(|slot| {
             let shared = Arc::new(GuardShared {
                 slot,
@@ -376,7 +377,7 @@ impl LockGuard {
 
     /// The TTL the lock is renewed with (after the backend's rounding).
     pub fn ttl(&self) -> Duration {
-        lock(&self.shared.validity).1
+        lock(&self.shared.validity).1.get()
     }
 
     /// A copy of the lease as the backend granted it.
@@ -466,7 +467,7 @@ impl Drop for LockGuard {
 /// Renews the lease every `ttl / 3` until the hold ends or the lock is lost. Each renewal
 /// is bounded by the validity: one that has not answered by then loses the lock.
 async fn run_watchdog(shared: Arc<GuardShared>) {
-    let mut next = Instant::now() + lock(&shared.validity).1 / 3;
+    let mut next = Instant::now() + lock(&shared.validity).1.get() / 3;
     loop {
         tokio::select! {
             biased;
@@ -477,7 +478,7 @@ async fn run_watchdog(shared: Arc<GuardShared>) {
             return;
         }
         let ttl = lock(&shared.validity).1;
-        let period = ttl / 3;
+        let period = ttl.get() / 3;
         let valid_until = shared.valid_until();
         match tokio::time::timeout_at(valid_until.into(), shared.renew(ttl)).await {
             Ok(Ok(_)) => {

@@ -1,5 +1,5 @@
 //! The hand-over protocol, whole: a key passes from a guard's release straight to the head
-//! waiter of the same Locker in one server step ([`Backend::hand_over`]).
+//! waiter of the same Locker in one server step ([`HandOver`](crate::HandOver)).
 //!
 //! - The head waiter, finding a live local holder, registers a request (a fresh owner
 //!   token and its TTL) on the key's queue entry and waits ([`wait_behind`]).
@@ -14,12 +14,12 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::deadline::{sleep_until_deadline, within};
 use super::queue::{HandOffRequest, LocalHolder, QueueEntry};
 use super::shared::Shared;
-use crate::backend::Attempt;
+use crate::backend::{Attempt, Ttl};
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Owner};
 use crate::notices::ReleaseListener;
@@ -49,14 +49,14 @@ pub(crate) async fn wait_behind(
     shared: &Shared,
     entry: &QueueEntry,
     holder: Arc<dyn LocalHolder>,
-    ttl: Duration,
+    ttl: Ttl,
     listener: &mut Option<ReleaseListener>,
     deadline: Option<Instant>,
 ) -> Woken {
     let mut request = shared
-        .caps
-        .hand_over
-        .then(|| HandOffWait::register(entry, ttl));
+        .proto()
+        .hand_over()
+        .map(|_| HandOffWait::register(entry, ttl));
     let handed = async {
         match request.as_mut() {
             Some(h) => (&mut h.reply).await.ok(),
@@ -94,7 +94,7 @@ pub(crate) async fn wait_behind(
 /// more than [`MAX_HAND_OVERS`] times in a row). Called by the holder's release only, once
 /// its own renewals have stopped.
 pub(crate) fn take(shared: &Shared, holder: &dyn LocalHolder, key: &str) -> Option<HandOffRequest> {
-    if !shared.caps.hand_over || shared.is_shut_down() {
+    if shared.proto().hand_over().is_none() || shared.is_shut_down() {
         return None;
     }
     shared.queues.with_entry(key, |entry| {
@@ -123,11 +123,9 @@ pub(crate) async fn give(
     lease: &Lease,
     request: &mut HandOffRequest,
 ) -> Option<Result<()>> {
+    let protocol = shared.proto().hand_over()?;
     let mut cleanup = shared.arm_cleanup(lease.key_arc(), request.owner);
-    let answer = shared
-        .proto()
-        .hand_over(lease, request.owner, request.ttl)
-        .await;
+    let answer = protocol.hand_over(lease, request.owner, request.ttl).await;
     match answer {
         Ok(Attempt::Granted { fence, valid_until }) => {
             cleanup.disarm();
@@ -165,7 +163,7 @@ struct HandOffWait<'a> {
 }
 
 impl<'a> HandOffWait<'a> {
-    fn register(entry: &'a QueueEntry, ttl: Duration) -> Self {
+    fn register(entry: &'a QueueEntry, ttl: Ttl) -> Self {
         let owner = Owner::random();
         let (tx, reply) = tokio::sync::oneshot::channel();
         *lock(&entry.hand_off) = Some(HandOffRequest {

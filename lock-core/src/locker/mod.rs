@@ -81,7 +81,7 @@ pub struct LockerStats {
 /// (all clones share the queues and the set of held guards).
 ///
 /// While a guard of this Locker holds the key, the head waiter does not attempt at all: it
-/// waits for that guard's end. On a backend with [`Backend::hand_over`], the holder's
+/// waits for that guard's end. On a backend with a [`HandOver`](crate::HandOver), the holder's
 /// release *is* the hand-over: once the holder's own renewals have stopped, one server
 /// step passes the key to the head waiter (only if the server still holds it for the
 /// holder), with the next fence and a validity counted from before that step; nothing

@@ -7,8 +7,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
 
+use crate::backend::Ttl;
 use crate::lease::{Lease, Owner};
 use crate::sync::lock;
 
@@ -44,7 +44,7 @@ pub(crate) struct QueueEntry {
 /// A waiter's request to receive the key straight from its holder.
 pub(crate) struct HandOffRequest {
     pub(crate) owner: Owner,
-    pub(crate) ttl: Duration,
+    pub(crate) ttl: Ttl,
     /// Where the holder sends the new lease; dropped unsent when the hand-over did not happen.
     pub(crate) reply: Option<tokio::sync::oneshot::Sender<Lease>>,
 }

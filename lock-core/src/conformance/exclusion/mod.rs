@@ -97,7 +97,7 @@ impl fmt::Debug for Exclusion {
 impl Exclusion {
     /// A checker over `lockers` with the defaults of [`ExclusionConfig::from_env`], no
     /// faults, and the keys-left probe asking the first Locker's backend
-    /// ([`Backend::inspect`](crate::Backend::inspect); skipped when unsupported).
+    /// ([`Admin::inspect`](crate::Admin::inspect); skipped without one).
     pub fn new(lockers: Vec<Locker>) -> Self {
         Exclusion {
             lockers,
@@ -311,7 +311,10 @@ fn ttl_range(
     caps: &Capabilities,
     configured: Option<(Duration, Duration)>,
 ) -> (Duration, Duration) {
-    let round = |d: Duration| caps.effective_ttl(d).unwrap_or(caps.min_ttl.max(d));
+    let round = |d: Duration| {
+        caps.effective_ttl(d)
+            .map_or(caps.min_ttl.max(d), |t| t.get())
+    };
     match configured {
         Some((a, b)) => (round(a), round(b.max(a))),
         None => {
@@ -348,11 +351,15 @@ fn check_stats(state: &State, l: usize, locker: &Locker, when: &str) {
     }
 }
 
-/// The default keys-left probe: [`Backend::inspect`](crate::Backend::inspect) of every key.
+/// The default keys-left probe: [`Admin::inspect`](crate::Admin::inspect) of every key.
 async fn inspect_left(locker: &Locker, keys: &[String]) -> Vec<String> {
     let mut left = Vec::new();
+    let Some(admin) = locker.backend().admin() else {
+        eprintln!("exclusion: the backend cannot inspect keys; keys-left check skipped");
+        return left;
+    };
     for key in keys {
-        match locker.backend().inspect(key).await {
+        match admin.inspect(key).await {
             Ok(None) => {}
             Ok(Some(holder)) => left.push(format!("{key} ({holder:?})")),
             Err(Error::Unsupported { .. }) => {

@@ -49,7 +49,7 @@ impl Worker {
         self.state
             .caps
             .effective_ttl(ttl)
-            .unwrap_or(self.state.ttl_min)
+            .map_or(self.state.ttl_min, |t| t.get())
     }
 
     pub(super) fn upto(&mut self, max: Duration) -> Duration {
