@@ -38,7 +38,9 @@ pub use backend::{
 };
 pub use error::{BoxError, Error, Result};
 pub use lease::{Lease, LockKey, Owner};
-pub use locker::{validate_key, LockGuard, Locker, LockerStats, Outcome, MAX_KEY_LEN};
+pub use locker::{
+    validate_key, Event, LockGuard, Locker, LockerStats, Observer, Outcome, MAX_KEY_LEN,
+};
 pub use notices::{ReleaseListener, ReleaseNotices};
 pub use options::{Backoff, LockOptions, WaitStrategy};
 pub use url::{LockUrl, Scheme};

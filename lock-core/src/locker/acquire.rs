@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use super::deadline::{timeout_error, within};
 use super::guard::LockGuard;
 use super::handover::{self, Woken};
+use super::observe::Event;
 use super::shared::{Shared, ERROR_BACKOFF};
 use crate::backend::{Attempt, Ttl};
 use crate::error::{Error, Result};
@@ -29,12 +30,20 @@ pub(super) async fn queued(
     opts: &LockOptions,
     started: Option<Instant>,
     deadline: Option<Instant>,
+    announced: bool,
 ) -> Result<LockGuard> {
     let key: &str = shared_key;
     let queue = shared.queues.join(key);
     let _turn = match within(deadline, queue.turn.turn.lock()).await {
         Some(turn) => turn,
         None => return Err(timeout_error(key, started)),
+    };
+    // The caller's wait is announced once, at the first sign the key is held.
+    let mut announced = announced;
+    let announce = |announced: &mut bool| {
+        if !std::mem::replace(announced, true) {
+            shared.observe(|| Event::Waiting { key });
+        }
     };
     let mut wait_backoff = Backoff::new(WAIT_BACKOFF.0, WAIT_BACKOFF.1);
     let mut error_backoff = Backoff::new(ERROR_BACKOFF.0, ERROR_BACKOFF.1);
@@ -49,6 +58,7 @@ pub(super) async fn queued(
         // A sibling holds the key: its release (or loss) ends the wait, and a refused
         // attempt would only cost the server work.
         if let Some(holder) = queue.turn.local_holder().filter(|_| !noticed) {
+            announce(&mut announced);
             let woken =
                 handover::wait_behind(shared, &queue.turn, holder, ttl, &mut listener, deadline)
                     .await;
@@ -86,6 +96,7 @@ pub(super) async fn queued(
                 return Ok(guard);
             }
             Some(Ok(Err(expires_in))) => {
+                announce(&mut announced);
                 last_error = None;
                 error_backoff.reset();
                 Pause {
@@ -96,6 +107,7 @@ pub(super) async fn queued(
             }
             Some(Err(e)) if e.is_transient() => {
                 tracing::debug!(key, error = %e, "lock attempt failed; retrying");
+                shared.observe(|| Event::Retrying { key, error: &e });
                 last_error = Some(e);
                 Pause {
                     expires_in: None,

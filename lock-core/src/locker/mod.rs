@@ -8,6 +8,7 @@ mod acquire;
 mod deadline;
 mod guard;
 mod handover;
+mod observe;
 mod queue;
 mod shared;
 
@@ -22,6 +23,7 @@ use crate::lease::LockKey;
 use crate::options::{LockOptions, WaitStrategy};
 
 pub use guard::LockGuard;
+pub use observe::{Event, Observer};
 use shared::Shared;
 
 /// The longest key accepted, in bytes.
@@ -206,6 +208,47 @@ impl Locker {
         key: &K,
         opts: &LockOptions,
     ) -> Result<LockGuard> {
+        if self.inner.observer.get().is_none() {
+            return self.acquire_observed(key, opts).await;
+        }
+        let started = Instant::now();
+        let result = self.acquire_observed(key, opts).await;
+        if let Ok(guard) = &result {
+            self.inner.observe(|| Event::Granted {
+                key: guard.key(),
+                fence: guard.fence(),
+                waited: started.elapsed(),
+            });
+        }
+        result
+    }
+
+    /// Sets the [`Observer`] told of this Locker's contention and retries (shared by its
+    /// clones); `false` when one was set already (the first one stays).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # async fn demo() -> lock_core::Result<()> {
+    /// use lock_core::Event;
+    /// # let locker: lock_core::Locker = todo!();
+    /// locker.observe(|event: &Event<'_>| {
+    ///     if let Event::Waiting { key } = event {
+    ///         eprintln!("waiting for {key}");
+    ///     }
+    /// });
+    /// # Ok(()) }
+    /// ```
+    pub fn observe(&self, observer: impl Observer) -> bool {
+        self.inner.observer.set(Box::new(observer)).is_ok()
+    }
+
+    /// [`acquire`](Self::acquire) up to the grant, telling the observer of waits and retries.
+    async fn acquire_observed<K: LockKey + ?Sized>(
+        &self,
+        key: &K,
+        opts: &LockOptions,
+    ) -> Result<LockGuard> {
         let key_str = key.as_key();
         validate_key(key_str)?;
         let ttl = self.inner.caps.effective_ttl(opts.ttl)?;
@@ -223,6 +266,7 @@ impl Locker {
         let first_try = skip || self.inner.queues.is_free(key);
         // An in-process backend answers at once: no deadline is needed for that attempt.
         let mut tried = false;
+        let mut announced = false;
         if first_try {
             if let Some(answer) = acquire::attempt_now(&self.inner, &shared_key, ttl, opts) {
                 match answer {
@@ -233,7 +277,15 @@ impl Locker {
                         })
                     }
                     Err(e) if skip || !e.is_transient() => return Err(e),
-                    Ok(Err(_)) | Err(_) => tried = true,
+                    Ok(Err(_)) => {
+                        self.inner.observe(|| Event::Waiting { key });
+                        tried = true;
+                        announced = true;
+                    }
+                    Err(e) => {
+                        self.inner.observe(|| Event::Retrying { key, error: &e });
+                        tried = true;
+                    }
                 }
             }
         }
@@ -270,7 +322,11 @@ impl Locker {
                 None => return Err(deadline::timeout_error(key, started)),
                 Some(Ok(Ok(guard))) => return Ok(guard),
                 Some(Err(e)) if !e.is_transient() => return Err(e),
-                Some(Ok(Err(_)) | Err(_)) => {}
+                Some(Ok(Err(_))) => {
+                    self.inner.observe(|| Event::Waiting { key });
+                    announced = true;
+                }
+                Some(Err(e)) => self.inner.observe(|| Event::Retrying { key, error: &e }),
             }
         }
         // Boxed: the waiting state machine is large, and the uncontended path above should
@@ -282,6 +338,7 @@ impl Locker {
             opts,
             started,
             deadline,
+            announced,
         ))
         .await
     }

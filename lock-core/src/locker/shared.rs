@@ -4,11 +4,12 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::observe::{Event, Observer};
 use super::queue::Queues;
 use crate::backend::{Backend, Capabilities};
 use crate::error::Error;
@@ -40,6 +41,8 @@ pub(crate) struct Shared {
     pub(crate) tasks: Arc<Tracker>,
     pub(crate) shut_down: AtomicBool,
     pub(crate) defaults: LockOptions,
+    /// Told of contention and retries, when set.
+    pub(crate) observer: OnceLock<Box<dyn Observer>>,
 }
 
 impl Shared {
@@ -52,6 +55,14 @@ impl Shared {
             tasks: Arc::new(Tracker::default()),
             shut_down: AtomicBool::new(false),
             defaults,
+            observer: OnceLock::new(),
+        }
+    }
+
+    /// Tells the observer, if there is one, of the event `make` builds.
+    pub(crate) fn observe<'a>(&self, make: impl FnOnce() -> Event<'a>) {
+        if let Some(observer) = self.observer.get() {
+            observer.on_event(&make());
         }
     }
 
