@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use lock_core::{Error, ReleaseNotices, Result};
 use lock_redis::{RedisBuilder, RedisNode, ReleaseWatch};
 
-use crate::BACKEND;
+use crate::error::BACKEND;
 
 /// Shortest pause between two background connection attempts to a node that is down.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);

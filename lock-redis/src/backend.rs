@@ -1,0 +1,148 @@
+//! [`RedisBackend`]: the [`Backend`] over one [`RedisNode`], with release notices from one
+//! pub/sub subscription.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::{
+    Attempt, Backend, Capabilities, Holder, Lease, LockUrl, Owner, ReleaseListener, ReleaseNotices,
+    Result,
+};
+
+use crate::config::RedisBuilder;
+use crate::handle::RedisNode;
+use crate::node::CAPABILITIES;
+use crate::ops::Queued;
+use crate::watch::ReleaseWatch;
+
+/// Locks on one Redis server: a [`Backend`] over one [`RedisNode`], with release notices
+/// from one pub/sub subscription.
+///
+/// Build it with [`RedisBackend::connect`] from a URL or [`RedisBackend::builder`], then
+/// hand it to a [`Locker`](lock_core::Locker). `Debug` hides the password.
+///
+#[doc = include_str!("design.md")]
+pub struct RedisBackend {
+    node: RedisNode,
+    notices: Arc<ReleaseNotices>,
+    /// The release subscription, started by the first `listen`.
+    watch: OnceLock<ReleaseWatch>,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("node", &self.node)
+            .field("listened_keys", &self.notices.listened_keys())
+            .field("subscribed", &self.watch.get().is_some())
+            .finish()
+    }
+}
+
+impl RedisBackend {
+    /// A builder for the server at `addr` (`host` or `host:port`); see [`RedisBuilder`].
+    pub fn builder(addr: impl Into<String>) -> RedisBuilder {
+        RedisBuilder::new(addr)
+    }
+
+    /// Connects to the server a `redis://` or `rediss://` URL names and checks it answers
+    /// like Redis (this is what `distlock::connect` calls).
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`](lock_core::Error::InvalidUrl) for another scheme, unknown
+    /// parameters or bad values; [`Error::Unavailable`](lock_core::Error::Unavailable) when
+    /// the server cannot be reached within the timeout;
+    /// [`Error::Backend`](lock_core::Error::Backend) for refused credentials or a peer that
+    /// is not a Redis server.
+    pub async fn connect(url: &LockUrl) -> Result<RedisBackend> {
+        RedisBuilder::from_url(url)?.build().await
+    }
+
+    /// A backend over an already connected node.
+    pub fn from_node(node: RedisNode) -> RedisBackend {
+        RedisBackend {
+            node,
+            notices: Arc::new(ReleaseNotices::new()),
+            watch: OnceLock::new(),
+        }
+    }
+
+    /// The node this backend runs the protocol on.
+    pub fn node(&self) -> &RedisNode {
+        &self.node
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &CAPABILITIES
+    }
+
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
+        self.node.try_acquire(key, owner, ttl).await
+    }
+
+    async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
+        self.node.hand_over(from.key(), from.owner(), to, ttl).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
+        match self.node.extend(lease.key(), lease.owner(), ttl).await? {
+            Some(valid_until) => Ok(valid_until),
+            None => Err(lease.not_held()),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let key = lease.key();
+        // Our own waiters are woken as soon as the release is queued: their attempt goes out
+        // on the same connection behind it, so the server runs it after the release. The
+        // second notice, once the release is confirmed, covers an attempt that still came
+        // too early (e.g. the release had to be re-sent).
+        let (notices, name) = (self.notices.clone(), key.to_owned());
+        let woke: Queued = Arc::new(move || notices.notify(&name));
+        if self
+            .node
+            .release_queued(key, lease.owner(), Some(woke))
+            .await?
+        {
+            self.notices.notify(key);
+            Ok(())
+        } else {
+            Err(lease.not_held())
+        }
+    }
+
+    /// A tombstone refuses the attempt should it still arrive, and a grant it got already
+    /// is deleted and announced ([`RedisNode::abandon`]).
+    async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
+        if self.node.abandon(key, owner).await? {
+            self.notices.notify(key);
+        }
+        Ok(())
+    }
+
+    fn listen(&self, key: &str) -> Option<ReleaseListener> {
+        // Registered before the subscription starts: its first `notify_all` covers the gap.
+        let listener = self.notices.listen(key);
+        if self.watch.get().is_none() {
+            if let Some(watch) = self.node.watch_releases(self.notices.clone()) {
+                // A concurrent first `listen` may win the race; the loser's watch is dropped.
+                let _ = self.watch.set(watch);
+            }
+        }
+        Some(listener)
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
+        self.node.inspect(key).await
+    }
+
+    async fn force_release(&self, key: &str) -> Result<bool> {
+        let removed = self.node.force_release(key).await?;
+        self.notices.notify(key);
+        Ok(removed)
+    }
+}

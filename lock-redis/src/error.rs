@@ -1,0 +1,162 @@
+//! What can go wrong with one request to a Redis server ([`Failure`]), and how it is
+//! reported: [`NodeError`] names the server and the operation, folded into the transient
+//! [`Error::Unavailable`] or the permanent [`Error::Backend`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::Error;
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+
+/// The name errors carry.
+pub(crate) const BACKEND: &str = "redis";
+
+/// What went wrong with one request.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// No answer within the operation timeout.
+    Timeout,
+    /// The client library failed (I/O, protocol, server error).
+    Redis(RedisError),
+    /// The server answered something the protocol does not allow.
+    Reply(String),
+    /// The server refused an operation on this request's keys (e.g. `WRONGTYPE`: a value
+    /// of another type at the lock key); the rest of its group was answered.
+    Refused(String),
+    /// The failure of a group this request was part of.
+    Shared(Arc<Failure>),
+}
+
+impl Failure {
+    /// A reply the protocol does not allow.
+    pub(crate) fn unexpected(reply: &Value) -> Failure {
+        Failure::Reply(format!("unexpected reply {reply:?}"))
+    }
+
+    /// The failure itself, looking through a group's.
+    fn own(&self) -> &Failure {
+        match self {
+            Failure::Shared(inner) => inner.own(),
+            other => other,
+        }
+    }
+
+    fn is_transient(&self) -> bool {
+        match self {
+            Failure::Timeout => true,
+            Failure::Reply(_) | Failure::Refused(_) => false,
+            Failure::Shared(failure) => failure.is_transient(),
+            Failure::Redis(e) => match e.kind() {
+                ErrorKind::Io => true,
+                ErrorKind::Server(kind) => matches!(
+                    kind,
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                ),
+                // A long script of another client blocks the server for a while.
+                ErrorKind::Extension => e.code() == Some("BUSY"),
+                _ => false,
+            },
+        }
+    }
+}
+
+/// The source of the errors a [`RedisNode`] returns: which server, which operation, what.
+#[derive(Debug)]
+pub(crate) struct NodeError {
+    pub(crate) addr: String,
+    pub(crate) op: &'static str,
+    pub(crate) failure: Failure,
+    pub(crate) timeout: Duration,
+    pub(crate) tls: bool,
+}
+
+impl NodeError {
+    /// The error a caller sees: [`Error::Unavailable`] when the failure is transient (a
+    /// timeout, an I/O error, a server busy or loading), else [`Error::Backend`].
+    pub(crate) fn into_error(self) -> Error {
+        let transient = self.failure.is_transient();
+        if transient {
+            Error::unavailable(BACKEND, self)
+        } else {
+            Error::backend(BACKEND, self)
+        }
+    }
+}
+
+impl fmt::Display for NodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "redis at {} ({}): ", self.addr, self.op)?;
+        // The first PING of a connection is where a wrong port or a missing TLS shows.
+        let checking = self.op == "PING";
+        match self.failure.own() {
+            Failure::Timeout if checking && self.tls => write!(
+                f,
+                "no answer within {:?} (does the server speak TLS? rediss:// needs it)",
+                self.timeout
+            ),
+            Failure::Timeout => write!(f, "no answer within {:?}", self.timeout),
+            Failure::Redis(e)
+                if checking && e.is_connection_dropped() && !e.is_connection_refusal() =>
+            {
+                write!(
+                    f,
+                    "the server closed the connection on PING (is this a Redis port?): {e}"
+                )
+            }
+            Failure::Reply(what) => f.write_str(what),
+            Failure::Refused(what) => write!(
+                f,
+                "the server refused an operation on the lock's keys: {what}"
+            ),
+            Failure::Shared(_) => f.write_str("the request's group failed"),
+            Failure::Redis(e) => {
+                let auth = e.kind() == ErrorKind::AuthenticationFailed
+                    || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"));
+                if auth {
+                    write!(
+                        f,
+                        "authentication refused (check the user name and password): {e}"
+                    )
+                } else if e.kind() == ErrorKind::Parse {
+                    write!(
+                        f,
+                        "the server does not speak the Redis protocol (is this a Redis port?): {e}"
+                    )
+                } else if e.is_connection_refusal() {
+                    write!(f, "connection refused (is Redis running there?): {e}")
+                } else {
+                    write!(f, "{e}")
+                }
+            }
+        }
+    }
+}
+
+impl std::error::Error for NodeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self.failure.own() {
+            Failure::Redis(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_classified() {
+        assert!(Failure::Timeout.is_transient());
+        assert!(!Failure::Reply("x".into()).is_transient());
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(Failure::Redis(io).is_transient());
+        let auth = RedisError::from((ErrorKind::AuthenticationFailed, "bad"));
+        assert!(!Failure::Redis(auth).is_transient());
+    }
+}

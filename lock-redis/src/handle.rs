@@ -1,0 +1,285 @@
+//! [`RedisNode`], the handle on one Redis server: its connection and group commit, its key
+//! names and timeout, and how one request is sent and its failure reported. The lock
+//! operations on it are in `node.rs`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_core::group::{GroupCommit, GroupKey};
+use lock_core::{Error, Owner, ReleaseNotices, Result};
+use redis::{
+    Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value,
+};
+
+use crate::codec::{hex, key};
+use crate::config::RedisBuilder;
+use crate::connection::Connector;
+use crate::error::{Failure, NodeError, BACKEND};
+use crate::ops::{Op, Ops, Out};
+use crate::scripts::Script;
+use crate::watch::ReleaseWatch;
+
+/// One Redis server and the single-node lock protocol on it: take, extend, release, inspect
+/// a lock, and raise a key's fence counter. [`RedisBackend`](crate::RedisBackend) is a thin
+/// [`Backend`](lock_core::Backend) over one node; Redlock composes several.
+///
+/// Each method is one atomic Lua script (sent as `EVALSHA`, falling back to `EVAL` when the
+/// server's script cache is empty, e.g. after a restart), bounded by the node's
+/// [`timeout`](Self::timeout), connecting included. A timeout or an I/O error is the
+/// transient [`Error::Unavailable`]; a refusal the protocol cannot recover from (wrong
+/// password, not a Redis server, an unexpected reply) is [`Error::Backend`].
+///
+/// All clones share one multiplexed connection, opened by
+/// [`RedisBuilder::build_node`] and reopened by the next operation after it broke (server
+/// restart, dropped connection, timeout). An operation that finds the shared connection
+/// closed before its request went out reconnects and sends it once more.
+///
+/// # Keys
+///
+/// Lock `name` lives at `<prefix>{<name>}` with the owner token (32 hex digits) as value and
+/// the TTL as expiry; its fence counter at `<prefix>{<name>}:fence`. The braces are a Redis
+/// Cluster hash tag, so both keys share a slot, and no lock key can equal a counter key (lock
+/// keys end with `}`). Releases are announced on the channel `<prefix>released:<db>` (see
+/// [`watch_releases`](Self::watch_releases)).
+#[derive(Clone)]
+pub struct RedisNode {
+    shared: Arc<Shared>,
+    pub(crate) timeout: Duration,
+}
+
+struct Shared {
+    config: RedisBuilder,
+    addr: String,
+    client: Client,
+    channel: String,
+    /// Prefix of this node's release notices, so its own watch can skip them.
+    origin: String,
+    link: Arc<Connector>,
+    /// Acquires and releases, grouped into one script call per kind under load.
+    ops: Arc<GroupCommit<Ops>>,
+}
+
+impl fmt::Debug for RedisNode {
+    /// The server's URL with the password hidden, and the timeout.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisNode")
+            .field("url", &format_args!("{}", self.shared.config.redacted()))
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl RedisNode {
+    /// Opens the command connection and checks the server with `PING`.
+    pub(crate) async fn connect(config: RedisBuilder) -> Result<RedisNode> {
+        #[cfg(feature = "tls")]
+        if config.is_tls() {
+            // rustls needs a process-wide crypto provider; keep one the application chose.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let host = config
+            .host_port()
+            .cloned()
+            .ok_or_else(|| Error::invalid_url(&config.redacted(), "malformed address"))?;
+        let addr = host.to_string();
+        let connection_addr = if config.is_tls() {
+            ConnectionAddr::TcpTls {
+                host: host.host.clone(),
+                port: host.port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            ConnectionAddr::Tcp(host.host.clone(), host.port)
+        };
+        let mut settings = RedisConnectionInfo::default().set_db(i64::from(config.database()));
+        let (username, password) = config.credentials();
+        if let Some(username) = username {
+            settings = settings.set_username(username);
+        }
+        if let Some(password) = password {
+            settings = settings.set_password(password);
+        }
+        let info: ConnectionInfo = connection_addr
+            .into_connection_info()
+            .map(|info| info.set_redis_settings(settings))
+            .map_err(|e| Error::backend(BACKEND, e))?;
+        let client = Client::open(info).map_err(|e| Error::backend(BACKEND, e))?;
+        let timeout = config.operation_timeout();
+        let channel = format!("{}released:{}", config.key_prefix(), config.database());
+        let link = Arc::new(Connector::new(client.clone()));
+        let ops = GroupCommit::new(Ops::new(Arc::downgrade(&link), channel.clone()));
+        let node = RedisNode {
+            shared: Arc::new(Shared {
+                link,
+                addr,
+                client,
+                channel,
+                origin: format!("{} ", Owner::random()),
+                config,
+                ops,
+            }),
+            timeout,
+        };
+        node.ping().await?;
+        Ok(node)
+    }
+
+    /// The operation timeout of this handle.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// A handle on the same server and connection whose operations are bounded by
+    /// `timeout` instead (zero is taken as 1 ms).
+    pub fn with_timeout(&self, timeout: Duration) -> RedisNode {
+        RedisNode {
+            shared: self.shared.clone(),
+            timeout: timeout.max(Duration::from_millis(1)),
+        }
+    }
+
+    /// `host:port` of the server.
+    pub fn addr(&self) -> &str {
+        &self.shared.addr
+    }
+
+    /// The configuration this node was built from.
+    pub fn config(&self) -> &RedisBuilder {
+        &self.shared.config
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        self.shared.config.key_prefix()
+    }
+
+    /// The Redis key holding lock `name`: `<prefix>{<name>}`.
+    pub fn lock_key(&self, name: &str) -> String {
+        key(self.prefix(), name, "")
+    }
+
+    /// The Redis key holding the fence counter of lock `name`: `<prefix>{<name>}:fence`.
+    pub fn fence_key(&self, name: &str) -> String {
+        key(self.prefix(), name, ":fence")
+    }
+
+    /// The Redis key of the tombstone of `owner`'s abandoned attempt on lock `name`:
+    /// `<prefix>{<name>}:x:<owner>` (the lock's hash tag; it cannot equal a lock key, which
+    /// ends with `}`, nor a fence counter key, which ends with `:fence`).
+    pub fn tombstone_key(&self, name: &str, owner: Owner) -> String {
+        let mut key = key(self.prefix(), name, ":x:");
+        key.push_str(std::str::from_utf8(&hex(owner)).unwrap_or_default());
+        key
+    }
+
+    /// The pub/sub channel releases are announced on.
+    pub fn release_channel(&self) -> &str {
+        &self.shared.channel
+    }
+
+    /// Checks that the server answers `PING` with `PONG`.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] when unreachable or silent; [`Error::Backend`] when the
+    /// credentials are refused or the peer does not speak the Redis protocol.
+    pub async fn ping(&self) -> Result<()> {
+        let reply = self.send(&redis::cmd("PING"), "PING").await?;
+        match reply {
+            Value::SimpleString(s) if s == "PONG" => Ok(()),
+            other => Err(self.unexpected("PING", &other)),
+        }
+    }
+
+    /// Starts the release subscription of this node (one extra connection, subscribed to
+    /// [`release_channel`](Self::release_channel)), feeding `notices`: each release
+    /// announced by another client calls [`ReleaseNotices::notify`]; each (re)subscription
+    /// calls [`ReleaseNotices::notify_all`], since notices may have been missed meanwhile.
+    /// Releases made through this node (and its clones) are not echoed back: the caller
+    /// notifies its own waiters directly.
+    ///
+    /// The subscription reconnects by itself after a failure (backoff up to 1 s) and checks
+    /// a silent connection with `PING` every few seconds. It stops when the returned
+    /// [`ReleaseWatch`] is dropped. `None` outside a tokio runtime.
+    pub fn watch_releases(&self, notices: Arc<ReleaseNotices>) -> Option<ReleaseWatch> {
+        ReleaseWatch::start(
+            self.shared.client.clone(),
+            self.shared.channel.clone(),
+            self.shared.origin.clone(),
+            self.timeout,
+            notices,
+        )
+    }
+
+    /// The payload announcing `name`'s release: this node's origin, a space, the name.
+    pub(crate) fn notice(&self, name: &str) -> String {
+        let mut notice = String::with_capacity(self.shared.origin.len() + name.len());
+        notice.push_str(&self.shared.origin);
+        notice.push_str(name);
+        notice
+    }
+
+    pub(crate) fn flag(&self, op: &'static str, reply: Value) -> Result<bool> {
+        match reply {
+            Value::Int(0) => Ok(false),
+            Value::Int(1) => Ok(true),
+            other => Err(self.unexpected(op, &other)),
+        }
+    }
+
+    /// Sends `op` on `lock_key` through the node's group commit, within this handle's
+    /// timeout.
+    pub(crate) async fn grouped(
+        &self,
+        op_name: &'static str,
+        lock_key: String,
+        op: Op,
+    ) -> Result<Out> {
+        let key = GroupKey::of(lock_key.as_str());
+        let op = (lock_key, op);
+        self.shared
+            .ops
+            .send(key, op, self.timeout)
+            .await
+            .map_err(|failure| self.failure(op_name, Failure::Shared(failure)))
+    }
+
+    /// Runs `script` with the arguments `fill` adds after the script (see
+    /// [`Connector::eval`]), within this handle's timeout.
+    pub(crate) async fn eval<F>(&self, script: &Script, op: &'static str, fill: F) -> Result<Value>
+    where
+        F: Fn(&mut Cmd),
+    {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        self.shared
+            .link
+            .eval(script, deadline, &|| {}, fill)
+            .await
+            .map_err(|failure| self.failure(op, failure))
+    }
+
+    async fn send(&self, cmd: &Cmd, op: &'static str) -> Result<Value> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        self.shared
+            .link
+            .send(cmd, deadline, &|| {})
+            .await
+            .map_err(|failure| self.failure(op, failure))
+    }
+
+    pub(crate) fn unexpected(&self, op: &'static str, reply: &Value) -> Error {
+        self.failure(op, Failure::unexpected(reply))
+    }
+
+    pub(crate) fn failure(&self, op: &'static str, failure: Failure) -> Error {
+        NodeError {
+            addr: self.shared.addr.clone(),
+            op,
+            failure,
+            timeout: self.timeout,
+            tls: self.shared.config.is_tls(),
+        }
+        .into_error()
+    }
+}
