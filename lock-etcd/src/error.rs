@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use lock_core::Error;
 
-use crate::NAME;
+/// The backend's name in errors and capabilities.
+pub(crate) const NAME: &str = "etcd";
 
 /// gRPC status codes (`tonic::Code` as numbers, so as not to depend on tonic's version).
 mod code {
@@ -116,3 +117,15 @@ pub(crate) fn timed_out(doing: &str, timeout: Duration) -> Error {
 pub(crate) fn unexpected(what: &'static str) -> Error {
     Error::backend(NAME, format!("unexpected answer from etcd: {what}"))
 }
+
+/// An acquire transaction's error: a lease that ran out before the transaction reached
+/// etcd (a slow network) is transient like a timeout, not a refusal.
+pub(crate) fn acquire_failed(e: etcd_client::Error) -> Error {
+    if is_lease_not_found(&e) {
+        Error::unavailable(NAME, LEASE_RAN_OUT)
+    } else {
+        failed("acquiring")(e)
+    }
+}
+
+pub(crate) const LEASE_RAN_OUT: &str = "the lease ran out before the request reached etcd";

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use lock_core::Owner;
 
 /// Idle leases kept for reuse, over all TTLs. Past it, released leases are revoked.
 const POOL_CAP: usize = 256;
@@ -187,4 +188,11 @@ impl Pool {
 
 pub(crate) fn secs(s: i64) -> Duration {
     Duration::from_secs(u64::try_from(s).unwrap_or(0))
+}
+
+/// A random lease id in `1..=i64::MAX`: chosen here rather than by etcd, so that an attempt
+/// knows which lease to revoke even when the grant's answer never arrives.
+pub(crate) fn new_lease_id() -> i64 {
+    let bits = (Owner::random().as_u128() as u64) >> 1;
+    i64::try_from(bits.max(1)).unwrap_or(1)
 }

@@ -1,0 +1,226 @@
+//! Acquisition: one transaction on a pooled or new lease, and what a refused attempt
+//! learns about the holder.
+
+use std::time::{Duration, Instant};
+
+use etcd_client::Txn;
+use lock_core::group::GroupKey;
+use lock_core::sync::lock;
+use lock_core::{Attempt, Error, Owner, Result};
+
+use crate::batch::Answer;
+use crate::error::{acquire_failed, is_lease_not_found, timed_out, unexpected, NAME};
+use crate::held::Held;
+use crate::leases::{secs, Renewal, Slot};
+use crate::shared::Shared;
+use crate::txn::{acquire_txn, holder_in, Seen};
+
+impl Shared {
+    /// One acquisition attempt, cut off by the operation timeout.
+    pub(crate) async fn attempt(
+        &self,
+        key: &str,
+        owner: Owner,
+        ttl: Duration,
+        ttl_secs: i64,
+    ) -> Result<Attempt> {
+        let started = Instant::now();
+        let mut used = Vec::new();
+        let attempt = self.attempt_within(key, owner, ttl, ttl_secs, started, &mut used);
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(result) => result,
+            Err(_) => {
+                // The cut-off requests may have attached the key to one of these leases:
+                // revoking them removes it.
+                for id in used {
+                    self.revoke_later(id);
+                }
+                Err(timed_out("acquiring", self.timeout))
+            }
+        }
+    }
+
+    async fn attempt_within(
+        &self,
+        key: &str,
+        owner: Owner,
+        ttl: Duration,
+        ttl_secs: i64,
+        started: Instant,
+        used: &mut Vec<i64>,
+    ) -> Result<Attempt> {
+        let valid_until = started + ttl;
+        let full = self.full_key(key);
+        let value = owner.to_string();
+        let spare = lock(&self.pool).take(ttl_secs, started);
+        let reused = match spare {
+            Some(slot) => {
+                let txn = acquire_txn(&full, &value, slot.id);
+                self.send_on_lease(slot, valid_until, &full, txn, used)
+                    .await?
+            }
+            None => None,
+        };
+        let (slot, mut response) = match reused {
+            Some(done) => done,
+            None => {
+                self.acquire_with_new_lease(ttl_secs, &full, &value, used)
+                    .await?
+            }
+        };
+        if !response.succeeded() {
+            let stale = holder_in(&response.response).and_then(|seen| self.expired_holder(&seen));
+            if let Some(stale) = stale {
+                // The holder is a lock of this backend past its validity that etcd has not
+                // expired yet: its lease can go now.
+                if let Err(e) = self.revoke(stale).await {
+                    self.recycle(slot);
+                    return Err(e);
+                }
+                response = self
+                    .send_or_revoke(&full, acquire_txn(&full, &value, slot.id), slot.id)
+                    .await?;
+            }
+        }
+        if response.succeeded() {
+            let fence = Some(response.revision)
+                .filter(|&r| r > 0)
+                .ok_or_else(|| unexpected("a transaction without a revision"))?;
+            if Instant::now() >= valid_until {
+                // Granted on a lease that may already have run out: never hand that out.
+                self.revoke_later(slot.id);
+                return Err(Error::unavailable(
+                    NAME,
+                    "etcd confirmed the grant only after the lock's TTL had passed; not granted",
+                ));
+            }
+            lock(&self.held).hold(
+                owner,
+                Held {
+                    lease_id: slot.id,
+                    ttl_secs,
+                    valid_until,
+                    slot: Some(slot),
+                    value_fence: None,
+                },
+            );
+            return Ok(Attempt::Granted {
+                fence: fence as u64,
+                valid_until,
+            });
+        }
+        let holder = holder_in(&response.response);
+        // Its waiter hears of the next delete from the watch, from right after this answer.
+        self.demand.ensure(key, response.revision.saturating_add(1));
+        let expires_in = self.expires_in(holder.as_ref()).await;
+        // Back to the pool only after the last await: an attempt cut off by its timeout
+        // revokes every lease it used, and a lease already in the pool may by then carry
+        // another lock.
+        self.recycle(slot);
+        Ok(Attempt::Taken { expires_in })
+    }
+
+    /// `txn` (an acquisition or a hand-over on `slot`'s lease): as is when the lease is
+    /// known to live past `valid_until`, with a renewal of the lease at the same time
+    /// otherwise. `None` when the lease turned out to have expired.
+    pub(crate) async fn send_on_lease(
+        &self,
+        mut slot: Slot,
+        valid_until: Instant,
+        full: &str,
+        txn: Txn,
+        used: &mut Vec<i64>,
+    ) -> Result<Option<(Slot, Answer)>> {
+        used.push(slot.id);
+        let client = self.client();
+        if slot.covers(valid_until) {
+            let response = self.send_or_revoke(full, txn, slot.id).await?;
+            return Ok(Some((slot, response)));
+        }
+        let (renewal, txn) = tokio::join!(
+            slot.keep_alive(&client),
+            self.batch.send(GroupKey::of(full), txn, self.timeout)
+        );
+        match (renewal, txn) {
+            (Ok(Renewal::Alive), Ok(response)) => Ok(Some((slot, response))),
+            (Ok(Renewal::Gone), Ok(response)) => {
+                if response.succeeded() {
+                    // The key went onto a lease that is about to be revoked: take it back
+                    // before trying again with a new lease.
+                    self.revoke(slot.id).await?;
+                }
+                Ok(None)
+            }
+            (Ok(Renewal::Gone), Err(e)) if is_lease_not_found(&e) => Ok(None),
+            (Err(e), _) | (_, Err(e)) => {
+                self.revoke_later(slot.id);
+                Err(acquire_failed(e))
+            }
+        }
+    }
+
+    /// Grants a new lease, then runs the acquire transaction on it.
+    async fn acquire_with_new_lease(
+        &self,
+        ttl_secs: i64,
+        full: &str,
+        value: &str,
+        used: &mut Vec<i64>,
+    ) -> Result<(Slot, Answer)> {
+        let slot = self.grant(ttl_secs, used).await?;
+        let response = self
+            .send_or_revoke(full, acquire_txn(full, value, slot.id), slot.id)
+            .await?;
+        Ok((slot, response))
+    }
+
+    /// Sends `txn`, which puts the key on lease `lease_id`; when that fails, revokes the
+    /// lease, which removes the key should etcd have applied the transaction after all.
+    async fn send_or_revoke(&self, full: &str, txn: Txn, lease_id: i64) -> Result<Answer> {
+        match self.batch.send(GroupKey::of(full), txn, self.timeout).await {
+            Ok(response) => Ok(response),
+            Err(e) => {
+                self.revoke_later(lease_id);
+                Err(acquire_failed(e))
+            }
+        }
+    }
+
+    /// The lease of a lock of this backend whose validity has passed, taken out of the
+    /// held table; `None` for a valid lock or another process's.
+    fn expired_holder(&self, seen: &Seen) -> Option<i64> {
+        let owner = seen.owner?.as_u128();
+        let mut held = lock(&self.held);
+        let entry = held.map.get(&owner)?;
+        if entry.lease_id != seen.lease || Instant::now() < entry.valid_until {
+            return None;
+        }
+        held.map.remove(&owner);
+        Some(seen.lease)
+    }
+
+    /// How long the holder has left: exactly for a lock of this backend, from its lease's
+    /// remaining whole seconds (rounded up) for another process's.
+    pub(crate) async fn expires_in(&self, seen: Option<&Seen>) -> Option<Duration> {
+        let seen = seen?;
+        if let Some(owner) = seen.owner {
+            if let Some(entry) = lock(&self.held).map.get(&owner.as_u128()) {
+                if entry.lease_id == seen.lease {
+                    return Some(entry.valid_until.saturating_duration_since(Instant::now()));
+                }
+            }
+        }
+        if seen.lease == 0 {
+            return None;
+        }
+        match self
+            .client()
+            .lease_client()
+            .time_to_live(seen.lease, None)
+            .await
+        {
+            Ok(answer) if answer.ttl() >= 0 => Some(secs(answer.ttl() + 1)),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! [`EtcdBackend`]: the handle a Locker holds, and its [`Backend`] implementation, which
+//! hands each operation to the protocol modules below it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::sync::lock;
+use lock_core::{Attempt, Backend, Capabilities, Holder, Lease, Owner, ReleaseListener, Result};
+
+use crate::detached::detached;
+use crate::shared::Shared;
+
+/// Locks on an etcd cluster. Build a [`Locker`](lock_core::Locker) over it with
+/// `Locker::new(EtcdBackend::connect(&url).await?)`, or configure it with
+/// [`EtcdBackend::builder`].
+///
+/// Dropping it stops its release watch and revokes its leases in the background: the idle
+/// ones, and those of locks it granted that were never released (a Locker keeps its backend
+/// alive while any of its guards is held).
+pub struct EtcdBackend {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) watch: tokio::task::AbortHandle,
+}
+
+impl EtcdBackend {
+    /// The key prefix of every lock.
+    pub fn prefix(&self) -> &str {
+        &self.shared.prefix
+    }
+
+    /// The endpoints connected to.
+    pub fn endpoints(&self) -> &[String] {
+        &self.shared.endpoints
+    }
+
+    /// The bound on every operation.
+    pub fn timeout(&self) -> Duration {
+        self.shared.timeout
+    }
+
+    /// Number of locks granted through this backend and not released yet.
+    pub fn held_leases(&self) -> usize {
+        lock(&self.shared.held).map.len()
+    }
+
+    /// Number of idle leases kept for reuse.
+    pub fn idle_leases(&self) -> usize {
+        lock(&self.shared.pool).len()
+    }
+
+    /// Number of keys that waiters listen on.
+    pub fn listened_keys(&self) -> usize {
+        self.shared.notices.listened_keys()
+    }
+
+    /// Whether the release watch is open: from a waiter's first refused attempt until a
+    /// second or so after nobody listens any more.
+    pub fn watching(&self) -> bool {
+        self.shared.demand.is_running()
+    }
+}
+
+impl Drop for EtcdBackend {
+    fn drop(&mut self) {
+        self.watch.abort();
+        let mut leases = lock(&self.shared.pool).drain();
+        leases.extend(lock(&self.shared.held).map.drain().map(|(_, h)| h.lease_id));
+        if leases.is_empty() {
+            return;
+        }
+        // Outside a runtime they simply expire at their TTL.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let mut client = self.shared.client().lease_client();
+            let timeout = self.shared.timeout;
+            runtime.spawn(async move {
+                for id in leases {
+                    let _ = tokio::time::timeout(timeout, client.revoke(id)).await;
+                }
+            });
+        }
+    }
+}
+
+impl std::fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.shared.endpoints)
+            .field("prefix", &self.shared.prefix)
+            .field("timeout", &self.shared.timeout)
+            .field("min_ttl", &self.shared.caps.min_ttl)
+            .field("held_leases", &self.held_leases())
+            .field("idle_leases", &self.idle_leases())
+            .field("listened_keys", &self.listened_keys())
+            .field("watching", &self.watching())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.shared.caps
+    }
+
+    /// Runs on a task of its own, so that an attempt dropped half-way (its caller
+    /// cancelled) still finishes and gives back what it was granted.
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
+        // Also bounds `ttl` by `max_ttl`, so `Instant + ttl` cannot overflow.
+        let ttl_secs = self.shared.lease_secs(ttl)?;
+        let key: Arc<str> = Arc::from(key);
+        detached(&self.shared, key.clone(), owner, move |shared| async move {
+            shared.attempt(&key, owner, ttl, ttl_secs).await
+        })
+        .await
+    }
+
+    /// One transaction: if the key still holds `from`'s value, put it with `to`'s, on
+    /// `from`'s lease when the TTL is the same (renewed alongside when needed), on another
+    /// otherwise. `to`'s fence is that put's revision. Runs on a task of its own, like
+    /// `try_acquire`.
+    async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
+        let ttl_secs = self.shared.lease_secs(ttl)?;
+        let from = from.clone();
+        detached(
+            &self.shared,
+            from.key_arc().clone(),
+            to,
+            move |shared| async move { shared.hand_over(&from, to, ttl, ttl_secs).await },
+        )
+        .await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
+        let (member, _) = self.shared.members.pick();
+        let result = self.shared.extend(lease, ttl).await;
+        self.shared.members.note(member, result)
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let (member, _) = self.shared.members.pick();
+        let result = self.shared.release(lease).await;
+        self.shared.members.note(member, result)
+    }
+
+    fn listen(&self, key: &str) -> Option<ReleaseListener> {
+        Some(self.shared.notices.listen(key))
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
+        let (member, _) = self.shared.members.pick();
+        let result = self.shared.inspect(key).await;
+        self.shared.members.note(member, result)
+    }
+
+    async fn force_release(&self, key: &str) -> Result<bool> {
+        let (member, _) = self.shared.members.pick();
+        let result = self.shared.force_release(key).await;
+        self.shared.members.note(member, result)
+    }
+}

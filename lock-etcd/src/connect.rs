@@ -1,0 +1,123 @@
+//! Connecting: [`EtcdBackend::builder`], [`EtcdBackend::connect`], and the start-up that
+//! [`EtcdBuilder::build`] runs (server minimum lease, release watch, shared state).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{ConnectOptions, LeaseGrantOptions};
+use lock_core::{Capabilities, LockUrl, ReleaseNotices, Result};
+
+use crate::backend::EtcdBackend;
+use crate::batch;
+use crate::config::EtcdBuilder;
+use crate::error::{failed, timed_out, unexpected, NAME};
+use crate::held::HeldTable;
+use crate::leases::{new_lease_id, secs, Pool, HEADROOM_SECS};
+use crate::members::Members;
+use crate::shared::Shared;
+use crate::watch;
+
+/// Far beyond any sensible lease, and small enough that `Instant + ttl` never overflows.
+const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+/// HTTP/2 pings on the connections find dead ones; etcd refuses clients that ping more
+/// often than every 5 s.
+const CONNECTION_PING: Duration = Duration::from_secs(10);
+
+impl EtcdBackend {
+    /// A configuration for the cluster members at `endpoints` (`host:port`), to complete
+    /// with the [`EtcdBuilder`] setters and [`build`](EtcdBuilder::build).
+    pub fn builder<I, S>(endpoints: I) -> EtcdBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        EtcdBuilder::new(endpoints)
+    }
+
+    /// Connects to the cluster an `etcd://` URL names:
+    /// `etcd://[user:password@]host[:port][,host[:port]…][?prefix=…&timeout=…]`.
+    ///
+    /// # Errors
+    /// As [`EtcdBuilder::from_url`] and [`EtcdBuilder::build`].
+    pub async fn connect(url: &LockUrl) -> Result<EtcdBackend> {
+        EtcdBuilder::from_url(url)?.build().await
+    }
+
+    /// Connects to `cfg`'s members, asks the server for its shortest lease and starts the
+    /// release watch: the body of [`EtcdBuilder::build`].
+    pub(crate) async fn start(cfg: EtcdBuilder) -> Result<EtcdBackend> {
+        let timeout = cfg.timeout;
+        let doing = format!("connecting to etcd at {}", cfg.endpoints.join(","));
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_keep_alive(CONNECTION_PING, timeout)
+            .with_keep_alive_while_idle(false);
+        if let Some((name, password)) = &cfg.user {
+            options = options.with_user(name.clone(), password.clone());
+        }
+        let members = Members::connect(&cfg.endpoints, options, timeout, &doing).await?;
+        let client = members.client();
+        let connect = async {
+            // The shortest lease the server grants: it raises shorter TTLs to its minimum.
+            let probe = new_lease_id();
+            let granted = client
+                .lease_client()
+                .grant(1, Some(LeaseGrantOptions::new().with_id(probe)))
+                .await
+                .map_err(failed(doing.as_str()))?;
+            if !granted.error().is_empty() || granted.ttl() < 1 {
+                return Err(unexpected("a lease grant without a positive TTL"));
+            }
+            let _ = client.lease_client().revoke(probe).await;
+            // etcd 3.4 grants leases to anyone: a read under the prefix is what tells early
+            // that the credentials are missing or lack permissions.
+            watch::current_revision(&client, &cfg.prefix)
+                .await
+                .map_err(failed(doing.as_str()))?;
+            Ok(granted.ttl())
+        };
+        let min_secs = tokio::time::timeout(timeout, connect)
+            .await
+            .unwrap_or_else(|_| Err(timed_out(&doing, timeout)))?;
+        let members = Arc::new(members);
+        let notices = Arc::new(ReleaseNotices::new());
+        let announcer = Arc::new(watch::Announcer::new(notices.clone()));
+        let demand = Arc::new(watch::Demand::new(notices.clone()));
+        let watch = tokio::spawn(watch::run(
+            members.clone(),
+            cfg.prefix.clone(),
+            announcer.clone(),
+            timeout,
+            demand.clone(),
+        ))
+        .abort_handle();
+        let shared = Shared {
+            batch: batch::batcher(members.clone(), timeout),
+            members,
+            endpoints: cfg.endpoints,
+            prefix: cfg.prefix,
+            timeout,
+            caps: Capabilities {
+                name: NAME,
+                // A lock's lease is HEADROOM_SECS longer than the lock.
+                min_ttl: secs((min_secs - HEADROOM_SECS).max(1)),
+                ttl_granularity: Duration::from_secs(1),
+                max_ttl: MAX_TTL,
+                monotonic_fencing: true,
+                release_notices: true,
+                cross_process: true,
+                clock_drift: lock_core::ClockDrift::NONE,
+                hand_over: true,
+            },
+            notices,
+            announcer,
+            demand,
+            held: Mutex::new(HeldTable::default()),
+            pool: Mutex::new(Pool::default()),
+        };
+        Ok(EtcdBackend {
+            shared: Arc::new(shared),
+            watch,
+        })
+    }
+}

@@ -1,0 +1,130 @@
+//! The state every operation of one backend shares, and the lease steps operations are
+//! built from (grant, revoke, recycle).
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, LeaseGrantOptions};
+use lock_core::sync::lock;
+use lock_core::{Capabilities, Error, ReleaseNotices, Result};
+
+use crate::batch::Batcher;
+use crate::error::{failed, is_lease_not_found, timed_out, unexpected, NAME};
+use crate::held::HeldTable;
+use crate::leases::{new_lease_id, Pool, Slot, HEADROOM_SECS};
+use crate::members::Members;
+use crate::watch;
+
+/// What the backend handle, its operations and the tasks finishing detached operations
+/// share.
+pub(crate) struct Shared {
+    pub(crate) members: Arc<Members>,
+    pub(crate) endpoints: Vec<String>,
+    pub(crate) prefix: String,
+    pub(crate) timeout: Duration,
+    pub(crate) caps: Capabilities,
+    pub(crate) notices: Arc<ReleaseNotices>,
+    /// Announces each release once, from this backend's releases and from the watch.
+    pub(crate) announcer: Arc<watch::Announcer>,
+    /// Opens the watch when a refused attempt needs it.
+    pub(crate) demand: Arc<watch::Demand>,
+    pub(crate) held: Mutex<HeldTable>,
+    pub(crate) pool: Mutex<Pool>,
+    /// Acquire and release transactions go through it, grouped under load.
+    pub(crate) batch: Arc<Batcher>,
+}
+
+impl Shared {
+    /// The client of the preferred member.
+    pub(crate) fn client(&self) -> Arc<Client> {
+        self.members.client()
+    }
+
+    pub(crate) fn full_key(&self, key: &str) -> String {
+        let mut full = String::with_capacity(self.prefix.len() + key.len());
+        full.push_str(&self.prefix);
+        full.push_str(key);
+        full
+    }
+
+    /// The lease TTL for a lock TTL: whole seconds, rounded up, at least the server minimum.
+    pub(crate) fn lease_secs(&self, ttl: Duration) -> Result<i64> {
+        if ttl.is_zero() || ttl > self.caps.max_ttl {
+            return Err(Error::InvalidTtl {
+                ttl,
+                backend: NAME,
+                reason: format!(
+                    "must be greater than zero and at most {:?}",
+                    self.caps.max_ttl
+                ),
+            });
+        }
+        let whole = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+        Ok(i64::try_from(whole.max(self.caps.min_ttl.as_secs())).unwrap_or(i64::MAX))
+    }
+
+    /// Runs `op` within the operation timeout.
+    pub(crate) async fn within<T>(
+        &self,
+        doing: &str,
+        op: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        tokio::time::timeout(self.timeout, op)
+            .await
+            .unwrap_or_else(|_| Err(timed_out(doing, self.timeout)))
+    }
+
+    /// Revokes a lease in the background (which deletes any key attached to it).
+    pub(crate) fn revoke_later(&self, id: i64) {
+        let mut leases = self.client().lease_client();
+        let timeout = self.timeout;
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(timeout, leases.revoke(id)).await;
+        });
+    }
+
+    /// Revokes a lease now; one already gone is fine.
+    pub(crate) async fn revoke(&self, id: i64) -> Result<()> {
+        match self.client().lease_client().revoke(id).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_lease_not_found(&e) => Ok(()),
+            Err(e) => Err(failed("revoking a lease")(e)),
+        }
+    }
+
+    /// Keeps a lease that holds no key for the next acquisition.
+    pub(crate) fn recycle(&self, slot: Slot) {
+        let overflow = lock(&self.pool).put(slot, Instant::now());
+        if let Some(slot) = overflow {
+            self.revoke_later(slot.id);
+        }
+    }
+
+    /// Grants a lease for locks of `ttl_secs`.
+    pub(crate) async fn grant(&self, ttl_secs: i64, used: &mut Vec<i64>) -> Result<Slot> {
+        let id = new_lease_id();
+        used.push(id);
+        let lease_secs = ttl_secs + HEADROOM_SECS;
+        let sent = Instant::now();
+        let options = LeaseGrantOptions::new().with_id(id);
+        match self
+            .client()
+            .lease_client()
+            .grant(lease_secs, Some(options))
+            .await
+        {
+            Ok(granted) if granted.error().is_empty() && granted.ttl() >= lease_secs => {
+                Ok(Slot::granted(id, ttl_secs, granted.ttl(), sent))
+            }
+            Ok(_) => {
+                self.revoke_later(id);
+                Err(unexpected("a lease grant shorter than asked"))
+            }
+            Err(e) => {
+                self.revoke_later(id);
+                Err(failed("granting a lease")(e))
+            }
+        }
+    }
+}
