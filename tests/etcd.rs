@@ -11,7 +11,7 @@ use distlock::conformance::{
     queued_holder, queued_holder_and_waiter, run_all, spawn_acquire, Target,
 };
 use distlock::etcd::EtcdBackend;
-use distlock::{Backend, Error, LockOptions, LockUrl, Locker};
+use distlock::{Admin, Backend, Error, LockOptions, LockUrl, Locker};
 use lock_testkit::{EtcdCluster, EtcdServer, FaultProxy, ProxyMode};
 
 /// Time for a waiter to queue before the holder moves.
@@ -201,8 +201,20 @@ async fn a_blackholed_network_loses_the_lock_within_its_ttl_and_calls_stay_bound
         started.elapsed()
     );
     let started = Instant::now();
-    assert!(locker.backend().inspect(&k).await.is_err());
-    assert!(locker.backend().force_release(&key("x")).await.is_err());
+    assert!(locker
+        .backend()
+        .admin()
+        .expect("admin")
+        .inspect(&k)
+        .await
+        .is_err());
+    assert!(locker
+        .backend()
+        .admin()
+        .expect("admin")
+        .force_release(&key("x"))
+        .await
+        .is_err());
     assert!(started.elapsed() <= timeout * 2 + Duration::from_millis(300));
 
     proxy.set_mode(ProxyMode::Pass);
@@ -382,8 +394,18 @@ async fn a_lost_majority_makes_every_call_fail_within_its_timeout() {
         locker.acquire(&key("m"), &opts(Duration::from_secs(10)))
     );
     bounded!("extend", guard.extend(Duration::from_secs(10)));
-    bounded!("inspect", locker.backend().inspect(&k));
-    bounded!("force_release", locker.backend().force_release(&key("m")));
+    bounded!(
+        "inspect",
+        locker.backend().admin().expect("admin").inspect(&k)
+    );
+    bounded!(
+        "force_release",
+        locker
+            .backend()
+            .admin()
+            .expect("admin")
+            .force_release(&key("m"))
+    );
     let lease = guard.lease();
     bounded!("release", locker.backend().release(&lease));
     let started = Instant::now();
@@ -501,7 +523,14 @@ async fn fences_strictly_increase_across_holders_and_processes() {
             .acquire(&k, &opts(Duration::from_secs(10)))
             .await
             .unwrap();
-        let holder = lockers[0].backend().inspect(&k).await.unwrap().unwrap();
+        let holder = lockers[0]
+            .backend()
+            .admin()
+            .expect("admin")
+            .inspect(&k)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(holder.fence, Some(g.fence()));
         fences.push(g.fence());
         g.release().await.unwrap();
@@ -610,7 +639,9 @@ async fn capabilities_report_the_servers_shortest_lease() {
     assert_eq!(caps.ttl_granularity, Duration::from_secs(1));
     assert!(caps.monotonic_fencing && caps.release_notices && caps.cross_process);
     assert_eq!(
-        caps.effective_ttl(Duration::from_millis(1500)).unwrap(),
+        caps.effective_ttl(Duration::from_millis(1500))
+            .unwrap()
+            .get(),
         Duration::from_secs(2)
     );
     assert_eq!(b.prefix(), "distlock/");

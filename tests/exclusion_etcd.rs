@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Fault};
 use distlock::etcd::EtcdBackend;
-use distlock::{Backend, LockUrl, Locker};
+use distlock::{Admin, Backend, LockUrl, Locker};
 use lock_testkit::EtcdCluster;
 
 async fn backend(endpoints: &[String]) -> EtcdBackend {
@@ -34,7 +34,8 @@ async fn exclusion_etcd() {
     let min_ttl = probe_backend
         .capabilities()
         .effective_ttl(Duration::from_millis(100))
-        .expect("a valid TTL");
+        .expect("a valid TTL")
+        .get();
     let past_ttl = min_ttl * 3 + Duration::from_secs(1);
     let pause = {
         let cluster = cluster.clone();

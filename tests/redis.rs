@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use distlock::conformance::{self, queued_holder, queued_holder_and_waiter, run_all, Target};
 use distlock::redis::{RedisBackend, RedisNode, CAPABILITIES, MAX_FENCE};
-use distlock::{Backend, Error, LockOptions, LockUrl, Locker, Owner, WaitStrategy};
+use distlock::{Admin, Backend, Error, LockOptions, LockUrl, Locker, Owner, WaitStrategy};
 use lock_testkit::{EtcdServer, FaultProxy, ProxyMode, RedisOptions, RedisServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -39,6 +39,11 @@ async fn connect_err(url: &str) -> Error {
             e
         }
     }
+}
+
+/// `ttl` as the Redis backend accepts it, for calls on a node.
+fn valid_ttl(ttl: Duration) -> distlock::Ttl {
+    CAPABILITIES.effective_ttl(ttl).expect("a valid TTL")
 }
 
 fn skip(ttl: Duration) -> LockOptions {
@@ -163,6 +168,7 @@ async fn inspect_reports_the_holder() {
     let server = RedisServer::start().await;
     let locker = Locker::new(backend(&server.url()).await);
     let backend = locker.backend().clone();
+    let backend = backend.admin().expect("admin");
     assert_eq!(backend.inspect("inspect/x").await.unwrap(), None);
     let guard = locker
         .acquire("inspect/x", &skip(Duration::from_secs(10)))
@@ -184,7 +190,7 @@ async fn inspect_reports_the_holder() {
 async fn raise_fence_lifts_the_next_fence() {
     let server = RedisServer::start().await;
     let node = node(&server, "raise:").await;
-    let ttl = Duration::from_secs(5);
+    let ttl = valid_ttl(Duration::from_secs(5));
     let owner = Owner::random();
     let first = match node.try_acquire("k", owner, ttl).await.unwrap() {
         distlock::Attempt::Granted { fence, .. } => fence,
@@ -240,7 +246,7 @@ async fn concurrent_operations_are_grouped_with_their_own_answers() {
         .build_node()
         .await
         .unwrap();
-    let ttl = Duration::from_secs(10);
+    let ttl = valid_ttl(Duration::from_secs(10));
     let holder = Owner::random();
     assert!(matches!(
         node.try_acquire("group/taken", holder, ttl).await.unwrap(),
@@ -338,7 +344,7 @@ async fn raw_list(server: &RedisServer, key: &str) {
 async fn a_foreign_type_in_an_acquire_group_fails_only_its_own_caller() {
     let server = RedisServer::start().await;
     let node = node(&server, "wrongtype:").await;
-    let ttl = Duration::from_secs(10);
+    let ttl = valid_ttl(Duration::from_secs(10));
     let holder = Owner::random();
     assert!(matches!(
         node.try_acquire("wt/again", holder, ttl).await.unwrap(),
@@ -416,7 +422,7 @@ async fn a_foreign_type_in_an_acquire_group_fails_only_its_own_caller() {
 async fn a_foreign_type_in_a_release_group_fails_only_its_own_caller() {
     let server = RedisServer::start().await;
     let node = node(&server, "wrongtype:").await;
-    let ttl = Duration::from_secs(10);
+    let ttl = valid_ttl(Duration::from_secs(10));
     let mut names: Vec<String> = (0..40).map(|i| format!("wtr/{i}")).collect();
     let owners: Vec<Owner> = names.iter().map(|_| Owner::random()).collect();
     for (name, owner) in names.iter().zip(&owners) {
@@ -485,6 +491,7 @@ async fn restart_mid_hold_reports_not_held() {
         other => panic!("release after a restart: expected NotHeld, got {other:?}"),
     }
     let backend = locker.backend().clone();
+    let backend = backend.admin().expect("admin");
     assert_eq!(backend.inspect("restart/a").await.unwrap(), None);
     assert!(!backend.force_release("restart/a").await.unwrap());
     let again = locker
@@ -552,7 +559,13 @@ async fn paused_server_never_hangs() {
     server.pause();
     acquires_fail_within_their_deadline(&locker, "paused/a", timeout).await;
     let started = Instant::now();
-    assert!(locker.backend().inspect("paused/held").await.is_err());
+    assert!(locker
+        .backend()
+        .admin()
+        .expect("admin")
+        .inspect("paused/held")
+        .await
+        .is_err());
     assert!(started.elapsed() <= timeout + SLACK);
     server.resume();
     let g = locker
@@ -619,13 +632,13 @@ async fn an_abandoned_acquire_arriving_after_its_abandon_grants_nothing() {
     // Load the acquire script, so that the late EVALSHA runs rather than meet NOSCRIPT.
     let warm = Owner::random();
     direct
-        .try_acquire("abandon/warm", warm, Duration::from_secs(5))
+        .try_acquire("abandon/warm", warm, valid_ttl(Duration::from_secs(5)))
         .await
         .unwrap();
     let owner = Owner::random();
     proxy.set_mode(ProxyMode::Blackhole);
     let e = late
-        .try_acquire("abandon/late", owner, Duration::from_secs(30))
+        .try_acquire("abandon/late", owner, valid_ttl(Duration::from_secs(30)))
         .await
         .expect_err("no answer through the blackhole");
     assert!(e.is_transient(), "{e}");
@@ -649,7 +662,7 @@ async fn an_abandoned_acquire_arriving_after_its_abandon_grants_nothing() {
     let other = Owner::random();
     assert!(matches!(
         direct
-            .try_acquire("abandon/late", other, Duration::from_secs(5))
+            .try_acquire("abandon/late", other, valid_ttl(Duration::from_secs(5)))
             .await
             .unwrap(),
         distlock::Attempt::Granted { .. }
@@ -671,13 +684,13 @@ async fn an_acquire_abandoned_on_a_paused_server_leaves_no_lock() {
     let patient = RedisBackend::from_node(backend.node().with_timeout(Duration::from_secs(5)));
     let warm = Owner::random();
     backend
-        .try_acquire("abandon/warm", warm, Duration::from_secs(5))
+        .try_acquire("abandon/warm", warm, valid_ttl(Duration::from_secs(5)))
         .await
         .unwrap();
     let owner = Owner::random();
     server.pause();
     let e = backend
-        .try_acquire("abandon/paused", owner, Duration::from_secs(30))
+        .try_acquire("abandon/paused", owner, valid_ttl(Duration::from_secs(30)))
         .await
         .expect_err("a paused server does not answer");
     assert!(e.is_transient(), "{e}");

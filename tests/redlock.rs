@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use distlock::conformance::{self, run_all, Target};
 use distlock::redlock::{RedlockBackend, MIN_TTL};
-use distlock::{Attempt, Backend, Error, Lease, LockOptions, LockUrl, Locker, Owner};
+use distlock::{Attempt, Backend, Error, Lease, LockOptions, LockUrl, Locker, Owner, Ttl};
 use lock_testkit::{FaultProxy, ManagedProcess, ProxyMode, RedisNodes, RedisOptions, RedisServer};
 
 /// Slack for "returns within its deadline" bounds.
@@ -74,7 +74,16 @@ async fn raw_del(server: &RedisServer, key: &str) {
 
 async fn attempt(b: &RedlockBackend, key: &str, ttl: Duration) -> (Owner, Result<Attempt, Error>) {
     let owner = Owner::random();
+    let ttl = b.capabilities().effective_ttl(ttl).expect("a valid TTL");
     (owner, b.try_acquire(key, owner, ttl).await)
+}
+
+/// `ttl` as the Locker's backend accepts it.
+fn valid(locker: &Locker, ttl: Duration) -> Ttl {
+    locker
+        .capabilities()
+        .effective_ttl(ttl)
+        .expect("a valid TTL")
 }
 
 fn lease_of(key: &str, owner: Owner, attempt: &Attempt) -> Lease {
@@ -314,7 +323,7 @@ async fn minority_and_majority_presets() {
     }
     let result = locker
         .backend()
-        .try_acquire("preset/all", Owner::random(), ttl)
+        .try_acquire("preset/all", Owner::random(), valid(&locker, ttl))
         .await;
     match result.unwrap() {
         Attempt::Taken {
@@ -328,7 +337,7 @@ async fn minority_and_majority_presets() {
     }
     let result = locker
         .backend()
-        .try_acquire("preset/forever", Owner::random(), ttl)
+        .try_acquire("preset/forever", Owner::random(), valid(&locker, ttl))
         .await;
     assert_eq!(result.unwrap(), Attempt::Taken { expires_in: None });
 }
@@ -905,7 +914,8 @@ async fn release_notice_reaches_another_process() {
 async fn inspect_and_force_release_over_the_quorum() {
     let mut nodes = RedisNodes::start(3).await;
     let locker = Locker::new(backend(&nodes.addrs(), "").await);
-    let b = locker.backend().clone();
+    let backend = locker.backend().clone();
+    let b = backend.admin().expect("admin");
     assert_eq!(b.inspect("admin/x").await.unwrap(), None);
     let guard = locker
         .acquire("admin/x", &skip(Duration::from_secs(10)))

@@ -96,7 +96,10 @@ async fn main() -> distlock::Result<()> {
     let backend = locker.backend().clone();
     let revoke = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        backend.force_release("jobs/revoked").await
+        match backend.admin() {
+            Some(admin) => admin.force_release("jobs/revoked").await,
+            None => Ok(false),
+        }
     });
     let opts = LockOptions::new().ttl(Duration::from_millis(300)).skip();
     let revoked = locker

@@ -57,8 +57,13 @@ pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
     distlock::validate_key(&args.key).map_err(|e| target.error(e))?;
     let locker = target.connect().await?;
     let caps = locker.capabilities().clone();
-    let holder = locker
-        .backend()
+    let admin = locker.backend().admin().ok_or_else(|| {
+        target.error(distlock::Error::Unsupported {
+            backend: caps.name,
+            operation: "inspect",
+        })
+    })?;
+    let holder = admin
         .inspect(&args.key)
         .await
         .map_err(|e| target.error(e))?;

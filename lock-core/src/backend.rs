@@ -116,7 +116,8 @@ impl Capabilities {
     }
 
     /// Applies the TTL rules: zero and TTLs above `max_ttl` are refused; TTLs below
-    /// `min_ttl` are rounded up to it; every TTL is rounded up to the granularity.
+    /// `min_ttl` are rounded up to it; every TTL is rounded up to the granularity; a TTL
+    /// that its [`clock_drift`](Self::clock_drift) allowance would use up is refused.
     ///
     /// # Errors
     /// [`Error::InvalidTtl`](crate::Error::InvalidTtl) naming the backend and the rule.
@@ -156,6 +157,12 @@ impl Capabilities {
             return Err(refuse(format!(
                 "longer than the backend's maximum of {:?} after rounding",
                 self.max_ttl
+            )));
+        }
+        let allowance = self.clock_drift.allowance(ttl);
+        if allowance >= ttl {
+            return Err(refuse(format!(
+                "the clock-drift allowance of {allowance:?} leaves no validity"
             )));
         }
         Ok(Ttl(ttl))

@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lock_core::sync::lock;
-use lock_core::{Attempt, Backend, Capabilities, Holder, Lease, Owner, ReleaseListener, Result};
+use lock_core::{
+    Admin, Attempt, Backend, Capabilities, HandOver, Holder, Lease, Owner, ReleaseListener, Result,
+    Ttl,
+};
 
 use crate::detached::detached;
 use crate::shared::Shared;
@@ -105,9 +108,9 @@ impl Backend for EtcdBackend {
 
     /// Runs on a task of its own, so that an attempt dropped half-way (its caller
     /// cancelled) still finishes and gives back what it was granted.
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
-        // Also bounds `ttl` by `max_ttl`, so `Instant + ttl` cannot overflow.
-        let ttl_secs = self.shared.lease_secs(ttl)?;
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
+        let ttl_secs = Shared::lease_secs(ttl);
+        let ttl = ttl.get();
         let key: Arc<str> = Arc::from(key);
         detached(&self.shared, key.clone(), owner, move |shared| async move {
             shared.attempt(&key, owner, ttl, ttl_secs).await
@@ -115,23 +118,7 @@ impl Backend for EtcdBackend {
         .await
     }
 
-    /// One transaction: if the key still holds `from`'s value, put it with `to`'s, on
-    /// `from`'s lease when the TTL is the same (renewed alongside when needed), on another
-    /// otherwise. `to`'s fence is that put's revision. Runs on a task of its own, like
-    /// `try_acquire`.
-    async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
-        let ttl_secs = self.shared.lease_secs(ttl)?;
-        let from = from.clone();
-        detached(
-            &self.shared,
-            from.key_arc().clone(),
-            to,
-            move |shared| async move { shared.hand_over(&from, to, ttl, ttl_secs).await },
-        )
-        .await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
+    async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
         let (member, _) = self.shared.members.pick();
         let result = self.shared.extend(lease, ttl).await;
         self.shared.members.note(member, result)
@@ -147,6 +134,37 @@ impl Backend for EtcdBackend {
         Some(self.shared.notices.listen(key))
     }
 
+    fn hand_over(&self) -> Option<&dyn HandOver> {
+        Some(self)
+    }
+
+    fn admin(&self) -> Option<&dyn Admin> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl HandOver for EtcdBackend {
+    /// One transaction: if the key still holds `from`'s value, put it with `to`'s, on
+    /// `from`'s lease when the TTL is the same (renewed alongside when needed), on another
+    /// otherwise. `to`'s fence is that put's revision. Runs on a task of its own, like
+    /// `try_acquire`.
+    async fn hand_over(&self, from: &Lease, to: Owner, ttl: Ttl) -> Result<Attempt> {
+        let ttl_secs = Shared::lease_secs(ttl);
+        let ttl = ttl.get();
+        let from = from.clone();
+        detached(
+            &self.shared,
+            from.key_arc().clone(),
+            to,
+            move |shared| async move { shared.hand_over(&from, to, ttl, ttl_secs).await },
+        )
+        .await
+    }
+}
+
+#[async_trait]
+impl Admin for EtcdBackend {
     async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
         let (member, _) = self.shared.members.pick();
         let result = self.shared.inspect(key).await;

@@ -107,7 +107,6 @@ impl EtcdBackend {
                 release_notices: true,
                 cross_process: true,
                 clock_drift: lock_core::ClockDrift::NONE,
-                hand_over: true,
             },
             notices,
             announcer,

@@ -1,9 +1,9 @@
 //! Extension: renew the lock's lease, or move the key onto a new lease for a new TTL.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lock_core::sync::lock;
-use lock_core::{Error, Lease, Result};
+use lock_core::{Error, Lease, Result, Ttl};
 
 use crate::error::{failed, is_lease_not_found, LEASE_RAN_OUT, NAME};
 use crate::leases::{Renewal, Slot};
@@ -13,8 +13,9 @@ use crate::txn::{move_txn, seen};
 impl Shared {
     /// Extends `lease` to `ttl` from now: renews its etcd lease, or moves the key onto a
     /// new one when the TTL changes.
-    pub(crate) async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
-        let ttl_secs = self.lease_secs(ttl)?;
+    pub(crate) async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
+        let ttl_secs = Shared::lease_secs(ttl);
+        let ttl = ttl.get();
         if lease.is_expired() {
             return Err(lease.not_held());
         }

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, LeaseGrantOptions};
 use lock_core::sync::lock;
-use lock_core::{Capabilities, Error, ReleaseNotices, Result};
+use lock_core::{Capabilities, ReleaseNotices, Result, Ttl};
 
 use crate::batch::Batcher;
-use crate::error::{failed, is_lease_not_found, timed_out, unexpected, NAME};
+use crate::error::{failed, is_lease_not_found, timed_out, unexpected};
 use crate::held::HeldTable;
 use crate::leases::{new_lease_id, Pool, Slot, HEADROOM_SECS};
 use crate::members::Members;
@@ -48,20 +48,10 @@ impl Shared {
         full
     }
 
-    /// The lease TTL for a lock TTL: whole seconds, rounded up, at least the server minimum.
-    pub(crate) fn lease_secs(&self, ttl: Duration) -> Result<i64> {
-        if ttl.is_zero() || ttl > self.caps.max_ttl {
-            return Err(Error::InvalidTtl {
-                ttl,
-                backend: NAME,
-                reason: format!(
-                    "must be greater than zero and at most {:?}",
-                    self.caps.max_ttl
-                ),
-            });
-        }
-        let whole = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-        Ok(i64::try_from(whole.max(self.caps.min_ttl.as_secs())).unwrap_or(i64::MAX))
+    /// The lease TTL for a lock TTL: the [`Ttl`] is whole seconds already, at least the
+    /// server minimum, at most the capabilities' `max_ttl` (a year, which fits an `i64`).
+    pub(crate) fn lease_secs(ttl: Ttl) -> i64 {
+        i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX)
     }
 
     /// Runs `op` within the operation timeout.

@@ -2,12 +2,12 @@
 //! pub/sub subscription.
 
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use lock_core::{
-    Attempt, Backend, Capabilities, Holder, Lease, LockUrl, Owner, ReleaseListener, ReleaseNotices,
-    Result,
+    Admin, Attempt, Backend, Capabilities, HandOver, Holder, Lease, LockUrl, Owner,
+    ReleaseListener, ReleaseNotices, Result, Ttl,
 };
 
 use crate::config::RedisBuilder;
@@ -80,15 +80,11 @@ impl Backend for RedisBackend {
         &CAPABILITIES
     }
 
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
         self.node.try_acquire(key, owner, ttl).await
     }
 
-    async fn hand_over(&self, from: &Lease, to: Owner, ttl: Duration) -> Result<Attempt> {
-        self.node.hand_over(from.key(), from.owner(), to, ttl).await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
+    async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
         match self.node.extend(lease.key(), lease.owner(), ttl).await? {
             Some(valid_until) => Ok(valid_until),
             None => Err(lease.not_held()),
@@ -136,6 +132,26 @@ impl Backend for RedisBackend {
         Some(listener)
     }
 
+    fn hand_over(&self) -> Option<&dyn HandOver> {
+        Some(self)
+    }
+
+    fn admin(&self) -> Option<&dyn Admin> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl HandOver for RedisBackend {
+    /// One script: the key passes from `from` to `to` with the next fence, never free in
+    /// between ([`RedisNode::hand_over`]).
+    async fn hand_over(&self, from: &Lease, to: Owner, ttl: Ttl) -> Result<Attempt> {
+        self.node.hand_over(from.key(), from.owner(), to, ttl).await
+    }
+}
+
+#[async_trait]
+impl Admin for RedisBackend {
     async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
         self.node.inspect(key).await
     }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_core::{Attempt, Capabilities, Holder, Owner, Result};
+use lock_core::{Attempt, Capabilities, Holder, Owner, Result, Ttl};
 use redis::Value;
 
 use crate::codec::{hex, integers, millis};
@@ -22,7 +22,6 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     release_notices: true,
     cross_process: true,
     clock_drift: lock_core::ClockDrift::NONE,
-    hand_over: true,
 };
 
 /// How long a fence counter lives beyond the TTL of the grant (or the Redlock write-back)
@@ -42,8 +41,8 @@ pub const ABANDON_RETENTION: Duration = Duration::from_secs(600);
 pub const MAX_FENCE: u64 = 1 << 53;
 
 impl RedisNode {
-    /// One attempt to take lock `name` for `owner` for `ttl` (rounded as [`CAPABILITIES`]
-    /// say). Granted: the fencing token and a `valid_until` computed from the instant before
+    /// One attempt to take lock `name` for `owner` for `ttl` (a [`Ttl`] of [`CAPABILITIES`],
+    /// or of a backend whose TTL rules are at least as strict, as Redlock's are). Granted: the fencing token and a `valid_until` computed from the instant before
     /// the request was sent. Taken: the holder's remaining time (`None` when the key has no
     /// expiry, i.e. it was written by something other than this protocol).
     ///
@@ -57,10 +56,9 @@ impl RedisNode {
     /// go back below the time of the previous grants (see the crate documentation).
     ///
     /// # Errors
-    /// [`Error::InvalidTtl`](lock_core::Error::InvalidTtl); otherwise as [`ping`](Self::ping).
-    pub async fn try_acquire(&self, name: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
-        let ttl = CAPABILITIES.effective_ttl(ttl)?;
-        let ttl_ms = millis(ttl);
+    /// As [`ping`](Self::ping).
+    pub async fn try_acquire(&self, name: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
+        let ttl_ms = ttl.as_millis();
         let started = Instant::now();
         let lock_key = self.lock_key(name);
         let op = AcquireOp {
@@ -76,7 +74,7 @@ impl RedisNode {
             Out::Refused(message) => return Err(self.failure("acquire", Failure::Refused(message))),
             Out::Release(_) => return Err(self.failure("acquire", mismatched())),
         };
-        self.attempt_reply("acquire", started + ttl, reply)
+        self.attempt_reply("acquire", started + ttl.get(), reply)
     }
 
     /// Passes lock `name` from `from` straight to `to` for `ttl`, with a new fence, if
@@ -85,15 +83,8 @@ impl RedisNode {
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
-    pub async fn hand_over(
-        &self,
-        name: &str,
-        from: Owner,
-        to: Owner,
-        ttl: Duration,
-    ) -> Result<Attempt> {
-        let ttl = CAPABILITIES.effective_ttl(ttl)?;
-        let ttl_ms = millis(ttl);
+    pub async fn hand_over(&self, name: &str, from: Owner, to: Owner, ttl: Ttl) -> Result<Attempt> {
+        let ttl_ms = ttl.as_millis();
         let started = Instant::now();
         let (lock_key, fence_key) = (self.lock_key(name), self.fence_key(name));
         let tombstone = self.tombstone_key(name, to);
@@ -111,7 +102,7 @@ impl RedisNode {
             })
             .await?;
         let numbers = integers(&reply, 2).map_err(|f| self.failure("hand_over", f))?;
-        self.attempt_reply("hand_over", started + ttl, (numbers[0], numbers[1]))
+        self.attempt_reply("hand_over", started + ttl.get(), (numbers[0], numbers[1]))
     }
 
     /// The attempt a `{flag, value}` reply of [`scripts::ACQUIRE`] or
@@ -147,9 +138,8 @@ impl RedisNode {
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
-    pub async fn extend(&self, name: &str, owner: Owner, ttl: Duration) -> Result<Option<Instant>> {
-        let ttl = CAPABILITIES.effective_ttl(ttl)?;
-        let ttl_ms = millis(ttl);
+    pub async fn extend(&self, name: &str, owner: Owner, ttl: Ttl) -> Result<Option<Instant>> {
+        let ttl_ms = ttl.as_millis();
         let started = Instant::now();
         let lock_key = self.lock_key(name);
         let owner = hex(owner);
@@ -159,7 +149,7 @@ impl RedisNode {
             })
             .await?;
         match reply {
-            Value::Int(1) => Ok(Some(started + ttl)),
+            Value::Int(1) => Ok(Some(started + ttl.get())),
             Value::Int(0) => Ok(None),
             other => Err(self.unexpected("extend", &other)),
         }
@@ -290,11 +280,9 @@ impl RedisNode {
     /// every later majority issues a greater one.
     ///
     /// # Errors
-    /// [`Error::InvalidTtl`](lock_core::Error::InvalidTtl);
     /// [`Error::Backend`](lock_core::Error::Backend) for a fence above [`MAX_FENCE`];
     /// otherwise as [`ping`](Self::ping).
-    pub async fn raise_fence(&self, name: &str, fence: u64, ttl: Duration) -> Result<bool> {
-        let ttl = CAPABILITIES.effective_ttl(ttl)?;
+    pub async fn raise_fence(&self, name: &str, fence: u64, ttl: Ttl) -> Result<bool> {
         if fence > MAX_FENCE {
             return Err(self.failure(
                 "raise_fence",
@@ -302,7 +290,7 @@ impl RedisNode {
             ));
         }
         let fence_key = self.fence_key(name);
-        let retention = millis(ttl) + millis(FENCE_RETENTION);
+        let retention = ttl.as_millis() + millis(FENCE_RETENTION);
         let reply = self
             .eval(&scripts::RAISE_FENCE, "raise_fence", |cmd| {
                 cmd.arg(1).arg(&fence_key).arg(fence).arg(retention);

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lock_core::{Attempt, Error, Owner, Result};
+use lock_core::{Attempt, Error, Owner, Result, Ttl};
 use lock_redis::RedisNode;
 
 use crate::error::validity_passed;
@@ -18,7 +18,7 @@ pub(crate) async fn try_acquire(
     nodes: &Nodes,
     key: &str,
     owner: Owner,
-    ttl: Duration,
+    ttl: Ttl,
     usable: Duration,
     fencing: bool,
 ) -> Result<Attempt> {
@@ -26,7 +26,7 @@ pub(crate) async fn try_acquire(
     let key: Arc<str> = Arc::from(key);
     let start = Instant::now();
     let valid_until = start + usable;
-    let timeout = nodes.timeout_for(Some(ttl));
+    let timeout = nodes.timeout_for(Some(ttl.get()));
     let mut replies = nodes.fan_out(0..n, timeout, |node| {
         let key = key.clone();
         async move { node.try_acquire(&key, owner, ttl).await }
@@ -68,11 +68,11 @@ pub(crate) async fn try_acquire(
                 Ok(()) if Instant::now() < valid_until => {
                     return Ok(Attempt::Granted { fence, valid_until });
                 }
-                Ok(()) => failure = Some(validity_passed(start, ttl, usable)),
+                Ok(()) => failure = Some(validity_passed(start, ttl.get(), usable)),
                 Err(e) => failure = Some(e),
             }
         } else {
-            failure = Some(validity_passed(start, ttl, usable));
+            failure = Some(validity_passed(start, ttl.get(), usable));
         }
     }
 
@@ -150,7 +150,7 @@ async fn write_back(
     nodes: &Nodes,
     key: &Arc<str>,
     fence: u64,
-    ttl: Duration,
+    ttl: Ttl,
     granted: &[(usize, u64)],
     valid_until: Instant,
 ) -> Result<()> {
@@ -165,7 +165,7 @@ async fn write_back(
         .map(|(i, _)| *i)
         .collect();
     let left = valid_until.saturating_duration_since(Instant::now());
-    let timeout = nodes.timeout_for(Some(ttl)).min(left);
+    let timeout = nodes.timeout_for(Some(ttl.get())).min(left);
     let mut replies = nodes.fan_out(targets.iter().copied(), timeout, |node| {
         let key = key.clone();
         async move { node.raise_fence(&key, fence, ttl).await }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lock_core::{
-    Attempt, Backend, Capabilities, Error, Holder, Lease, LockUrl, Owner, ReleaseListener,
-    ReleaseNotices, Result,
+    Admin, Attempt, Backend, Capabilities, Error, Holder, Lease, LockUrl, Owner, ReleaseListener,
+    ReleaseNotices, Result, Ttl,
 };
 use lock_redis::RedisNode;
 
@@ -112,7 +112,6 @@ impl RedlockBackend {
                 monotonic_fencing: fencing,
                 release_notices: true,
                 cross_process: true,
-                hand_over: false,
                 clock_drift: lock_core::ClockDrift {
                     per_million: (config.drift() * 1e6).ceil() as u32,
                     fixed: EXPIRY_PRECISION,
@@ -176,20 +175,10 @@ impl RedlockBackend {
         ttl.mul_f64(self.drift_factor) + EXPIRY_PRECISION
     }
 
-    /// `ttl − drift_allowance(ttl)`, or `InvalidTtl` when nothing is left.
-    fn usable(&self, ttl: Duration) -> Result<Duration> {
-        let allowance = self.drift_allowance(ttl);
-        ttl.checked_sub(allowance)
-            .filter(|left| !left.is_zero())
-            .ok_or_else(|| Error::InvalidTtl {
-                ttl,
-                backend: BACKEND,
-                reason: format!(
-                    "the clock-drift allowance {allowance:?} (TTL × {} + {EXPIRY_PRECISION:?}) \
-                     leaves no validity",
-                    self.drift_factor
-                ),
-            })
+    /// `ttl − drift_allowance(ttl)`: never zero, as [`Capabilities::effective_ttl`]
+    /// refuses a TTL its drift allowance would use up.
+    fn usable(&self, ttl: Ttl) -> Duration {
+        ttl.get().saturating_sub(self.drift_allowance(ttl.get()))
     }
 }
 
@@ -199,13 +188,13 @@ impl Backend for RedlockBackend {
         &self.caps
     }
 
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Duration) -> Result<Attempt> {
-        let usable = self.usable(ttl)?;
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
+        let usable = self.usable(ttl);
         acquire::try_acquire(&self.nodes, key, owner, ttl, usable, self.fencing).await
     }
 
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<Instant> {
-        let usable = self.usable(ttl)?;
+    async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
+        let usable = self.usable(ttl);
         extend::extend(&self.nodes, lease, ttl, usable).await
     }
 
@@ -248,6 +237,13 @@ impl Backend for RedlockBackend {
         Some(listener)
     }
 
+    fn admin(&self) -> Option<&dyn Admin> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Admin for RedlockBackend {
     /// The owner whose key is on a majority of the nodes (counting nodes that did not answer
     /// as possibly holding it), `None` when there is none: keys on a minority are leftovers
     /// of failed attempts and expire at their TTL. Fails with `QuorumNotReached` when fewer

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_core::{Lease, Result};
+use lock_core::{Lease, Result, Ttl};
 
 use crate::nodes::Nodes;
 use crate::quorum::{Stop, Tally};
@@ -14,7 +14,7 @@ use crate::quorum::{Stop, Tally};
 pub(crate) async fn extend(
     nodes: &Nodes,
     lease: &Lease,
-    ttl: Duration,
+    ttl: Ttl,
     usable: Duration,
 ) -> Result<Instant> {
     let n = nodes.members.len();
@@ -25,7 +25,7 @@ pub(crate) async fn extend(
     }
     let key = lease.key_arc().clone();
     let owner = lease.owner();
-    let timeout = nodes.timeout_for(Some(ttl)).min(current - start);
+    let timeout = nodes.timeout_for(Some(ttl.get())).min(current - start);
     let mut replies = nodes.fan_out(0..n, timeout, |node| {
         let key = key.clone();
         async move { node.extend(&key, owner, ttl).await }
