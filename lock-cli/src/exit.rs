@@ -111,10 +111,7 @@ impl CliError {
                 format!("lock {key:?} is held by another owner"),
             ),
             Error::Timeout { key, waited } => not_acquired_after(&key, waited),
-            Error::Unavailable { backend, source } => CliError::new(
-                UNAVAILABLE,
-                format!("cannot reach the {backend} server at {url}: {source}"),
-            )
+            Error::Unavailable { .. } => CliError::new(UNAVAILABLE, transient_message(&err, url))
             .hint(format!(
                 "check that the server is running and reachable (URL {origin})"
             )),
@@ -126,16 +123,9 @@ impl CliError {
                 "check the URL's credentials and that it points at a {backend} server (URL {origin})"
             )),
             Error::QuorumNotReached {
-                granted,
-                needed,
-                node_errors,
+                ref node_errors, ..
             } => {
-                let mut e = CliError::new(
-                    UNAVAILABLE,
-                    format!(
-                        "only {granted} of the {needed} needed nodes of {url} granted the lock"
-                    ),
-                );
+                let mut e = CliError::new(UNAVAILABLE, transient_message(&err, url));
                 if let Some(first) = node_errors.first() {
                     e = e.hint(format!(
                         "{} node(s) failed, first: {first}",
@@ -173,5 +163,19 @@ impl fmt::Display for CliError {
             write!(f, "\n  hint: {hint}")?;
         }
         Ok(())
+    }
+}
+
+/// What a transient failure of the server at `url` says to a person: the same words for
+/// the final error and for the "still trying" notes while distlock waits.
+pub fn transient_message(err: &Error, url: &str) -> String {
+    match err {
+        Error::Unavailable { backend, source } => {
+            format!("cannot reach the {backend} server at {url}: {source}")
+        }
+        Error::QuorumNotReached {
+            granted, needed, ..
+        } => format!("only {granted} of the {needed} needed nodes of {url} granted the lock"),
+        other => other.to_string(),
     }
 }

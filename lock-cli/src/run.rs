@@ -2,19 +2,17 @@
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use clap::Args;
-use distlock::{Error, LockGuard, LockOptions, Locker};
+use distlock::{Error, Event, LockGuard, LockOptions, Locker};
 
 use crate::common::{fmt_duration, parse_duration, parse_positive_duration, Target};
-use crate::exit::{not_acquired_after, CliError, Exit, LOCK_LOST, NOT_ACQUIRED, TIMED_OUT};
+use crate::exit::{
+    not_acquired_after, transient_message, CliError, Exit, LOCK_LOST, NOT_ACQUIRED, TIMED_OUT,
+};
 use crate::job::{status_code, Job, Signals};
-
-/// How long one `Locker::acquire` call may wait before distlock looks up: a wait that
-/// lasts longer is a series of these, so a server that stops answering is reported
-/// instead of retried in silence.
-const WAIT_SLICE: Duration = Duration::from_secs(10);
 
 pub const AFTER_HELP: &str = "\
 Examples:
@@ -160,8 +158,9 @@ pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
     finish(guard, &target, &args.key, &locker, outcome).await
 }
 
-/// Waits for the lock as `wait` says. A wait is a series of bounded `acquire` calls so that
-/// a failing server is reported while distlock keeps trying.
+/// Waits for the lock as `wait` says, noting on stderr (through the Locker's observer)
+/// when the key is held elsewhere, when the server fails while distlock keeps trying, and
+/// when it answers again.
 async fn acquire(
     locker: &Locker,
     target: &Target,
@@ -169,68 +168,34 @@ async fn acquire(
     opts: &LockOptions,
     wait: WaitFor,
 ) -> Result<LockGuard, CliError> {
-    let started = Instant::now();
-    let first = locker.acquire(key, &opts.clone().skip()).await;
-    let mut failing = false;
-    match first {
-        Ok(guard) => return Ok(guard),
-        Err(e @ Error::Locked { .. }) if matches!(wait, WaitFor::Not) => {
-            return Err(target.error(e))
-        }
-        Err(Error::Locked { .. }) => {
-            if std::io::stderr().is_terminal() {
-                let until = match wait {
-                    WaitFor::AtMost(d) => format!("up to {}", fmt_duration(d)),
-                    _ => "until it is free".to_owned(),
-                };
-                eprintln!("distlock: lock {key:?} is held by another owner; waiting {until}");
-            }
-        }
-        Err(e) if e.is_transient() && !matches!(wait, WaitFor::Not) => {
-            eprintln!("distlock: {}; still trying", target.error(e).message);
-            failing = true;
-        }
-        Err(e) => return Err(target.error(e)),
-    }
-
-    let deadline = match wait {
-        WaitFor::AtMost(d) => Some(started + d),
-        _ => None,
+    let (opts, until) = match wait {
+        WaitFor::Not => (opts.clone().skip(), String::new()),
+        WaitFor::AtMost(d) => (
+            opts.clone().wait_for(d),
+            format!("up to {}", fmt_duration(d)),
+        ),
+        WaitFor::Forever => (opts.clone().wait_forever(), "until it is free".to_owned()),
     };
-    loop {
-        let slice = match deadline {
-            Some(deadline) => deadline.saturating_duration_since(Instant::now()),
-            None => WAIT_SLICE,
+    let url = target.shown();
+    let failing = AtomicBool::new(false);
+    let terminal = std::io::stderr().is_terminal();
+    locker.observe(move |event: &Event<'_>| match event {
+        Event::Waiting { key } if terminal => {
+            eprintln!("distlock: lock {key:?} is held by another owner; waiting {until}");
         }
-        .min(WAIT_SLICE);
-        let result = if slice.is_zero() {
-            Err(Error::Timeout {
-                key: key.to_owned(),
-                waited: started.elapsed(),
-            })
-        } else {
-            locker.acquire(key, &opts.clone().wait_for(slice)).await
-        };
-        let over = deadline.is_some_and(|d| Instant::now() >= d);
-        match result {
-            Ok(guard) => {
-                if failing {
-                    eprintln!("distlock: {} answers again", target.shown());
-                }
-                return Ok(guard);
-            }
-            Err(Error::Timeout { .. }) if over => {
-                return Err(not_acquired_after(key, started.elapsed()))
-            }
-            Err(Error::Timeout { .. }) => failing = false,
-            Err(e) if e.is_transient() && !over => {
-                if !failing {
-                    eprintln!("distlock: {}; still trying", target.error(e).message);
-                    failing = true;
-                }
-            }
-            Err(e) => return Err(target.error(e)),
+        // Once per series of failures, and once when the server answers again.
+        Event::Retrying { error, .. } if !failing.swap(true, Ordering::SeqCst) => {
+            eprintln!("distlock: {}; still trying", transient_message(error, &url));
         }
+        Event::Granted { .. } if failing.swap(false, Ordering::SeqCst) => {
+            eprintln!("distlock: {url} answers again");
+        }
+        _ => {}
+    });
+    match locker.acquire(key, &opts).await {
+        Ok(guard) => Ok(guard),
+        Err(Error::Timeout { waited, .. }) => Err(not_acquired_after(key, waited)),
+        Err(e) => Err(target.error(e)),
     }
 }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::handover;
-use super::queue::{HandOffRequest, LocalHolder};
+use super::queue::{HandOverRequest, LocalHolder};
 use super::shared::{Held, Shared};
 use crate::backend::Ttl;
 use crate::error::{Error, Result};
@@ -229,7 +229,7 @@ impl GuardShared {
     /// Passes the key straight to the waiter queued behind this guard
     /// ([`handover::give`]), in place of the release; `None` when it did not happen and the
     /// lock is still to be released.
-    async fn hand_over(&self, lease: &Lease, request: &mut HandOffRequest) -> Option<Result<()>> {
+    async fn hand_over(&self, lease: &Lease, request: &mut HandOverRequest) -> Option<Result<()>> {
         let sent = Instant::now();
         let given = handover::give(&self.locker, lease, request).await?;
         Some(given.and_then(|()| self.held_until(sent)))

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::deadline::{sleep_until_deadline, within};
-use super::queue::{HandOffRequest, LocalHolder, QueueEntry};
+use super::queue::{HandOverRequest, LocalHolder, QueueEntry};
 use super::shared::Shared;
 use crate::backend::{Attempt, Ttl};
 use crate::error::{Error, Result};
@@ -56,7 +56,7 @@ pub(crate) async fn wait_behind(
     let mut request = shared
         .proto()
         .hand_over()
-        .map(|_| HandOffWait::register(entry, ttl));
+        .map(|_| HandOverWait::register(entry, ttl));
     let handed = async {
         match request.as_mut() {
             Some(h) => (&mut h.reply).await.ok(),
@@ -93,7 +93,11 @@ pub(crate) async fn wait_behind(
 /// hands keys over and the key may be handed over once more (not after shutdown, and not
 /// more than [`MAX_HAND_OVERS`] times in a row). Called by the holder's release only, once
 /// its own renewals have stopped.
-pub(crate) fn take(shared: &Shared, holder: &dyn LocalHolder, key: &str) -> Option<HandOffRequest> {
+pub(crate) fn take(
+    shared: &Shared,
+    holder: &dyn LocalHolder,
+    key: &str,
+) -> Option<HandOverRequest> {
     if shared.proto().hand_over().is_none() || shared.is_shut_down() {
         return None;
     }
@@ -101,7 +105,7 @@ pub(crate) fn take(shared: &Shared, holder: &dyn LocalHolder, key: &str) -> Opti
         if !entry.is_holder(holder) || entry.handed.load(Ordering::SeqCst) >= MAX_HAND_OVERS {
             return None;
         }
-        let request = lock(&entry.hand_off).take()?;
+        let request = lock(&entry.hand_over).take()?;
         entry.handed.fetch_add(1, Ordering::SeqCst);
         Some(request)
     })?
@@ -121,7 +125,7 @@ pub(crate) fn take(shared: &Shared, holder: &dyn LocalHolder, key: &str) -> Opti
 pub(crate) async fn give(
     shared: &Shared,
     lease: &Lease,
-    request: &mut HandOffRequest,
+    request: &mut HandOverRequest,
 ) -> Option<Result<()>> {
     let protocol = shared.proto().hand_over()?;
     let mut cleanup = shared.arm_cleanup(lease.key_arc(), request.owner);
@@ -156,22 +160,22 @@ pub(crate) async fn give(
 
 /// The head waiter's standing request to be handed the key; withdrawn when dropped unless
 /// the holder took it already (whose grant, if nobody receives it, the holder releases).
-struct HandOffWait<'a> {
+struct HandOverWait<'a> {
     entry: &'a QueueEntry,
     owner: Owner,
     reply: tokio::sync::oneshot::Receiver<Lease>,
 }
 
-impl<'a> HandOffWait<'a> {
+impl<'a> HandOverWait<'a> {
     fn register(entry: &'a QueueEntry, ttl: Ttl) -> Self {
         let owner = Owner::random();
         let (tx, reply) = tokio::sync::oneshot::channel();
-        *lock(&entry.hand_off) = Some(HandOffRequest {
+        *lock(&entry.hand_over) = Some(HandOverRequest {
             owner,
             ttl,
             reply: Some(tx),
         });
-        HandOffWait {
+        HandOverWait {
             entry,
             owner,
             reply,
@@ -180,7 +184,7 @@ impl<'a> HandOffWait<'a> {
 
     /// Takes the request back; false when the holder has taken it.
     fn withdraw(&self) -> bool {
-        let mut slot = lock(&self.entry.hand_off);
+        let mut slot = lock(&self.entry.hand_over);
         if slot.as_ref().is_some_and(|r| r.owner == self.owner) {
             *slot = None;
             true
@@ -190,7 +194,7 @@ impl<'a> HandOffWait<'a> {
     }
 }
 
-impl Drop for HandOffWait<'_> {
+impl Drop for HandOverWait<'_> {
     fn drop(&mut self) {
         self.withdraw();
     }

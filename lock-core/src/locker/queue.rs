@@ -36,13 +36,13 @@ pub(crate) struct QueueEntry {
     holder: Mutex<Option<Weak<dyn LocalHolder>>>,
     /// The head waiter's request to be handed the key by that holder (backends that hand
     /// over, see [`handover`](super::handover)).
-    pub(crate) hand_off: Mutex<Option<HandOffRequest>>,
+    pub(crate) hand_over: Mutex<Option<HandOverRequest>>,
     /// Hand-overs in a row since a waiter last won the key through the server.
     pub(crate) handed: AtomicU32,
 }
 
 /// A waiter's request to receive the key straight from its holder.
-pub(crate) struct HandOffRequest {
+pub(crate) struct HandOverRequest {
     pub(crate) owner: Owner,
     pub(crate) ttl: Ttl,
     /// Where the holder sends the new lease; dropped unsent when the hand-over did not happen.
