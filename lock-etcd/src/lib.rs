@@ -135,7 +135,7 @@ use lock_core::{
 };
 
 use batch::{Answer, Batcher};
-pub use config::{EtcdBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
+pub use config::{EtcdBuilder, DEFAULT_PORT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 use error::{failed, is_lease_not_found, timed_out, unexpected};
 use leases::{secs, Pool, Renewal, Slot, HEADROOM_SECS};
 use lock_core::group::GroupKey;

@@ -129,6 +129,7 @@ use lock_core::{
     Result,
 };
 
+pub use config::{database_path, url_database, DEFAULT_PORT};
 pub use config::{RedisBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 pub use node::{RedisNode, ABANDON_RETENTION, FENCE_RETENTION, MAX_FENCE};
 pub use watch::ReleaseWatch;
