@@ -6,7 +6,7 @@
 //! | URL | feature | backend |
 //! |---|---|---|
 //! | `memory://` | `memory` (default) | in-process keyed async mutex |
-//! | `redis://[user:pass@]host:port[/db][?prefix=…&timeout=…]`, `rediss://…` | `redis` | one Redis |
+//! | `redis://[user:pass@]host[:port][/db][?prefix=…&timeout=…]`, `rediss://…` | `redis` | one Redis |
 //! | `redlock://host:port,host:port,…[?drift=…]` | `redlock` | Redlock quorum over N Redis nodes |
 //! | `etcd://host:port[,host:port…][?prefix=…&timeout=…]` | `etcd` | etcd leases |
 //!
@@ -37,48 +37,175 @@ pub use lock_redlock as redlock;
 /// The environment variable [`from_env`] reads.
 pub const URL_ENV: &str = "DISTLOCK_URL";
 
+/// The URL [`from_env`] uses when [`URL_ENV`] is not set.
+pub const DEFAULT_URL: &str = "memory://";
+
+/// Every scheme [`connect`] knows, with the Cargo feature of this crate that provides its
+/// backend; the same whichever features are compiled.
+pub const SCHEMES: &[(&str, &str)] = &[
+    ("memory", "memory"),
+    ("redis", "redis"),
+    ("rediss", "redis"),
+    ("redlock", "redlock"),
+    ("etcd", "etcd"),
+];
+
 /// Builds a ready [`Locker`] from a lock-server URL.
 ///
+/// The scheme chooses the backend (see [`SCHEMES`]); the backend's builder reads the rest
+/// of the URL by its own rules (`RedisBuilder::from_url`, …).
+///
 /// # Errors
-/// [`Error::InvalidUrl`] for a malformed URL or unknown options, [`Error::FeatureDisabled`]
-/// when the scheme's backend is not compiled in, and the backend's connection errors.
+/// [`Error::InvalidUrl`] for a malformed URL, an unknown scheme (the message lists the known
+/// ones) or options the backend does not take, [`Error::FeatureDisabled`] when the scheme's
+/// backend is not compiled in, and the backend's connection errors.
 pub async fn connect(url: &str) -> Result<Locker> {
-    let parsed = LockUrl::parse(url)?;
-    match parsed.scheme {
+    let url = LockUrl::parse(url)?;
+    match url.scheme.as_str() {
         #[cfg(feature = "memory")]
-        Scheme::Memory => {
-            parsed.check_params(&[])?;
-            Ok(Locker::new(lock_memory::MemoryBackend::new()))
-        }
+        "memory" => Ok(Locker::new(lock_memory::MemoryBackend::from_url(&url)?)),
         #[cfg(feature = "redis")]
-        Scheme::Redis | Scheme::Rediss => Ok(Locker::new(
-            lock_redis::RedisBackend::connect(&parsed).await?,
-        )),
+        "redis" | "rediss" => Ok(Locker::new(lock_redis::RedisBackend::connect(&url).await?)),
         #[cfg(feature = "redlock")]
-        Scheme::Redlock => Ok(Locker::new(
-            lock_redlock::RedlockBackend::connect(&parsed).await?,
+        "redlock" => Ok(Locker::new(
+            lock_redlock::RedlockBackend::connect(&url).await?,
         )),
         #[cfg(feature = "etcd")]
-        Scheme::Etcd => Ok(Locker::new(lock_etcd::EtcdBackend::connect(&parsed).await?)),
-        #[allow(unreachable_patterns)]
-        scheme => Err(Error::FeatureDisabled {
-            scheme: scheme.as_str().to_owned(),
-            feature: scheme.feature(),
-        }),
+        "etcd" => Ok(Locker::new(lock_etcd::EtcdBackend::connect(&url).await?)),
+        other => Err(not_compiled(&url, other)),
     }
 }
 
-/// Builds a [`Locker`] from the `DISTLOCK_URL` environment variable, `memory://` when unset.
+/// The error for a scheme [`connect`] has no compiled backend for: the feature to enable,
+/// or, for a scheme no feature provides, the list of known ones.
+fn not_compiled(url: &LockUrl, scheme: &str) -> Error {
+    match SCHEMES.iter().find(|(name, _)| *name == scheme) {
+        Some(&(_, feature)) => Error::FeatureDisabled {
+            scheme: scheme.to_owned(),
+            feature,
+        },
+        None => {
+            let known: Vec<&str> = SCHEMES.iter().map(|(name, _)| *name).collect();
+            url.invalid(format!(
+                "unknown scheme `{scheme}` (expected {})",
+                known.join(", ")
+            ))
+        }
+    }
+}
+
+/// The lock-server URL in the [`URL_ENV`] environment variable, `None` when it is not set.
 ///
 /// # Errors
-/// As [`connect`]; a value that is not UTF-8 is [`Error::InvalidUrl`].
-pub async fn from_env() -> Result<Locker> {
+/// [`Error::InvalidUrl`] when the value is not UTF-8.
+pub fn env_url() -> Result<Option<String>> {
     match std::env::var(URL_ENV) {
-        Ok(url) => connect(&url).await,
-        Err(std::env::VarError::NotPresent) => connect("memory://").await,
+        Ok(url) => Ok(Some(url)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
         Err(std::env::VarError::NotUnicode(_)) => Err(Error::invalid_url(
             "",
             format!("{URL_ENV} is not valid UTF-8"),
         )),
+    }
+}
+
+/// Builds a [`Locker`] from the URL in [`URL_ENV`] (`DISTLOCK_URL`), [`DEFAULT_URL`]
+/// (`memory://`) when it is not set.
+///
+/// # Errors
+/// As [`env_url`] and [`connect`].
+pub async fn from_env() -> Result<Locker> {
+    let url = env_url()?;
+    connect(url.as_deref().unwrap_or(DEFAULT_URL)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connect_now(url: &str) -> Result<Locker> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(connect(url))
+    }
+
+    /// An unknown scheme is refused whatever is compiled, listing the known ones, with the
+    /// password hidden.
+    #[test]
+    fn unknown_schemes_list_the_known_ones() {
+        for url in ["http://localhost", "zookeeper://u:hunter2@h:2181"] {
+            match connect_now(url) {
+                Err(Error::InvalidUrl { url: shown, reason }) => {
+                    assert!(!shown.contains("hunter2"), "{shown}");
+                    assert!(reason.starts_with("unknown scheme `"), "{reason}");
+                    assert!(
+                        reason.ends_with("(expected memory, redis, rediss, redlock, etcd)"),
+                        "{reason}"
+                    );
+                }
+                other => panic!("{url}: expected InvalidUrl, got {:?}", other.err()),
+            }
+        }
+    }
+
+    /// Each scheme names its feature whether or not that feature is compiled.
+    #[test]
+    fn schemes_map_to_features() {
+        let url = LockUrl::parse("redis://h").unwrap();
+        for (scheme, feature) in [
+            ("memory", "memory"),
+            ("redis", "redis"),
+            ("rediss", "redis"),
+            ("redlock", "redlock"),
+            ("etcd", "etcd"),
+        ] {
+            match not_compiled(&url, scheme) {
+                Error::FeatureDisabled {
+                    scheme: named,
+                    feature: needed,
+                } => assert_eq!((named.as_str(), needed), (scheme, feature)),
+                other => panic!("{scheme}: expected FeatureDisabled, got {other:?}"),
+            }
+        }
+        let text = not_compiled(&url, "etcd").to_string();
+        assert!(text.contains("enable the `etcd` feature"), "{text}");
+    }
+
+    /// A scheme whose backend is not compiled in is `FeatureDisabled`, before any I/O.
+    #[test]
+    fn disabled_backends_name_their_feature() {
+        for (scheme, feature) in SCHEMES {
+            let compiled = match *feature {
+                "memory" => cfg!(feature = "memory"),
+                "redis" => cfg!(feature = "redis"),
+                "redlock" => cfg!(feature = "redlock"),
+                "etcd" => cfg!(feature = "etcd"),
+                other => panic!("unknown feature {other}"),
+            };
+            if compiled {
+                continue;
+            }
+            let url = format!("{scheme}://h");
+            match connect_now(&url) {
+                Err(Error::FeatureDisabled {
+                    feature: needed, ..
+                }) => assert_eq!(needed, *feature),
+                other => panic!("{url}: expected FeatureDisabled, got {:?}", other.err()),
+            }
+        }
+    }
+
+    #[cfg(feature = "memory")]
+    #[test]
+    fn memory_urls_follow_the_memory_rules() {
+        assert!(connect_now("MEMORY://").is_ok());
+        match connect_now("memory://localhost") {
+            Err(Error::InvalidUrl { reason, .. }) => {
+                assert!(reason.contains("memory:// takes no host"), "{reason}")
+            }
+            other => panic!("expected InvalidUrl, got {:?}", other.err()),
+        }
     }
 }

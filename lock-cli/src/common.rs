@@ -35,7 +35,8 @@ pub struct Target {
 }
 
 impl Target {
-    /// `--url` when given, else `DISTLOCK_URL`, else `memory://`.
+    /// `--url` when given, else what [`distlock::from_env`] would use: `DISTLOCK_URL`, else
+    /// `memory://`.
     ///
     /// # Errors
     /// `DISTLOCK_URL` is set but not UTF-8.
@@ -43,19 +44,17 @@ impl Target {
         if let Some(url) = flag {
             return Ok(Target::flag(url));
         }
-        match std::env::var(distlock::URL_ENV) {
-            Ok(url) => Ok(Target {
+        match distlock::env_url() {
+            Ok(Some(url)) => Ok(Target {
                 url,
                 origin: Origin::Env,
             }),
-            Err(std::env::VarError::NotPresent) => Ok(Target {
-                url: "memory://".to_owned(),
+            Ok(None) => Ok(Target {
+                url: distlock::DEFAULT_URL.to_owned(),
                 origin: Origin::Default,
             }),
-            Err(std::env::VarError::NotUnicode(_)) => Err(CliError::new(
-                USAGE,
-                format!("{} is not valid UTF-8", distlock::URL_ENV),
-            )),
+            Err(distlock::Error::InvalidUrl { reason, .. }) => Err(CliError::new(USAGE, reason)),
+            Err(other) => Err(CliError::from_lock(other, "", Origin::Env.describe())),
         }
     }
 
@@ -96,11 +95,9 @@ pub fn print_stdout(text: &str) {
     let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
 }
 
-/// Parses a human duration (`30s`, `500ms`, `5m`, `1h 30m`) for clap.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s.trim())
-        .map_err(|e| format!("{e}; expected a number with a unit, like 30s, 500ms, 5m or 1h 30m"))
-}
+/// Parses a human duration (`30s`, `500ms`, `5m`, `1h 30m`) for clap: the grammar of
+/// duration parameters in lock URLs, so `--ttl 2min` and `?timeout=2min` mean the same.
+pub use distlock::url::parse_duration;
 
 /// Like [`parse_duration`], refusing zero.
 pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {

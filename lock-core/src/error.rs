@@ -151,12 +151,36 @@ impl Error {
         }
     }
 
-    /// Builds [`Error::InvalidUrl`] for `url`, hiding any password in it.
+    /// Builds [`Error::InvalidUrl`] for `url`, hiding any password in it (see [`redact`]).
     pub fn invalid_url(url: &str, reason: impl Into<String>) -> Self {
         Error::InvalidUrl {
-            url: crate::url::redact(url),
+            url: redact(url),
             reason: reason.into(),
         }
+    }
+}
+
+/// Returns `url` with the password of its user info replaced by `***`, for error messages
+/// and logs; never panics.
+///
+/// The password is everything between the first `:` after `://` and the last `@` (so an
+/// unencoded `@`, `/` or `?` in a password is hidden too). Without a `://` the text from the
+/// start is searched the same way. When there is no `@`, or no `:` before it, the input is
+/// returned unchanged. For a URL that `LockUrl::parse` accepts this hides exactly the
+/// password and matches `LockUrl::redacted` of the parsed value.
+///
+/// It lives here, not with the URL parser, because every [`Error::InvalidUrl`] is built
+/// through it: an error can never show a password, whoever builds it.
+pub fn redact(url: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let (head, rest) = url.split_at(start);
+    let Some(at) = rest.rfind('@') else {
+        return url.to_string();
+    };
+    let (userinfo, tail) = rest.split_at(at);
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{head}{user}:***{tail}"),
+        None => url.to_string(),
     }
 }
 

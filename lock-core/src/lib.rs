@@ -14,8 +14,10 @@
 //! - [`Error`]: one error type with actionable variants.
 //! - [`group`]: group commit, which backends use to send requests that arrive while the
 //!   server is busy as one call.
-//! - [`url`]: parsing of `memory://`, `redis://`, `rediss://`, `redlock://` and `etcd://`
-//!   URLs, independent of which backends are compiled.
+//! - [`url`]: the generic shape of lock-server URLs
+//!   (`scheme://user:pass@host:port,host:port/path?query`, percent coding, password
+//!   redaction, typed parameters) and the one duration grammar, shared with the CLI; each
+//!   backend's builder applies its own rules to a [`LockUrl`].
 //! - `conformance` (feature `conformance`): the rules every backend must pass.
 #![deny(missing_docs)]
 
@@ -43,4 +45,4 @@ pub use locker::{
 };
 pub use notices::{ReleaseListener, ReleaseNotices};
 pub use options::{Backoff, LockOptions, WaitStrategy};
-pub use url::{LockUrl, Scheme};
+pub use url::LockUrl;

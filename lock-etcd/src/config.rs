@@ -3,10 +3,12 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{Error, LockUrl, Result, Scheme};
+use lock_core::{Error, LockUrl, Result};
 
 use crate::EtcdBackend;
 
+/// The client port of an etcd member when a URL names none.
+pub const DEFAULT_PORT: u16 = 2379;
 /// The key prefix used when none is given.
 pub const DEFAULT_PREFIX: &str = "distlock/";
 /// The per-operation timeout used when none is given.
@@ -65,32 +67,41 @@ impl EtcdBuilder {
 
     /// The configuration an `etcd://` URL describes:
     /// `etcd://[user:password@]host[:port][,host[:port]…][?prefix=…&timeout=…]` (default port
-    /// 2379).
+    /// 2379, no path).
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`] for another scheme, an unknown parameter, an empty `prefix`, a
-    /// `timeout` that is not a positive duration such as `500ms` or `2s`, or a password
-    /// without a user name.
+    /// [`Error::InvalidUrl`] for another scheme, no host, a path, an unknown parameter, an
+    /// empty `prefix`, a `timeout` that is not a positive duration such as `500ms` or `2s`,
+    /// or a password without a user name.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
-        if url.scheme != Scheme::Etcd {
-            return Err(Error::invalid_url(
-                &url.redacted(),
-                format!("the etcd backend takes etcd:// URLs, not {}://", url.scheme),
-            ));
+        if url.scheme != "etcd" {
+            return Err(url.invalid(format!(
+                "the etcd backend takes etcd:// URLs, not {}://",
+                url.scheme
+            )));
+        }
+        if url.hosts.is_empty() {
+            return Err(url.invalid("etcd:// needs a host"));
+        }
+        if !matches!(url.path.as_str(), "" | "/") {
+            return Err(url.invalid(format!("etcd:// takes no path (got `{}`)", url.path)));
         }
         url.check_params(URL_PARAMS)?;
-        let user = match (&url.username, &url.password) {
-            (Some(name), password) => Some((name.clone(), password.clone().unwrap_or_default())),
+        let user = match (url.username(), url.password()) {
+            (Some(name), password) => {
+                Some((name.to_owned(), password.unwrap_or_default().to_owned()))
+            }
             (None, Some(_)) => {
-                return Err(Error::invalid_url(
-                    &url.redacted(),
-                    "etcd authentication needs a user name with the password",
-                ))
+                return Err(url.invalid("etcd authentication needs a user name with the password"))
             }
             (None, None) => None,
         };
         let mut builder = EtcdBuilder {
-            endpoints: url.hosts.iter().map(ToString::to_string).collect(),
+            endpoints: url
+                .host_ports(DEFAULT_PORT)
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
             user,
             prefix: url.param("prefix").unwrap_or(DEFAULT_PREFIX).to_owned(),
             timeout: DEFAULT_TIMEOUT,
@@ -206,5 +217,66 @@ impl fmt::Debug for EtcdBuilder {
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(url: &str) -> Result<EtcdBuilder> {
+        EtcdBuilder::from_url(&LockUrl::parse(url)?)
+    }
+
+    fn assert_refused(url: &str, needle: &str) {
+        match from(url) {
+            Err(Error::InvalidUrl { url: shown, reason }) => {
+                assert!(
+                    reason.contains(needle),
+                    "{url}: {reason:?} should mention {needle:?}"
+                );
+                assert!(!shown.contains("hunter2"), "{url}: password in {shown}");
+            }
+            other => panic!("{url}: expected InvalidUrl, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn several_hosts_and_default_port() {
+        let b = from("etcd://a:2379,b:2380?prefix=x/&timeout=2s").unwrap();
+        assert_eq!(b.endpoints(), ["a:2379", "b:2380"]);
+        assert_eq!(b.key_prefix(), "x/");
+        assert_eq!(b.operation_timeout(), Duration::from_secs(2));
+        let b = from("etcd://root:pw@etcd-1.internal_x,10.1.2.3/").unwrap();
+        assert_eq!(b.user, Some(("root".to_owned(), "pw".to_owned())));
+        assert_eq!(b.endpoints(), ["etcd-1.internal_x:2379", "10.1.2.3:2379"]);
+        let b = from("etcd://[2001:db8::1],[::ffff:10.0.0.1]:2380").unwrap();
+        assert_eq!(
+            b.endpoints(),
+            ["[2001:db8::1]:2379", "[::ffff:10.0.0.1]:2380"]
+        );
+        assert_eq!(from("etcd://h").unwrap().key_prefix(), DEFAULT_PREFIX);
+    }
+
+    #[test]
+    fn refuses_what_etcd_urls_do_not_take() {
+        assert_refused("etcd://u:hunter2@", "etcd:// needs a host");
+        assert_refused("etcd://a/0", "etcd:// takes no path");
+        assert_refused("etcd://a/prefix", "etcd:// takes no path");
+        assert_refused("etcd://u:hunter2@a/x", "etcd:// takes no path");
+        assert_refused("etcd://:hunter2@a", "needs a user name");
+        assert_refused("etcd://a?colour=red", "unknown parameter `colour`");
+        assert_refused("etcd://a?prefix=", "must not be empty");
+        assert_refused("redis://a", "etcd://");
+    }
+
+    /// `?timeout=` takes the CLI's durations.
+    #[test]
+    fn timeouts_are_human_durations() {
+        let timeout = |url: &str| from(url).unwrap().operation_timeout();
+        assert_eq!(timeout("etcd://h?timeout=2min"), Duration::from_secs(120));
+        assert_eq!(timeout("etcd://h?timeout=1h30m"), Duration::from_secs(5400));
+        assert_refused("etcd://h?timeout=fast", "parameter `timeout`");
+        assert_refused("etcd://h?timeout=0ms", "greater than zero");
     }
 }

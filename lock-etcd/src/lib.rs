@@ -19,7 +19,7 @@ mod txn;
 mod watch;
 
 pub use backend::EtcdBackend;
-pub use config::{EtcdBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
+pub use config::{EtcdBuilder, DEFAULT_PORT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 
 #[doc = include_str!("design.md")]
 pub mod design {}

@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 mod coarse;
+mod config;
 
 use lock_core::sync::lock;
 use std::hash::BuildHasher;

@@ -3,11 +3,13 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::url::{format_duration, HostPort};
-use lock_core::{Error, LockUrl, Result, Scheme};
+use lock_core::url::{format_duration, parse_digits, Host, HostPort, UserInfo};
+use lock_core::{Error, LockUrl, Result};
 
 use crate::{RedisBackend, RedisNode};
 
+/// The port of a Redis server when an address or URL names none.
+pub const DEFAULT_PORT: u16 = 6379;
 /// The key prefix used when none is given.
 pub const DEFAULT_PREFIX: &str = "distlock:";
 /// The per-operation timeout used when none is given.
@@ -70,35 +72,41 @@ impl RedisBuilder {
     }
 
     /// The configuration a `redis://` or `rediss://` URL describes:
-    /// `redis[s]://[user[:password]@]host[:port][/db][?prefix=…&timeout=…]`.
+    /// `redis[s]://[user[:password]@]host[:port][/db][?prefix=…&timeout=…]`, default port
+    /// 6379, database 0 unless the path names one.
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`] for another scheme, an unknown parameter, a `timeout` that is
-    /// not a positive duration such as `500ms` or `2s`.
+    /// [`Error::InvalidUrl`] for another scheme, no host or several (several nodes are
+    /// `redlock://`), a path that is not a database index, an unknown parameter, or a
+    /// `timeout` that is not a positive duration such as `500ms` or `2s`.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
-        let tls = match url.scheme {
-            Scheme::Redis => false,
-            Scheme::Rediss => true,
+        let tls = match url.scheme.as_str() {
+            "redis" => false,
+            "rediss" => true,
             other => {
-                return Err(Error::invalid_url(
-                    &url.redacted(),
-                    format!("the Redis backend takes redis:// or rediss:// URLs, not {other}://"),
-                ))
+                return Err(url.invalid(format!(
+                    "the Redis backend takes redis:// or rediss:// URLs, not {other}://"
+                )))
             }
         };
-        url.check_params(URL_PARAMS)?;
-        let [host] = url.hosts.as_slice() else {
-            return Err(Error::invalid_url(
-                &url.redacted(),
-                "a redis:// URL names exactly one host (several nodes are redlock://)",
-            ));
+        let host = match url.hosts.as_slice() {
+            [host] => host.with_default_port(DEFAULT_PORT),
+            [] => return Err(url.invalid(format!("{}:// needs a host", url.scheme))),
+            _ => {
+                return Err(url.invalid(format!(
+                    "{}:// names one host; use redlock:// for several nodes",
+                    url.scheme
+                )))
+            }
         };
+        let db = url_database(url)?;
+        url.check_params(URL_PARAMS)?;
         let mut builder = RedisBuilder {
-            addr: Ok(host.clone()),
+            addr: Ok(host),
             tls,
-            username: url.username.clone(),
-            password: url.password.clone(),
-            db: url.db.unwrap_or(0),
+            username: url.username().map(str::to_owned),
+            password: url.password().map(str::to_owned),
+            db,
             prefix: url.param("prefix").unwrap_or(DEFAULT_PREFIX).to_owned(),
             timeout: DEFAULT_TIMEOUT,
         };
@@ -245,15 +253,13 @@ impl RedisBuilder {
             params.push(("timeout".to_owned(), format_duration(self.timeout)));
         }
         Some(LockUrl {
-            scheme: if self.tls {
-                Scheme::Rediss
-            } else {
-                Scheme::Redis
-            },
-            username: self.username.clone().filter(|u| !u.is_empty()),
-            password: self.password.clone(),
-            hosts: vec![host.clone()],
-            db: (self.db != 0).then_some(self.db),
+            scheme: if self.tls { "rediss" } else { "redis" }.to_owned(),
+            userinfo: UserInfo::from_parts(
+                self.username.as_deref().filter(|u| !u.is_empty()),
+                self.password.as_deref(),
+            ),
+            hosts: vec![Host::from(host.clone())],
+            path: database_path(self.db),
             params,
         })
     }
@@ -268,177 +274,37 @@ impl fmt::Debug for RedisBuilder {
     }
 }
 
-/// Parses `host[:port]` with the URL rules of lock-core; the error keeps the text and why.
+/// The database index a Redis URL's path names: `/N` with `N` a `u32` in decimal digits;
+/// 0 for an empty path or `/`. Shared by `redis://`, `rediss://` and `redlock://`.
+///
+/// # Errors
+/// [`Error::InvalidUrl`] naming the index when the path is anything else.
+pub fn url_database(url: &LockUrl) -> Result<u32> {
+    let index = url.path.strip_prefix('/').unwrap_or(&url.path);
+    if index.is_empty() {
+        return Ok(0);
+    }
+    parse_digits::<u32>(index).ok_or_else(|| {
+        url.invalid(format!(
+            "database index `{index}` in the path is not a number 0..={}",
+            u32::MAX
+        ))
+    })
+}
+
+/// The path that names database `db` in a URL: none for 0, the default.
+pub fn database_path(db: u32) -> String {
+    if db == 0 {
+        String::new()
+    } else {
+        format!("/{db}")
+    }
+}
+
+/// Parses `host[:port]` by lock-core's address rules; the error keeps the text and why.
 fn parse_addr(addr: String) -> std::result::Result<HostPort, (String, String)> {
-    let refuse = |reason: String| Err((addr.clone(), reason));
-    if addr.contains(['@', '/', '?', ',']) {
-        return refuse("expected `host` or `host:port`".to_owned());
-    }
-    match LockUrl::parse(&format!("redis://{addr}")) {
-        Ok(url) => match url.hosts.into_iter().next() {
-            Some(host) => Ok(host),
-            None => refuse("expected `host` or `host:port`".to_owned()),
-        },
-        Err(Error::InvalidUrl { reason, .. }) => refuse(reason),
-        Err(other) => refuse(other.to_string()),
-    }
+    HostPort::parse(&addr, DEFAULT_PORT).map_err(|reason| (addr, reason))
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn from(url: &str) -> Result<RedisBuilder> {
-        RedisBuilder::from_url(&LockUrl::parse(url)?)
-    }
-
-    #[test]
-    fn urls_give_the_configuration() {
-        let b = from("redis://127.0.0.1:7000").unwrap();
-        assert_eq!(b.host_port().unwrap().to_string(), "127.0.0.1:7000");
-        assert!(!b.is_tls());
-        assert_eq!(b.credentials(), (None, None));
-        assert_eq!(b.database(), 0);
-        assert_eq!(b.key_prefix(), "distlock:");
-        assert_eq!(b.operation_timeout(), Duration::from_secs(1));
-
-        let b =
-            from("redis://alice:p%40ss@cache.example:6380/3?prefix=app%3Alocks%3A&timeout=250ms")
-                .unwrap();
-        assert!(!b.is_tls());
-        assert_eq!(b.credentials(), (Some("alice"), Some("p@ss")));
-        assert_eq!(b.host_port().unwrap().to_string(), "cache.example:6380");
-        assert_eq!(b.database(), 3);
-        assert_eq!(b.key_prefix(), "app:locks:");
-        assert_eq!(b.operation_timeout(), Duration::from_millis(250));
-
-        let b = from("redis://[::1]").unwrap();
-        assert_eq!(b.host_port().unwrap().to_string(), "[::1]:6379");
-        let b = from("redis://h?prefix=").unwrap();
-        assert_eq!(b.key_prefix(), "");
-    }
-
-    #[test]
-    fn bad_urls_are_invalid_url_errors() {
-        for (url, needle) in [
-            ("redis://h?foo=1", "unknown parameter `foo`"),
-            ("redis://h?timeout=abc", "timeout"),
-            ("redis://h?timeout=5", "no unit"),
-            ("redis://h?timeout=0ms", "greater than zero"),
-            ("redis://h1,h2", "redlock"),
-            ("redis://h:99999", "port"),
-            ("redis://h/notanumber", ""),
-            ("memory://", "redis:// or rediss://"),
-            ("etcd://h:2379", "redis:// or rediss://"),
-            ("redis://:secret@h?bogus=1", "bogus"),
-        ] {
-            match from(url) {
-                Err(Error::InvalidUrl { url: shown, reason }) => {
-                    assert!(reason.contains(needle), "{url}: {reason}");
-                    assert!(
-                        !shown.contains("secret"),
-                        "{url}: password shown in {shown}"
-                    );
-                }
-                other => panic!("{url}: expected InvalidUrl, got {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn builder_setters_and_round_trip() {
-        let b = RedisBuilder::new("10.0.0.5:6390")
-            .username("bob")
-            .password("hunter2")
-            .db(7)
-            .prefix("x:")
-            .timeout(Duration::from_micros(1500));
-        assert!(b.check().is_ok());
-        let url = b.url().unwrap();
-        assert_eq!(
-            url,
-            "redis://bob:hunter2@10.0.0.5:6390/7?prefix=x%3A&timeout=1.5ms"
-        );
-        assert_eq!(from(&url).unwrap(), b);
-        let plain = RedisBuilder::new("localhost");
-        assert_eq!(plain.url().unwrap(), "redis://localhost:6379");
-        assert_eq!(from(&plain.url().unwrap()).unwrap(), plain);
-    }
-
-    /// `rediss://` gives a TLS configuration, or a clear refusal without the `tls` feature.
-    #[test]
-    fn rediss_means_tls() {
-        let url = "rediss://alice:pw@cache.example:6380/3";
-        let built = RedisBuilder::new("cache.example:6380")
-            .username("alice")
-            .password("pw")
-            .db(3)
-            .tls(true);
-        assert_eq!(built.url().unwrap(), url);
-        #[cfg(feature = "tls")]
-        {
-            let b = from(url).unwrap();
-            assert!(b.is_tls());
-            assert_eq!(b, built);
-            assert!(built.check().is_ok());
-        }
-        #[cfg(not(feature = "tls"))]
-        for result in [from(url), built.check().map(|()| built.clone())] {
-            match result {
-                Err(Error::InvalidUrl { reason, .. }) => assert!(reason.contains("`tls`")),
-                other => panic!("expected InvalidUrl, got {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn bad_addresses_and_timeouts_are_reported_by_check() {
-        for addr in [
-            "",
-            "a b",
-            "host:0",
-            "host:port",
-            "user@host",
-            "h/1",
-            "h1,h2",
-            "[::1",
-        ] {
-            match RedisBuilder::new(addr).check() {
-                Err(Error::InvalidUrl { .. }) => {}
-                other => panic!("{addr:?}: expected InvalidUrl, got {other:?}"),
-            }
-            assert!(RedisBuilder::new(addr).url().is_none());
-            assert!(format!("{:?}", RedisBuilder::new(addr)).contains("invalid address"));
-        }
-        assert!(matches!(
-            RedisBuilder::new("h").timeout(Duration::ZERO).check(),
-            Err(Error::InvalidUrl { .. })
-        ));
-    }
-
-    #[test]
-    fn debug_hides_the_password() {
-        let b = RedisBuilder::new("h:1").username("u").password("topsecret");
-        let shown = format!("{b:?}");
-        assert!(!shown.contains("topsecret"), "{shown}");
-        assert!(shown.contains("u:***@h:1"), "{shown}");
-        let b = from("redis://:topsecret@h:1/2?timeout=2s").unwrap();
-        let shown = format!("{b:?}");
-        assert!(!shown.contains("topsecret"), "{shown}");
-        assert_eq!(shown, r#"RedisBuilder(redis://:***@h:1/2?timeout=2s)"#);
-    }
-
-    #[test]
-    fn durations_format_back_exactly() {
-        for d in [
-            Duration::from_secs(2),
-            Duration::from_millis(250),
-            Duration::from_micros(1500),
-            Duration::from_nanos(1),
-            Duration::from_nanos(1_000_001_000),
-        ] {
-            let text = format_duration(d);
-            assert_eq!(lock_core::url::parse_duration(&text), Ok(d), "{text}");
-        }
-    }
-}
+mod tests;

@@ -25,6 +25,7 @@ mod scripts;
 mod watch;
 
 pub use backend::RedisBackend;
+pub use config::{database_path, url_database, DEFAULT_PORT};
 pub use config::{RedisBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 pub use handle::RedisNode;
 pub use node::{ABANDON_RETENTION, CAPABILITIES, FENCE_RETENTION, MAX_FENCE};

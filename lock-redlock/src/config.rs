@@ -3,9 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::url::{format_duration, HostPort};
-use lock_core::{Error, LockUrl, Result, Scheme};
-use lock_redis::{RedisBuilder, DEFAULT_PREFIX};
+use lock_core::url::{format_duration, Host, HostPort, UserInfo};
+use lock_core::{Error, LockUrl, Result};
+use lock_redis::{database_path, url_database, RedisBuilder, DEFAULT_PORT, DEFAULT_PREFIX};
 
 use crate::RedlockBackend;
 
@@ -94,20 +94,22 @@ impl RedlockBuilder {
     /// [`Error::InvalidUrl`] for another scheme, an unknown parameter, a bad value, or a node
     /// listed twice.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
-        if url.scheme != Scheme::Redlock {
-            return Err(Error::invalid_url(
-                &url.redacted(),
-                format!(
-                    "the Redlock backend takes redlock:// URLs, not {}://",
-                    url.scheme
-                ),
-            ));
+        if url.scheme != "redlock" {
+            return Err(url.invalid(format!(
+                "the Redlock backend takes redlock:// URLs, not {}://",
+                url.scheme
+            )));
         }
+        if url.hosts.is_empty() {
+            return Err(url.invalid("redlock:// needs a host"));
+        }
+        let db = url_database(url)?;
         url.check_params(URL_PARAMS)?;
-        let mut builder = RedlockBuilder::new(url.hosts.iter().map(HostPort::to_string));
-        builder.username = url.username.clone();
-        builder.password = url.password.clone();
-        builder.db = url.db.unwrap_or(0);
+        let hosts = url.host_ports(DEFAULT_PORT);
+        let mut builder = RedlockBuilder::new(hosts.iter().map(HostPort::to_string));
+        builder.username = url.username().map(str::to_owned);
+        builder.password = url.password().map(str::to_owned);
+        builder.db = db;
         if let Some(prefix) = url.param("prefix") {
             builder.prefix = prefix.to_owned();
         }
@@ -115,16 +117,7 @@ impl RedlockBuilder {
             builder.drift_factor = drift;
         }
         builder.node_timeout = url.duration_param("timeout")?;
-        builder.fencing = match url.param("fencing") {
-            None | Some("true") => true,
-            Some("false") => false,
-            Some(other) => {
-                return Err(Error::invalid_url(
-                    &url.redacted(),
-                    format!("parameter `fencing` must be `true` or `false`, not `{other}`"),
-                ))
-            }
-        };
+        builder.fencing = url.bool_param("fencing")?.unwrap_or(true);
         builder.check(&url.redacted())?;
         Ok(builder)
     }
@@ -293,24 +286,12 @@ impl RedlockBuilder {
         Ok(())
     }
 
-    /// Every address parsed with lock-core's URL rules, or the first bad one and why.
+    /// Every address parsed by lock-core's address rules, or the first bad one and why.
     fn hosts(&self) -> std::result::Result<Vec<HostPort>, (String, String)> {
         self.addrs
             .iter()
             .map(|addr| {
-                let bad = |reason: String| (addr.clone(), reason);
-                if addr.contains(['@', '/', '?', ',']) {
-                    return Err(bad("expected `host` or `host:port`".into()));
-                }
-                match LockUrl::parse(&format!("redis://{addr}")) {
-                    Ok(url) => url
-                        .hosts
-                        .into_iter()
-                        .next()
-                        .ok_or_else(|| bad("expected `host` or `host:port`".into())),
-                    Err(Error::InvalidUrl { reason, .. }) => Err(bad(reason)),
-                    Err(other) => Err(bad(other.to_string())),
-                }
+                HostPort::parse(addr, DEFAULT_PORT).map_err(|reason| (addr.clone(), reason))
             })
             .collect()
     }
@@ -339,11 +320,13 @@ impl RedlockBuilder {
             params.push(("fencing".to_owned(), "false".to_owned()));
         }
         Some(LockUrl {
-            scheme: Scheme::Redlock,
-            username: self.username.clone().filter(|u| !u.is_empty()),
-            password: self.password.clone(),
-            hosts,
-            db: (self.db != 0).then_some(self.db),
+            scheme: "redlock".to_owned(),
+            userinfo: UserInfo::from_parts(
+                self.username.as_deref().filter(|u| !u.is_empty()),
+                self.password.as_deref(),
+            ),
+            hosts: hosts.into_iter().map(Host::from).collect(),
+            path: database_path(self.db),
             params,
         })
     }
@@ -359,112 +342,4 @@ impl fmt::Debug for RedlockBuilder {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn from(url: &str) -> Result<RedlockBuilder> {
-        RedlockBuilder::from_url(&LockUrl::parse(url)?)
-    }
-
-    #[test]
-    fn urls_give_the_configuration() {
-        let b = from("redlock://h1,h2:7000,[::1]:7001").unwrap();
-        assert_eq!(b.addrs(), ["h1:6379", "h2:7000", "[::1]:7001"]);
-        assert_eq!(b.drift(), DEFAULT_DRIFT_FACTOR);
-        assert_eq!(b.fixed_node_timeout(), None);
-        assert!(b.is_fencing());
-        assert_eq!(b.key_prefix(), "distlock:");
-
-        let b = from(
-            "redlock://alice:p%40ss@h1:1,h2:2,h3:3/4?drift=0.05&prefix=app%3A&timeout=20ms&fencing=false",
-        )
-        .unwrap();
-        assert_eq!(b.drift(), 0.05);
-        assert_eq!(b.fixed_node_timeout(), Some(Duration::from_millis(20)));
-        assert!(!b.is_fencing());
-        assert_eq!(b.key_prefix(), "app:");
-        assert_eq!(b.db, 4);
-        assert_eq!(b.username.as_deref(), Some("alice"));
-        assert_eq!(b.password.as_deref(), Some("p@ss"));
-        let nodes = b.node_builders();
-        assert_eq!(nodes.len(), 3);
-        assert!(nodes
-            .iter()
-            .all(|n| n.key_prefix() == "app:" && n.database() == 4));
-    }
-
-    #[test]
-    fn bad_urls_are_invalid_url_errors() {
-        for (url, needle) in [
-            ("redlock://h?foo=1", "unknown parameter `foo`"),
-            ("redlock://h?drift=abc", "drift"),
-            ("redlock://h?drift=1", "[0, 1)"),
-            ("redlock://h?drift=-0.1", "[0, 1)"),
-            ("redlock://h?timeout=5", "no unit"),
-            ("redlock://h?timeout=0ms", "greater than zero"),
-            ("redlock://h?fencing=yes", "`true` or `false`"),
-            ("redlock://h1:1,h2:2,h1:1", "listed twice"),
-            ("redlock://h1,h1:6379", "listed twice"),
-            ("redis://h", "redlock://"),
-            ("memory://", "redlock://"),
-            ("redlock://:secret@h?bogus=1", "bogus"),
-            ("redlock://:secret@h,h", "twice"),
-        ] {
-            match from(url) {
-                Err(Error::InvalidUrl { url: shown, reason }) => {
-                    assert!(reason.contains(needle), "{url}: {reason}");
-                    assert!(!shown.contains("secret"), "{url}: password in {shown}");
-                }
-                other => panic!("{url}: expected InvalidUrl, got {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn builder_checks_and_round_trips() {
-        let b = RedlockBuilder::new(["10.0.0.1:7000", "10.0.0.2"])
-            .username("bob")
-            .password("hunter2")
-            .db(3)
-            .prefix("x:")
-            .drift_factor(0.1)
-            .node_timeout(Duration::from_micros(2500))
-            .fencing(false);
-        assert!(b.check("").is_ok());
-        let url = b.url().unwrap();
-        assert_eq!(
-            url,
-            "redlock://bob:hunter2@10.0.0.1:7000,10.0.0.2:6379/3?drift=0.1&prefix=x%3A&timeout=2.5ms&fencing=false"
-        );
-        let back = from(&url).unwrap();
-        assert_eq!(back.url(), b.url());
-        let plain = RedlockBuilder::new(["a"]);
-        assert_eq!(plain.url().unwrap(), "redlock://a:6379");
-
-        let refused = |b: RedlockBuilder| matches!(b.check(""), Err(Error::InvalidUrl { .. }));
-        assert!(refused(RedlockBuilder::new(Vec::<String>::new())));
-        assert!(refused(RedlockBuilder::new(["a b"])));
-        assert!(refused(RedlockBuilder::new(["h:0"])));
-        assert!(refused(RedlockBuilder::new(["u@h"])));
-        assert!(refused(RedlockBuilder::new(["h"]).drift_factor(f64::NAN)));
-        assert!(refused(
-            RedlockBuilder::new(["h"]).node_timeout(Duration::ZERO)
-        ));
-        assert!(refused(
-            RedlockBuilder::new(["h"]).connect_timeout(Duration::ZERO)
-        ));
-        assert!(RedlockBuilder::new(["h:1", "a b"]).url().is_none());
-    }
-
-    #[test]
-    fn debug_hides_the_password() {
-        let b = RedlockBuilder::new(["h:1", "h:2"])
-            .username("u")
-            .password("topsecret");
-        let shown = format!("{b:?}");
-        assert!(!shown.contains("topsecret"), "{shown}");
-        assert_eq!(shown, "RedlockBuilder(redlock://u:***@h:1,h:2)");
-        let bad = format!("{:?}", RedlockBuilder::new(["a b"]).password("topsecret"));
-        assert!(!bad.contains("topsecret"), "{bad}");
-    }
-}
+mod tests;
