@@ -8,16 +8,15 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use distlock::{Error, LockOptions, Locker};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Serialize;
 use tokio::task::JoinSet;
 
-use crate::common::{fmt_duration, parse_duration, parse_positive_duration, print_stdout, Target};
+use crate::common::{parse_duration, parse_positive_duration, print_stdout, Target};
 use crate::exit::{CliError, Exit, BENCH_ERRORS, INTERNAL};
-use crate::report::{self, Latency, Settings, WorkloadResult};
+use crate::report::{self, describe, Keys, Latency, Settings, WorkloadResult};
 
 pub const AFTER_HELP: &str = "\
 Examples:
@@ -44,16 +43,6 @@ that every backend does the same work. The keys are distlock-bench/0, distlock-b
 and distlock-bench/one. Bad input exits 64 and an unreachable server 69 before anything
 is measured; afterwards the exit status is 1 when any operation failed (the count is
 printed), 0 otherwise.";
-
-/// Which keys the tasks of a workload lock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Keys {
-    /// Each task its own key: no contention.
-    Distinct,
-    /// All tasks one key: contention and hand-off.
-    One,
-}
 
 /// `distlock bench` arguments.
 #[derive(Args, Debug)]
@@ -436,27 +425,6 @@ fn jain(counts: &[u64]) -> Option<f64> {
         return None;
     }
     Some(sum * sum / (counts.len() as f64 * squares))
-}
-
-/// The text a workload is announced with in tables.
-pub fn describe(tasks: u32, keys: Keys) -> String {
-    let task_word = if tasks == 1 { "task" } else { "tasks" };
-    match keys {
-        Keys::Distinct => format!("{tasks} {task_word}, each on its own key"),
-        Keys::One => format!("{tasks} {task_word}, all on one key"),
-    }
-}
-
-/// The settings line of the tables.
-pub fn describe_settings(settings: &Settings) -> String {
-    let d = |ms: f64| fmt_duration(Duration::from_secs_f64(ms / 1e3));
-    format!(
-        "{} per workload, hold {}, ttl {}, watchdog {}",
-        d(settings.duration_ms),
-        d(settings.hold_ms),
-        d(settings.ttl_ms),
-        if settings.watchdog { "on" } else { "off" }
-    )
 }
 
 #[cfg(test)]

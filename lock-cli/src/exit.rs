@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use distlock::Error;
 
-use crate::common::fmt_duration;
+use crate::units::fmt_duration;
 
 /// Bad command line, key, TTL, duration or URL (`EX_USAGE`).
 pub const USAGE: i32 = 64;

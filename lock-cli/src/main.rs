@@ -12,6 +12,7 @@ mod job;
 mod report;
 mod run;
 mod status;
+mod units;
 
 use std::io::Write;
 use std::time::Duration;

@@ -1,13 +1,15 @@
 //! The benchmark's results: their JSON form and their side-by-side tables.
 
 use std::fmt::Write as _;
+use std::time::Duration;
+
+use clap::ValueEnum;
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::bench::{describe, describe_settings, Keys};
-use crate::common::fmt_nanos;
 use crate::exit::{CliError, INTERNAL};
+use crate::units::{fmt_duration, fmt_nanos};
 
 /// The run's settings, as given on the command line.
 #[derive(Clone, Debug, Serialize)]
@@ -236,4 +238,35 @@ fn lat(columns: &[&WorkloadResult], f: impl Fn(&WorkloadResult) -> u64) -> Vec<S
             }
         })
         .collect()
+}
+
+/// Which keys the tasks of a workload lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Keys {
+    /// Each task its own key: no contention.
+    Distinct,
+    /// All tasks one key: contention and hand-off.
+    One,
+}
+
+/// The text a workload is announced with in tables.
+pub fn describe(tasks: u32, keys: Keys) -> String {
+    let task_word = if tasks == 1 { "task" } else { "tasks" };
+    match keys {
+        Keys::Distinct => format!("{tasks} {task_word}, each on its own key"),
+        Keys::One => format!("{tasks} {task_word}, all on one key"),
+    }
+}
+
+/// The settings line of the tables.
+pub fn describe_settings(settings: &Settings) -> String {
+    let d = |ms: f64| fmt_duration(Duration::from_secs_f64(ms / 1e3));
+    format!(
+        "{} per workload, hold {}, ttl {}, watchdog {}",
+        d(settings.duration_ms),
+        d(settings.hold_ms),
+        d(settings.ttl_ms),
+        if settings.watchdog { "on" } else { "off" }
+    )
 }

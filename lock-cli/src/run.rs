@@ -8,11 +8,12 @@ use std::time::Duration;
 use clap::Args;
 use distlock::{Error, Event, LockGuard, LockOptions, Locker};
 
-use crate::common::{fmt_duration, parse_duration, parse_positive_duration, Target};
+use crate::common::{parse_duration, parse_positive_duration, Target};
 use crate::exit::{
     not_acquired_after, transient_message, CliError, Exit, LOCK_LOST, NOT_ACQUIRED, TIMED_OUT,
 };
 use crate::job::{status_code, Job, Signals};
+use crate::units::fmt_duration;
 
 pub const AFTER_HELP: &str = "\
 Examples:

@@ -3,8 +3,9 @@
 use clap::Args;
 use serde::Serialize;
 
-use crate::common::{fmt_duration, print_stdout, Target};
+use crate::common::{print_stdout, Target};
 use crate::exit::{CliError, Exit};
+use crate::units::fmt_duration;
 
 pub const AFTER_HELP: &str = "\
 Examples:

@@ -5,8 +5,6 @@ use std::time::Duration;
 
 use lock_core::{Error, LockUrl, Result};
 
-use crate::EtcdBackend;
-
 /// The client port of an etcd member when a URL names none.
 pub const DEFAULT_PORT: u16 = 2379;
 /// The key prefix used when none is given.
@@ -18,7 +16,7 @@ pub const URL_PARAMS: &[&str] = &["prefix", "timeout"];
 
 /// Typed configuration of an etcd cluster, and the way to connect to it.
 ///
-/// Built from endpoints with [`EtcdBackend::builder`] (or [`EtcdBuilder::new`]) and setters,
+/// Built from endpoints with [`EtcdBackend::builder`](crate::EtcdBackend::builder) (or [`EtcdBuilder::new`]) and setters,
 /// or from a URL with [`EtcdBuilder::from_url`]; nothing is checked or contacted until
 /// [`build`](Self::build).
 ///
@@ -146,19 +144,6 @@ impl EtcdBuilder {
     /// The configured operation timeout.
     pub fn operation_timeout(&self) -> Duration {
         self.timeout
-    }
-
-    /// Connects, measures the server's shortest lease, starts the release watch and returns
-    /// the backend.
-    ///
-    /// # Errors
-    /// [`Error::InvalidUrl`] for a malformed configuration (no endpoint, an endpoint that is
-    /// not `host:port`, an empty prefix, a zero timeout); [`Error::Unavailable`] when no
-    /// member answers within the timeout; [`Error::Backend`] when etcd refuses the
-    /// credentials or the requests.
-    pub async fn build(self) -> Result<EtcdBackend> {
-        self.check()?;
-        EtcdBackend::start(self).await
     }
 
     /// Validates what `build` needs, before any I/O.

@@ -120,3 +120,18 @@ impl EtcdBackend {
         })
     }
 }
+
+impl EtcdBuilder {
+    /// Connects, measures the server's shortest lease, starts the release watch and returns
+    /// the backend.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`](lock_core::Error::InvalidUrl) for a malformed configuration (no endpoint, an endpoint that is
+    /// not `host:port`, an empty prefix, a zero timeout); [`Error::Unavailable`](lock_core::Error::Unavailable) when no
+    /// member answers within the timeout; [`Error::Backend`](lock_core::Error::Backend) when etcd refuses the
+    /// credentials or the requests.
+    pub async fn build(self) -> Result<EtcdBackend> {
+        self.check()?;
+        EtcdBackend::start(self).await
+    }
+}

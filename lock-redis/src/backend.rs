@@ -162,3 +162,16 @@ impl Admin for RedisBackend {
         Ok(removed)
     }
 }
+
+impl RedisBuilder {
+    /// Connects, checks that the server answers `PING` like Redis, and returns the backend.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`](lock_core::Error::InvalidUrl) for a malformed address or a zero timeout;
+    /// [`Error::Unavailable`](lock_core::Error::Unavailable) when the server cannot be reached within the timeout;
+    /// [`Error::Backend`](lock_core::Error::Backend) when it refuses the credentials or the database, or does not speak
+    /// the Redis protocol.
+    pub async fn build(self) -> Result<RedisBackend> {
+        Ok(RedisBackend::from_node(self.build_node().await?))
+    }
+}

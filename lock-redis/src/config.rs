@@ -6,8 +6,6 @@ use std::time::Duration;
 use lock_core::url::{format_duration, parse_digits, Host, HostPort, UserInfo};
 use lock_core::{Error, LockUrl, Result};
 
-use crate::{RedisBackend, RedisNode};
-
 /// The port of a Redis server when an address or URL names none.
 pub const DEFAULT_PORT: u16 = 6379;
 /// The key prefix used when none is given.
@@ -19,7 +17,7 @@ pub const URL_PARAMS: &[&str] = &["prefix", "timeout"];
 
 /// Typed configuration of one Redis server, and the way to connect to it.
 ///
-/// Built from an address with [`RedisBackend::builder`] (or [`RedisBuilder::new`]) and
+/// Built from an address with [`RedisBackend::builder`](crate::RedisBackend::builder) (or [`RedisBuilder::new`]) and
 /// setters, or from a URL with [`RedisBuilder::from_url`]; nothing is checked or contacted
 /// until [`build`](Self::build) / [`build_node`](Self::build_node).
 ///
@@ -180,27 +178,6 @@ impl RedisBuilder {
     /// [`new`](Self::new) is malformed.
     pub fn url(&self) -> Option<String> {
         self.to_lock_url().map(|url| url.to_string())
-    }
-
-    /// Connects, checks that the server answers `PING` like Redis, and returns the backend.
-    ///
-    /// # Errors
-    /// [`Error::InvalidUrl`] for a malformed address or a zero timeout;
-    /// [`Error::Unavailable`] when the server cannot be reached within the timeout;
-    /// [`Error::Backend`] when it refuses the credentials or the database, or does not speak
-    /// the Redis protocol.
-    pub async fn build(self) -> Result<RedisBackend> {
-        Ok(RedisBackend::from_node(self.build_node().await?))
-    }
-
-    /// Like [`build`](Self::build), but returns the bare [`RedisNode`] (for composing several
-    /// servers, as Redlock does).
-    ///
-    /// # Errors
-    /// As [`build`](Self::build).
-    pub async fn build_node(self) -> Result<RedisNode> {
-        self.check()?;
-        RedisNode::connect(self).await
     }
 
     /// Validates what `build` needs, before any I/O.

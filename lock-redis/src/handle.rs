@@ -283,3 +283,15 @@ impl RedisNode {
         .into_error()
     }
 }
+
+impl RedisBuilder {
+    /// Like [`build`](Self::build), but returns the bare [`RedisNode`] (for composing several
+    /// servers, as Redlock does).
+    ///
+    /// # Errors
+    /// As [`build`](Self::build).
+    pub async fn build_node(self) -> Result<RedisNode> {
+        self.check()?;
+        RedisNode::connect(self).await
+    }
+}

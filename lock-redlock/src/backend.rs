@@ -271,3 +271,21 @@ impl Admin for RedlockBackend {
         Ok(answers?.0.contains(&true))
     }
 }
+
+impl RedlockBuilder {
+    /// Connects to every node and returns the backend.
+    ///
+    /// Every node is contacted in parallel, each within the connect timeout. The backend is
+    /// returned once a majority answered; nodes that could not be reached are reconnected in
+    /// the background and count as failed nodes until then.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`](lock_core::Error::InvalidUrl) for no node, a malformed or repeated address, a drift factor
+    /// outside `[0, 1)` or a zero timeout; [`Error::Backend`](lock_core::Error::Backend) when a node refuses the
+    /// credentials or the database, or does not speak the Redis protocol;
+    /// [`Error::QuorumNotReached`](lock_core::Error::QuorumNotReached) when fewer than a majority of the nodes answered.
+    pub async fn build(self) -> Result<RedlockBackend> {
+        self.check(&self.redacted())?;
+        RedlockBackend::connect_with(self).await
+    }
+}

@@ -7,8 +7,6 @@ use lock_core::url::{format_duration, Host, HostPort, UserInfo};
 use lock_core::{Error, LockUrl, Result};
 use lock_redis::{database_path, url_database, RedisBuilder, DEFAULT_PORT, DEFAULT_PREFIX};
 
-use crate::RedlockBackend;
-
 /// The clock-drift factor used when none is given: 1 % of the TTL.
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
 /// The bound on connecting to a node (and on its release subscription's requests).
@@ -18,7 +16,7 @@ pub const URL_PARAMS: &[&str] = &["drift", "prefix", "timeout", "fencing"];
 
 /// Typed configuration of a Redlock over N independent Redis nodes, and the way to connect.
 ///
-/// Built from node addresses with [`RedlockBackend::builder`] (or [`RedlockBuilder::new`])
+/// Built from node addresses with [`RedlockBackend::builder`](crate::RedlockBackend::builder) (or [`RedlockBuilder::new`])
 /// and setters, or from a URL with [`RedlockBuilder::from_url`]; nothing is checked or
 /// contacted until [`build`](Self::build). Every node gets the same credentials, database
 /// and key prefix: they are replicas of one lock space, not shards.
@@ -216,22 +214,6 @@ impl RedlockBuilder {
     /// malformed. The connect timeout and TLS have no URL form.
     pub fn url(&self) -> Option<String> {
         self.to_lock_url().map(|url| url.to_string())
-    }
-
-    /// Connects to every node and returns the backend.
-    ///
-    /// Every node is contacted in parallel, each within the connect timeout. The backend is
-    /// returned once a majority answered; nodes that could not be reached are reconnected in
-    /// the background and count as failed nodes until then.
-    ///
-    /// # Errors
-    /// [`Error::InvalidUrl`] for no node, a malformed or repeated address, a drift factor
-    /// outside `[0, 1)` or a zero timeout; [`Error::Backend`] when a node refuses the
-    /// credentials or the database, or does not speak the Redis protocol;
-    /// [`Error::QuorumNotReached`] when fewer than a majority of the nodes answered.
-    pub async fn build(self) -> Result<RedlockBackend> {
-        self.check(&self.redacted())?;
-        RedlockBackend::connect_with(self).await
     }
 
     /// The per-node builders (same credentials, database, prefix; the connect timeout).
