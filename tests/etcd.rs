@@ -754,7 +754,8 @@ fn builder_and_url_agree_and_debug_hides_the_password() {
     let url = LockUrl::parse("etcd://root:hunter2@a:2379,b?prefix=app/&timeout=750ms").unwrap();
     let from_url = distlock::etcd::EtcdBuilder::from_url(&url).unwrap();
     let typed = EtcdBackend::builder(["a:2379", "b:2379"])
-        .user("root", "hunter2")
+        .username("root")
+        .password("hunter2")
         .prefix("app/")
         .timeout(Duration::from_millis(750));
     assert_eq!(from_url, typed);

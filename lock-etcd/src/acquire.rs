@@ -11,7 +11,7 @@ use lock_core::{Attempt, Error, Owner, Result};
 use crate::batch::Answer;
 use crate::error::{acquire_failed, is_lease_not_found, timed_out, unexpected, NAME};
 use crate::held::Held;
-use crate::leases::{secs, Renewal, Slot};
+use crate::leases::{secs, EtcdLease, Renewal};
 use crate::shared::Shared;
 use crate::txn::{acquire_txn, holder_in, Seen};
 
@@ -125,12 +125,12 @@ impl Shared {
     /// otherwise. `None` when the lease turned out to have expired.
     pub(crate) async fn send_on_lease(
         &self,
-        mut slot: Slot,
+        mut slot: EtcdLease,
         valid_until: Instant,
         full: &str,
         txn: Txn,
         used: &mut Vec<i64>,
-    ) -> Result<Option<(Slot, Answer)>> {
+    ) -> Result<Option<(EtcdLease, Answer)>> {
         used.push(slot.id);
         let client = self.client();
         if slot.covers(valid_until) {
@@ -166,7 +166,7 @@ impl Shared {
         full: &str,
         value: &str,
         used: &mut Vec<i64>,
-    ) -> Result<(Slot, Answer)> {
+    ) -> Result<(EtcdLease, Answer)> {
         let slot = self.grant(ttl_secs, used).await?;
         let response = self
             .send_or_revoke(full, acquire_txn(full, value, slot.id), slot.id)

@@ -30,7 +30,8 @@ pub const URL_PARAMS: &[&str] = &["prefix", "timeout"];
 /// use lock_etcd::EtcdBackend;
 ///
 /// let backend = EtcdBackend::builder(["10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"])
-///     .user("locks", "s3cret")
+///     .username("locks")
+///     .password("s3cret")
 ///     .prefix("myapp/locks/")
 ///     .timeout(Duration::from_secs(1))
 ///     .build()
@@ -41,7 +42,8 @@ pub const URL_PARAMS: &[&str] = &["prefix", "timeout"];
 #[derive(Clone, PartialEq, Eq)]
 pub struct EtcdBuilder {
     pub(crate) endpoints: Vec<String>,
-    pub(crate) user: Option<(String, String)>,
+    pub(crate) username: Option<String>,
+    pub(crate) password: Option<String>,
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
 }
@@ -57,7 +59,8 @@ impl EtcdBuilder {
     {
         EtcdBuilder {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
-            user: None,
+            username: None,
+            password: None,
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
         }
@@ -85,22 +88,17 @@ impl EtcdBuilder {
             return Err(url.invalid(format!("etcd:// takes no path (got `{}`)", url.path)));
         }
         url.check_params(URL_PARAMS)?;
-        let user = match (url.username(), url.password()) {
-            (Some(name), password) => {
-                Some((name.to_owned(), password.unwrap_or_default().to_owned()))
-            }
-            (None, Some(_)) => {
-                return Err(url.invalid("etcd authentication needs a user name with the password"))
-            }
-            (None, None) => None,
-        };
+        if url.username().is_none() && url.password().is_some() {
+            return Err(url.invalid("etcd authentication needs a user name with the password"));
+        }
         let mut builder = EtcdBuilder {
             endpoints: url
                 .host_ports(DEFAULT_PORT)
                 .iter()
                 .map(ToString::to_string)
                 .collect(),
-            user,
+            username: url.username().map(str::to_owned),
+            password: url.password().map(str::to_owned),
             prefix: url.param("prefix").unwrap_or(DEFAULT_PREFIX).to_owned(),
             timeout: DEFAULT_TIMEOUT,
         };
@@ -111,9 +109,16 @@ impl EtcdBuilder {
         Ok(builder)
     }
 
-    /// Authenticates as `name` with `password` (etcd's own users, `etcdctl user add`).
-    pub fn user(mut self, name: impl Into<String>, password: impl Into<String>) -> Self {
-        self.user = Some((name.into(), password.into()));
+    /// Authenticates as `username` (etcd's own users, `etcdctl user add`), with the
+    /// [`password`](Self::password).
+    pub fn username(mut self, username: impl Into<String>) -> Self {
+        self.username = Some(username.into());
+        self
+    }
+
+    /// The password of the [`username`](Self::username) (needs one).
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
         self
     }
 
@@ -172,13 +177,16 @@ impl EtcdBuilder {
         if self.timeout.is_zero() {
             return refuse("the timeout must be greater than zero".into());
         }
+        if self.username.is_none() && self.password.is_some() {
+            return refuse("etcd authentication needs a user name with the password".into());
+        }
         Ok(())
     }
 
     /// The configuration as an `etcd://` URL with the password replaced by `***`.
     pub(crate) fn redacted(&self) -> String {
         let mut url = String::from("etcd://");
-        if let Some((name, _)) = &self.user {
+        if let Some(name) = &self.username {
             url.push_str(name);
             url.push_str(":***@");
         }
@@ -197,8 +205,8 @@ impl fmt::Debug for EtcdBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdBuilder")
             .field("endpoints", &self.endpoints)
-            .field("user", &self.user.as_ref().map(|(name, _)| name))
-            .field("password", &self.user.as_ref().map(|_| "***"))
+            .field("user", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .finish()
@@ -233,7 +241,8 @@ mod tests {
         assert_eq!(b.key_prefix(), "x/");
         assert_eq!(b.operation_timeout(), Duration::from_secs(2));
         let b = from("etcd://root:pw@etcd-1.internal_x,10.1.2.3/").unwrap();
-        assert_eq!(b.user, Some(("root".to_owned(), "pw".to_owned())));
+        assert_eq!(b.username.as_deref(), Some("root"));
+        assert_eq!(b.password.as_deref(), Some("pw"));
         assert_eq!(b.endpoints(), ["etcd-1.internal_x:2379", "10.1.2.3:2379"]);
         let b = from("etcd://[2001:db8::1],[::ffff:10.0.0.1]:2380").unwrap();
         assert_eq!(

@@ -52,8 +52,9 @@ impl EtcdBackend {
             .with_connect_timeout(timeout)
             .with_keep_alive(CONNECTION_PING, timeout)
             .with_keep_alive_while_idle(false);
-        if let Some((name, password)) = &cfg.user {
-            options = options.with_user(name.clone(), password.clone());
+        if let Some(name) = &cfg.username {
+            let password = cfg.password.clone().unwrap_or_default();
+            options = options.with_user(name.clone(), password);
         }
         let members = Members::connect(&cfg.endpoints, options, timeout, &doing).await?;
         let client = members.client();

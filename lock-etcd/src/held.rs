@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use lock_core::Owner;
 
-use crate::leases::Slot;
+use crate::leases::EtcdLease;
 
 /// How long past its validity a held-lock record of a guard that never released is kept.
 const HELD_GRACE: Duration = Duration::from_secs(60);
@@ -24,7 +24,7 @@ pub(crate) struct Held {
     pub(crate) ttl_secs: i64,
     pub(crate) valid_until: Instant,
     /// The lease with its keep-alive stream; out while an extension uses it.
-    pub(crate) slot: Option<Slot>,
+    pub(crate) slot: Option<EtcdLease>,
     /// The fence written into the key's value, once the key was moved to a new lease (see
     /// [`stored_value`](crate::txn::stored_value)).
     pub(crate) value_fence: Option<u64>,

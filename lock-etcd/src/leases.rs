@@ -14,8 +14,8 @@ const POOL_CAP: usize = 256;
 /// alive for the lock's whole TTL without being renewed first.
 pub(crate) const HEADROOM_SECS: i64 = 1;
 
-/// One lease of ours.
-pub(crate) struct Slot {
+/// One etcd lease of ours (an etcd lease, not a lock grant: those are [`lock_core::Lease`]).
+pub(crate) struct EtcdLease {
     pub(crate) id: i64,
     /// The TTL of the locks it serves (its pool class); the lease's own TTL is this plus
     /// [`HEADROOM_SECS`].
@@ -46,11 +46,11 @@ pub(crate) enum Renewal {
     Gone,
 }
 
-impl Slot {
+impl EtcdLease {
     /// A lease for locks of `ttl_secs`, just granted with `lease_secs`, the grant having been
     /// sent at `sent`.
-    pub(crate) fn granted(id: i64, ttl_secs: i64, lease_secs: i64, sent: Instant) -> Slot {
-        Slot {
+    pub(crate) fn granted(id: i64, ttl_secs: i64, lease_secs: i64, sent: Instant) -> EtcdLease {
+        EtcdLease {
             id,
             ttl_secs,
             alive_until: sent + secs(lease_secs),
@@ -59,8 +59,8 @@ impl Slot {
     }
 
     /// A lease known only by its id, alive until `alive_until`.
-    pub(crate) fn known(id: i64, ttl_secs: i64, alive_until: Instant) -> Slot {
-        Slot {
+    pub(crate) fn known(id: i64, ttl_secs: i64, alive_until: Instant) -> EtcdLease {
+        EtcdLease {
             id,
             ttl_secs,
             alive_until,
@@ -128,14 +128,14 @@ impl Slot {
 /// Idle leases by TTL, most recently used last.
 #[derive(Default)]
 pub(crate) struct Pool {
-    idle: HashMap<i64, Vec<Slot>>,
+    idle: HashMap<i64, Vec<EtcdLease>>,
     count: usize,
 }
 
 impl Pool {
     /// A fresh idle lease of `ttl_secs`, if there is one. Stale ones met on the way are
     /// dropped: they hold no key and expire on the server by themselves.
-    pub(crate) fn take(&mut self, ttl_secs: i64, now: Instant) -> Option<Slot> {
+    pub(crate) fn take(&mut self, ttl_secs: i64, now: Instant) -> Option<EtcdLease> {
         let list = self.idle.get_mut(&ttl_secs)?;
         while let Some(slot) = list.pop() {
             self.count -= 1;
@@ -148,7 +148,7 @@ impl Pool {
 
     /// Keeps an idle lease (it must hold no key) for reuse. Returns it when the pool is full,
     /// for the caller to revoke.
-    pub(crate) fn put(&mut self, slot: Slot, now: Instant) -> Option<Slot> {
+    pub(crate) fn put(&mut self, slot: EtcdLease, now: Instant) -> Option<EtcdLease> {
         if !slot.fresh(now) {
             return None;
         }

@@ -8,7 +8,7 @@ use lock_core::sync::lock;
 use lock_core::{Attempt, Error, Lease, Owner, Result};
 
 use crate::error::{failed, unexpected, NAME};
-use crate::leases::Slot;
+use crate::leases::EtcdLease;
 use crate::shared::Shared;
 use crate::txn::{hand_over_txn, release_txn};
 
@@ -42,10 +42,9 @@ impl Shared {
         let Some(mut entry) = entry else {
             return Ok(Attempt::Taken { expires_in: None });
         };
-        let slot = entry
-            .slot
-            .take()
-            .unwrap_or_else(|| Slot::known(entry.lease_id, entry.ttl_secs, from.valid_until()));
+        let slot = entry.slot.take().unwrap_or_else(|| {
+            EtcdLease::known(entry.lease_id, entry.ttl_secs, from.valid_until())
+        });
         let full = self.full_key(from.key());
         let txn = hand_over_txn(&full, from.owner(), entry.value_fence, to, slot.id);
         let lease_id = slot.id;

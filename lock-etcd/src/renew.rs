@@ -6,7 +6,7 @@ use lock_core::sync::lock;
 use lock_core::{Error, Lease, Result, Ttl};
 
 use crate::error::{failed, is_lease_not_found, LEASE_RAN_OUT, NAME};
-use crate::leases::{Renewal, Slot};
+use crate::leases::{EtcdLease, Renewal};
 use crate::shared::Shared;
 use crate::txn::{move_txn, seen};
 
@@ -35,8 +35,8 @@ impl Shared {
                 self.renew(lease, lease_id, held_secs, slot, started + ttl)
                     .await
             } else {
-                let slot =
-                    slot.unwrap_or_else(|| Slot::known(lease_id, held_secs, lease.valid_until()));
+                let slot = slot
+                    .unwrap_or_else(|| EtcdLease::known(lease_id, held_secs, lease.valid_until()));
                 self.move_to_new_lease(lease, slot, value_fence, ttl_secs, started + ttl)
                     .await
             }
@@ -50,10 +50,11 @@ impl Shared {
         lease: &Lease,
         lease_id: i64,
         ttl_secs: i64,
-        slot: Option<Slot>,
+        slot: Option<EtcdLease>,
         valid_until: Instant,
     ) -> Result<Instant> {
-        let mut slot = slot.unwrap_or_else(|| Slot::known(lease_id, ttl_secs, lease.valid_until()));
+        let mut slot =
+            slot.unwrap_or_else(|| EtcdLease::known(lease_id, ttl_secs, lease.valid_until()));
         let full = self.full_key(lease.key());
         let client = self.client();
         let mut kv = client.kv_client();
@@ -90,7 +91,7 @@ impl Shared {
     async fn move_to_new_lease(
         &self,
         lease: &Lease,
-        old: Slot,
+        old: EtcdLease,
         value_fence: Option<u64>,
         ttl_secs: i64,
         valid_until: Instant,

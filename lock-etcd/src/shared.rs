@@ -12,7 +12,7 @@ use lock_core::{Capabilities, ReleaseNotices, Result, Ttl};
 use crate::batch::Batcher;
 use crate::error::{failed, is_lease_not_found, timed_out, unexpected};
 use crate::held::HeldTable;
-use crate::leases::{new_lease_id, Pool, Slot, HEADROOM_SECS};
+use crate::leases::{new_lease_id, EtcdLease, Pool, HEADROOM_SECS};
 use crate::members::Members;
 use crate::watch;
 
@@ -84,7 +84,7 @@ impl Shared {
     }
 
     /// Keeps a lease that holds no key for the next acquisition.
-    pub(crate) fn recycle(&self, slot: Slot) {
+    pub(crate) fn recycle(&self, slot: EtcdLease) {
         let overflow = lock(&self.pool).put(slot, Instant::now());
         if let Some(slot) = overflow {
             self.revoke_later(slot.id);
@@ -92,7 +92,7 @@ impl Shared {
     }
 
     /// Grants a lease for locks of `ttl_secs`.
-    pub(crate) async fn grant(&self, ttl_secs: i64, used: &mut Vec<i64>) -> Result<Slot> {
+    pub(crate) async fn grant(&self, ttl_secs: i64, used: &mut Vec<i64>) -> Result<EtcdLease> {
         let id = new_lease_id();
         used.push(id);
         let lease_secs = ttl_secs + HEADROOM_SECS;
@@ -105,7 +105,7 @@ impl Shared {
             .await
         {
             Ok(granted) if granted.error().is_empty() && granted.ttl() >= lease_secs => {
-                Ok(Slot::granted(id, ttl_secs, granted.ttl(), sent))
+                Ok(EtcdLease::granted(id, ttl_secs, granted.ttl(), sent))
             }
             Ok(_) => {
                 self.revoke_later(id);

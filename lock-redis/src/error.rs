@@ -10,7 +10,7 @@ use lock_core::Error;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 /// The name errors carry.
-pub(crate) const BACKEND: &str = "redis";
+pub(crate) const NAME: &str = "redis";
 
 /// What went wrong with one request.
 #[derive(Debug)]
@@ -81,9 +81,9 @@ impl NodeError {
     pub(crate) fn into_error(self) -> Error {
         let transient = self.failure.is_transient();
         if transient {
-            Error::unavailable(BACKEND, self)
+            Error::unavailable(NAME, self)
         } else {
-            Error::backend(BACKEND, self)
+            Error::backend(NAME, self)
         }
     }
 }

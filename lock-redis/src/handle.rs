@@ -15,7 +15,7 @@ use redis::{
 use crate::codec::{hex, key};
 use crate::config::RedisBuilder;
 use crate::connection::Connector;
-use crate::error::{Failure, NodeError, BACKEND};
+use crate::error::{Failure, NodeError, NAME};
 use crate::ops::{Op, Ops, Out};
 use crate::scripts::Script;
 use crate::watch::ReleaseWatch;
@@ -104,8 +104,8 @@ impl RedisNode {
         let info: ConnectionInfo = connection_addr
             .into_connection_info()
             .map(|info| info.set_redis_settings(settings))
-            .map_err(|e| Error::backend(BACKEND, e))?;
-        let client = Client::open(info).map_err(|e| Error::backend(BACKEND, e))?;
+            .map_err(|e| Error::backend(NAME, e))?;
+        let client = Client::open(info).map_err(|e| Error::backend(NAME, e))?;
         let timeout = config.operation_timeout();
         let channel = format!("{}released:{}", config.key_prefix(), config.database());
         let link = Arc::new(Connector::new(client.clone()));

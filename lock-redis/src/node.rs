@@ -7,14 +7,14 @@ use lock_core::{Attempt, Capabilities, Holder, Owner, Result, Ttl};
 use redis::Value;
 
 use crate::codec::{hex, integers, millis};
-use crate::error::{Failure, BACKEND};
+use crate::error::{Failure, NAME};
 use crate::handle::RedisNode;
 use crate::ops::{mismatched, AcquireOp, Op, Out, Queued, ReleaseOp};
 use crate::scripts;
 
 /// What the Redis backend promises (see the crate documentation).
 pub const CAPABILITIES: Capabilities = Capabilities {
-    name: BACKEND,
+    name: NAME,
     min_ttl: Duration::from_millis(10),
     ttl_granularity: Duration::from_millis(1),
     max_ttl: Duration::from_secs(30 * 24 * 3600),

@@ -13,7 +13,7 @@ use lock_core::{
 use lock_redis::RedisNode;
 
 use crate::config::RedlockBuilder;
-use crate::error::BACKEND;
+use crate::error::NAME;
 use crate::member::Member;
 use crate::nodes::Nodes;
 use crate::quorum::quorum;
@@ -105,7 +105,7 @@ impl RedlockBackend {
             drift_factor: config.drift(),
             fencing,
             caps: Capabilities {
-                name: BACKEND,
+                name: NAME,
                 min_ttl: MIN_TTL,
                 ttl_granularity: Duration::from_millis(1),
                 max_ttl: lock_redis::CAPABILITIES.max_ttl,

@@ -5,12 +5,12 @@ use std::time::{Duration, Instant};
 use lock_core::Error;
 
 /// The name errors carry.
-pub(crate) const BACKEND: &str = "redlock";
+pub(crate) const NAME: &str = "redlock";
 
 /// A quorum that granted too late to leave any validity.
 pub(crate) fn validity_passed(start: Instant, ttl: Duration, usable: Duration) -> Error {
     Error::unavailable(
-        BACKEND,
+        NAME,
         ValidityPassed {
             elapsed: start.elapsed(),
             ttl,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use lock_core::{Error, ReleaseNotices, Result};
 use lock_redis::{RedisBuilder, RedisNode, ReleaseWatch};
 
-use crate::error::BACKEND;
+use crate::error::NAME;
 
 /// Shortest pause between two background connection attempts to a node that is down.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
@@ -93,7 +93,7 @@ impl Member {
             state.last_error.clone()
         };
         Err(Error::unavailable(
-            BACKEND,
+            NAME,
             NotConnected {
                 addr: self.addr.clone(),
                 last_error,
