@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and test of distlock on a fresh Debian machine: installs the real
 # servers the tests start (redis-server, etcd) and protoc (etcd-client's build) when they
-# are missing, then fmt, clippy, tests (all features) and docs.
+# are missing, then the module-cycle check, fmt, clippy, tests (all features) and docs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +9,7 @@ missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "==> installing ${missing[*]}"
   sudo=""
@@ -17,6 +18,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+echo "==> module cycles (no module imports a module that imports it back)"
+python3 scripts/module-cycles.py
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy (all targets, all features)"

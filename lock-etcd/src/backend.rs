@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lock_core::sync::lock;
 use lock_core::{
-    Admin, Attempt, Backend, Capabilities, HandOver, Holder, Lease, Owner, ReleaseListener, Result,
-    Ttl,
+    Admin, Attempt, Backend, Capabilities, Error, HandOver, Holder, Lease, Owner, ReleaseListener,
+    Result, Ttl,
 };
 
 use crate::detached::detached;
@@ -107,15 +107,31 @@ impl Backend for EtcdBackend {
     }
 
     /// Runs on a task of its own, so that an attempt dropped half-way (its caller
-    /// cancelled) still finishes and gives back what it was granted.
+    /// cancelled) still finishes; [`abandon`](Self::abandon) then gives back what it was
+    /// granted.
     async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
         let ttl_secs = Shared::lease_secs(ttl);
         let ttl = ttl.get();
         let key: Arc<str> = Arc::from(key);
-        detached(&self.shared, key.clone(), owner, move |shared| async move {
+        detached(&self.shared, owner, move |shared| async move {
             shared.attempt(&key, owner, ttl, ttl_secs).await
         })
         .await
+    }
+
+    /// Waits until the attempt of `owner` still on its way (if any) has finished, then
+    /// releases what it was granted: the release's transaction deletes the key only while
+    /// it holds `owner`'s token, so it also cleans up a grant whose answer was lost.
+    async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
+        let limit = self.shared.timeout * 2;
+        self.shared.running.settled(owner, limit).await;
+        match self
+            .release(&Lease::new(key, owner, 0, Instant::now()))
+            .await
+        {
+            Ok(()) | Err(Error::NotHeld { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
@@ -153,12 +169,9 @@ impl HandOver for EtcdBackend {
         let ttl_secs = Shared::lease_secs(ttl);
         let ttl = ttl.get();
         let from = from.clone();
-        detached(
-            &self.shared,
-            from.key_arc().clone(),
-            to,
-            move |shared| async move { shared.hand_over(&from, to, ttl, ttl_secs).await },
-        )
+        detached(&self.shared, to, move |shared| async move {
+            shared.hand_over(&from, to, ttl, ttl_secs).await
+        })
         .await
     }
 }

@@ -113,6 +113,7 @@ impl EtcdBackend {
             announcer,
             demand,
             held: Mutex::new(HeldTable::default()),
+            running: Default::default(),
             pool: Mutex::new(Pool::default()),
         };
         Ok(EtcdBackend {

@@ -1,73 +1,67 @@
-//! Operations that may grant a lock, finished on a task of their own when their caller
-//! gives up half-way.
+//! Operations that may grant a lock run on a task of their own: an etcd transaction cannot
+//! be recalled once sent (etcd may apply it after a release sent meanwhile), so a caller
+//! who gives up half-way must not cut it off. [`Backend::abandon`](lock_core::Backend::abandon)
+//! waits for such an operation to finish before it releases what it granted: lock-core's
+//! clean-up of a cancelled attempt is the only one, and it sees the grant.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use lock_core::{Attempt, Error, Lease, Owner, Result};
+use lock_core::sync::lock;
+use lock_core::{Attempt, Error, Owner, Result};
+use tokio::sync::watch;
 
 use crate::error::NAME;
 use crate::shared::Shared;
 
-/// Runs `op`, an operation that may grant `key` to `owner`, in place, and finishes it on a
-/// task of its own if the caller gives up mid-flight: it cannot be cut off half-way (a
-/// transaction etcd may still apply after a release sent meanwhile), and a grant nobody
-/// waits for any more is released there, after it happened.
-pub(crate) async fn detached<F, Fut>(
-    shared: &Arc<Shared>,
-    key: Arc<str>,
-    owner: Owner,
-    op: F,
-) -> Result<Attempt>
+/// The operations still running, by the owner token they may grant to.
+#[derive(Default)]
+pub(crate) struct Running {
+    by_owner: Mutex<HashMap<u128, watch::Receiver<bool>>>,
+}
+
+impl Running {
+    /// Waits, at most `limit`, until the operation that may grant to `owner` (if one still
+    /// runs) has finished; its grant, if any, is then in the held table.
+    pub(crate) async fn settled(&self, owner: Owner, limit: Duration) {
+        let done = lock(&self.by_owner).get(&owner.as_u128()).cloned();
+        if let Some(mut done) = done {
+            let _ = tokio::time::timeout(limit, done.wait_for(|finished| *finished)).await;
+        }
+    }
+}
+
+/// Runs `op`, an operation that may grant a key to `owner`, on a task of its own, and
+/// returns its answer. Dropping the returned future leaves the operation running; the
+/// caller then abandons `owner`, which waits for it ([`Running::settled`]).
+pub(crate) async fn detached<F, Fut>(shared: &Arc<Shared>, owner: Owner, op: F) -> Result<Attempt>
 where
     F: FnOnce(Arc<Shared>) -> Fut,
     Fut: Future<Output = Result<Attempt>> + Send + 'static,
 {
     let (member, _) = shared.members.pick();
-    let mut run = Detached {
-        op: Some(Box::pin(op(shared.clone()))),
-        shared: shared.clone(),
-        key,
-        owner,
+    let (finished, done) = watch::channel(false);
+    let id = owner.as_u128();
+    lock(&shared.running.by_owner).insert(id, done);
+    let me = shared.clone();
+    let op = op(shared.clone());
+    let task = async move {
+        let result = op.await;
+        lock(&me.running.by_owner).remove(&id);
+        let _ = finished.send(true);
+        result
     };
-    let result = std::future::poll_fn(|cx| run.poll_op(cx)).await;
+    let result = match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => runtime.spawn(task).await.unwrap_or_else(|e| {
+            Err(Error::backend(
+                NAME,
+                format!("an attempt's task failed: {e}"),
+            ))
+        }),
+        // Polled outside a tokio runtime: run in place.
+        Err(_) => task.await,
+    };
     shared.members.note(member, result)
-}
-
-/// An operation run in place by [`detached`]; finished on a task of its own when dropped
-/// before it completed.
-struct Detached {
-    op: Option<Pin<Box<dyn Future<Output = Result<Attempt>> + Send>>>,
-    shared: Arc<Shared>,
-    key: Arc<str>,
-    owner: Owner,
-}
-
-impl Detached {
-    fn poll_op(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<Attempt>> {
-        let Some(op) = self.op.as_mut() else {
-            return std::task::Poll::Ready(Err(Error::backend(NAME, "polled after completion")));
-        };
-        let result = std::task::ready!(op.as_mut().poll(cx));
-        self.op = None;
-        std::task::Poll::Ready(result)
-    }
-}
-
-impl Drop for Detached {
-    fn drop(&mut self) {
-        let Some(op) = self.op.take() else { return };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime to finish on: whatever it was granted expires at its TTL.
-            return;
-        };
-        let (shared, key, owner) = (self.shared.clone(), self.key.clone(), self.owner);
-        runtime.spawn(async move {
-            if let Ok(Attempt::Granted { fence, valid_until }) = op.await {
-                let lease = Lease::new(key, owner, fence, valid_until);
-                let _ = shared.release(&lease).await;
-            }
-        });
-    }
 }

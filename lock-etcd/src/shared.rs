@@ -10,6 +10,7 @@ use lock_core::sync::lock;
 use lock_core::{Capabilities, ReleaseNotices, Result, Ttl};
 
 use crate::batch::Batcher;
+use crate::detached::Running;
 use crate::error::{failed, is_lease_not_found, timed_out, unexpected};
 use crate::held::HeldTable;
 use crate::leases::{new_lease_id, EtcdLease, Pool, HEADROOM_SECS};
@@ -30,6 +31,8 @@ pub(crate) struct Shared {
     /// Opens the watch when a refused attempt needs it.
     pub(crate) demand: Arc<watch::Demand>,
     pub(crate) held: Mutex<HeldTable>,
+    /// Attempts and hand-overs still on their way, for `abandon`.
+    pub(crate) running: Running,
     pub(crate) pool: Mutex<Pool>,
     /// Acquire and release transactions go through it, grouped under load.
     pub(crate) batch: Arc<Batcher>,
