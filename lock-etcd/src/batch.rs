@@ -65,7 +65,7 @@ impl Txns {
     async fn alone(&self, txn: Txn) -> Result<Answer, etcd_client::Error> {
         match tokio::time::timeout(self.timeout, self.unbounded(txn)).await {
             Ok(answer) => answer,
-            Err(_) => Err(timed_out()),
+            Err(_) => Err(no_answer_in_time()),
         }
     }
 
@@ -125,7 +125,7 @@ impl GroupSend for Txns {
                     )))
                 })
                 .collect(),
-            Err(_) => txns.iter().map(|_| Err(timed_out())).collect(),
+            Err(_) => txns.iter().map(|_| Err(no_answer_in_time())).collect(),
         }
     }
 
@@ -136,7 +136,7 @@ impl GroupSend for Txns {
     }
 }
 
-fn timed_out() -> etcd_client::Error {
+fn no_answer_in_time() -> etcd_client::Error {
     etcd_client::Error::IoError(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
         "no answer from etcd within the operation timeout",

@@ -4,7 +4,9 @@ use std::future::poll_fn;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use lock_core::sync::lock;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -217,10 +219,6 @@ impl Drop for FaultProxy {
         self.accept_task.abort();
         lock(&self.listener).close();
     }
-}
-
-fn lock(slot: &Mutex<ListenerSlot>) -> MutexGuard<'_, ListenerSlot> {
-    slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Binds `addr` again after `Refuse` (SO_REUSEADDR is set by std).
