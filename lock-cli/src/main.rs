@@ -1,8 +1,4 @@
-//! `distlock`: run a command under a lock, benchmark lock servers, inspect a lock.
-//!
-//! Every subcommand takes its lock server from `--url`, else `DISTLOCK_URL`, else
-//! `memory://`. Failures are reported in one or two lines on stderr with a documented
-//! exit status (see [`exit`]).
+#![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
 mod bench;

@@ -216,15 +216,118 @@ pub trait Backend: Send + Sync + 'static {
 
     /// One attempt to take `key` for `owner` for `ttl`.
     ///
-    /// Cancellation: a dropped call may still reach the server and grant; the Locker then
+    /// Grants only when nobody else holds an unexpired lock on `key`, storing `owner` as the
+    /// lock's value: [`Attempt::Granted`] with the grant's fencing token (ordered as
+    /// [`Capabilities::monotonic_fencing`] says) and its `valid_until`, counted from before
+    /// the request was sent, less the [`clock_drift`](Capabilities::clock_drift) allowance
+    /// ([`Capabilities::validity`]). Otherwise [`Attempt::Taken`], with the
+    /// holder's time left when the server tells. `ttl` has passed
+    /// [`Capabilities::effective_ttl`]: the backend needs no checks of its own. No retry,
+    /// no wait: the [`Locker`](crate::Locker) does those.
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`](crate::Error::Unavailable) (transient) when the server could
+    /// not be reached or did not answer in time;
+    /// [`Error::QuorumNotReached`](crate::Error::QuorumNotReached) (transient, Redlock) when
+    /// fewer than a majority of nodes granted;
+    /// [`Error::Backend`](crate::Error::Backend) when the server answered something the
+    /// protocol does not allow. After an error the attempt may still have granted: the
+    /// Locker abandons it as it does a dropped call.
+    ///
+    /// # Cancel safety
+    /// A dropped call may still reach the server and grant; the Locker then
     /// [`abandon`](Self::abandon)s it.
+    ///
+    /// # Examples
+    ///
+    /// One attempt straight on the protocol (applications use [`Locker`](crate::Locker)):
+    ///
+    /// ```no_run
+    /// # async fn demo(backend: &dyn lock_core::Backend) -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{Attempt, Lease, Owner};
+    ///
+    /// let ttl = backend.capabilities().effective_ttl(Duration::from_secs(10))?;
+    /// let owner = Owner::random();
+    /// match backend.try_acquire("jobs/nightly", owner, ttl).await? {
+    ///     Attempt::Granted { fence, valid_until } => {
+    ///         let lease = Lease::new("jobs/nightly", owner, fence, valid_until);
+    ///         backend.release(&lease).await?;
+    ///     }
+    ///     Attempt::Taken { expires_in } => println!("taken; free in at most {expires_in:?}"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt>;
 
     /// Pushes the lease's expiry to `ttl` from now if it is still ours; returns the new
     /// `valid_until`, counted from before the request was sent.
+    ///
+    /// Acts only when the stored value is the lease's owner and the lock has not expired;
+    /// never touches another owner's lock. The new `valid_until` is shortened by the
+    /// clock-drift allowance as for [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`](crate::Error::NotHeld) when the lock is no longer the lease's
+    /// (expired, released, taken over); transient errors as for
+    /// [`try_acquire`](Self::try_acquire), after which the extension may or may not have
+    /// been applied.
+    ///
+    /// # Cancel safety
+    /// A dropped call may still reach the server and apply the new TTL, or not. The
+    /// [`LockGuard`](crate::LockGuard) allows for both: until the answer comes, its validity
+    /// is the earlier of the old one and what the new TTL alone guarantees.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(
+    /// #     backend: &dyn lock_core::Backend,
+    /// #     mut lease: lock_core::Lease,
+    /// # ) -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    ///
+    /// let ttl = backend.capabilities().effective_ttl(Duration::from_secs(10))?;
+    /// let valid_until = backend.extend(&lease, ttl).await?;
+    /// lease.set_valid_until(valid_until);
+    /// # Ok(()) }
+    /// ```
     async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant>;
 
     /// Deletes the lock if it is still ours; `NotHeld` if it was not.
+    ///
+    /// Acts only when the stored value is the lease's owner; never touches another owner's
+    /// lock. A backend with [release notices](Capabilities::release_notices) announces the
+    /// release to the waiters of the key.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`](crate::Error::NotHeld) when the lock was not the lease's any more
+    /// (expired, taken over, already released); transient errors as for
+    /// [`try_acquire`](Self::try_acquire), after which the lock may or may not be deleted (if
+    /// not, it expires at its TTL).
+    ///
+    /// # Cancel safety
+    /// A dropped call may still reach the server and delete the lock, or not (it then
+    /// expires at its TTL); either way no other owner's lock is touched. When
+    /// [`LockGuard::release`](crate::LockGuard::release) is dropped, the guard sends the
+    /// release again from a background task.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(
+    /// #     backend: &dyn lock_core::Backend,
+    /// #     lease: lock_core::Lease,
+    /// # ) -> lock_core::Result<()> {
+    /// use lock_core::Error;
+    ///
+    /// match backend.release(&lease).await {
+    ///     Ok(()) => {}
+    ///     Err(Error::NotHeld { .. }) => eprintln!("expired or taken over before the release"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
     async fn release(&self, lease: &Lease) -> Result<()>;
 
     /// Registers for the next release notice of `key` (called before an attempt); `None`
@@ -249,8 +352,34 @@ pub trait Backend: Send + Sync + 'static {
     /// `Lease::new(key, owner, 0, now)` and maps [`Error::NotHeld`](crate::Error::NotHeld)
     /// to `Ok`.
     ///
-    /// Cancellation: dropping the future may leave the clean-up undone (the same as an
+    /// The Locker runs it on a background task (tracked by
+    /// [`Locker::shutdown`](crate::Locker::shutdown)) and retries transient errors a few
+    /// times with backoff before leaving the grant to its TTL.
+    ///
+    /// # Errors
+    /// Transient errors as for [`try_acquire`](Self::try_acquire): the clean-up may not have
+    /// reached the server. Never [`Error::NotHeld`](crate::Error::NotHeld).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave the clean-up undone (the same as an
     /// error); run it on a task of its own when it must finish.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(backend: &dyn lock_core::Backend) -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::Owner;
+    ///
+    /// let ttl = backend.capabilities().effective_ttl(Duration::from_secs(10))?;
+    /// let owner = Owner::random();
+    /// let attempt = backend.try_acquire("jobs/nightly", owner, ttl);
+    /// if tokio::time::timeout(Duration::from_millis(100), attempt).await.is_err() {
+    ///     // Given up: whatever the attempt may still grant must not stay behind.
+    ///     backend.abandon("jobs/nightly", owner).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
         match self
             .release(&Lease::new(key, owner, 0, Instant::now()))
@@ -293,14 +422,47 @@ pub trait HandOver: Send + Sync {
     /// fence is greater than `from`'s, its validity counts from before the request).
     /// - `Granted`: `from` held the lock until the hand-over, and `to` holds it now;
     /// - `Taken`: `from` no longer held it; nothing changed;
+    ///
+    /// The [`LockGuard`](crate::LockGuard) calls it from its release, after its own
+    /// renewals have stopped, and only for a waiter of the same Locker queued behind it.
+    ///
+    /// # Errors
     /// - [`Error::Unsupported`](crate::Error::Unsupported): nothing changed, the backend
     ///   cannot hand this lock over; the caller releases `from` as usual;
     /// - another error: the hand-over may or may not have happened, and the backend has
     ///   undone what it could; the caller reports the error as `from`'s release and
     ///   abandons whatever `to` may have been granted.
     ///
-    /// Cancellation: a dropped call may still hand the lock over; the caller then
+    /// # Cancel safety
+    /// A dropped call may still hand the lock over; the caller then
     /// abandons `to`'s grant.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(
+    /// #     backend: &dyn lock_core::Backend,
+    /// #     held: lock_core::Lease,
+    /// # ) -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{Attempt, Error, Owner};
+    ///
+    /// let Some(protocol) = backend.hand_over() else {
+    ///     return backend.release(&held).await;
+    /// };
+    /// let ttl = backend.capabilities().effective_ttl(Duration::from_secs(10))?;
+    /// let next = Owner::random();
+    /// match protocol.hand_over(&held, next, ttl).await {
+    ///     Ok(Attempt::Granted { fence, .. }) => println!("handed over, fence {fence}"),
+    ///     Ok(Attempt::Taken { .. }) => println!("`held` was no longer the holder"),
+    ///     Err(Error::Unsupported { .. }) => backend.release(&held).await?,
+    ///     Err(e) => {
+    ///         backend.abandon(held.key(), next).await?;
+    ///         return Err(e);
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
     async fn hand_over(&self, from: &Lease, to: Owner, ttl: Ttl) -> Result<Attempt>;
 }
 
@@ -309,10 +471,60 @@ pub trait HandOver: Send + Sync {
 #[async_trait]
 pub trait Admin: Send + Sync {
     /// Who holds `key` now; `None` when it is free.
+    ///
+    /// A read: it changes nothing. An expired lock counts as free. What the server does not
+    /// store readably is `None` in the [`Holder`]; each backend documents what it knows.
+    ///
+    /// # Errors
+    /// Transient errors as for [`Backend::try_acquire`] (Redlock:
+    /// [`Error::QuorumNotReached`](crate::Error::QuorumNotReached) when fewer than a
+    /// majority of nodes answered).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing behind.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// let Some(admin) = locker.backend().admin() else {
+    ///     return Ok(()); // this backend cannot tell
+    /// };
+    /// match admin.inspect("jobs/nightly").await? {
+    ///     Some(holder) => println!("fence {:?}, {:?} left", holder.fence, holder.expires_in),
+    ///     None => println!("free"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     async fn inspect(&self, key: &str) -> Result<Option<Holder>>;
 
     /// Deletes `key`'s lock whoever holds it (the holder finds its lock lost at its next
     /// renewal) and announces the release; true if a lock was there.
+    ///
+    /// For tools and tests, not for normal locking: until its next renewal the holder
+    /// believes it holds the lock while a waiter may be granted it; fencing tokens keep the
+    /// protected resource safe meanwhile.
+    ///
+    /// # Errors
+    /// Transient errors as for [`Backend::try_acquire`], after which the lock may or may not
+    /// be deleted (Redlock: [`Error::QuorumNotReached`](crate::Error::QuorumNotReached) when
+    /// fewer than a majority of nodes answered, since the holder may then still hold it).
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave the lock deleted or not, as an error does, and a
+    /// deletion unannounced to this process's waiters.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// if let Some(admin) = locker.backend().admin() {
+    ///     if admin.force_release("jobs/stuck").await? {
+    ///         println!("removed the lock of jobs/stuck");
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
     async fn force_release(&self, key: &str) -> Result<bool>;
 }
 

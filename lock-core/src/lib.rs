@@ -1,24 +1,4 @@
-//! # lock-core
-//!
-//! The core of distlock: one lock abstraction over many lock servers.
-//!
-//! - [`Backend`]: a lock server's protocol, one attempt per operation
-//!   (`try_acquire`, `extend`, `release`), a release-notice hook and [`Capabilities`].
-//! - [`Locker`]: the waiting policy, the same for every backend: wait strategies, jittered
-//!   backoff, local FIFO queues, cancellation safety, [`Locker::run`] for scheduled jobs,
-//!   [`Locker::acquire_many`] and [`Locker::shutdown`].
-//! - [`LockGuard`]: a held lock with a fencing token, a renewal watchdog, a `lost()` signal
-//!   and release on drop. Its renewals, `extend` and release reach the server one at a
-//!   time, in order; a lost guard is never renewed again; its validity never exceeds what
-//!   the server may keep, even while an extension's answer is outstanding.
-//! - [`Error`]: one error type with actionable variants.
-//! - [`group`]: group commit, which backends use to send requests that arrive while the
-//!   server is busy as one call.
-//! - [`url`]: the generic shape of lock-server URLs
-//!   (`scheme://user:pass@host:port,host:port/path?query`, percent coding, password
-//!   redaction, typed parameters) and the one duration grammar, shared with the CLI; each
-//!   backend's builder applies its own rules to a [`LockUrl`].
-//! - `conformance` (feature `conformance`): the rules every backend must pass.
+#![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
 mod backend;

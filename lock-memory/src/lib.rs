@@ -1,18 +1,4 @@
-//! # lock-memory
-//!
-//! The embedded default backend of distlock: an in-process keyed async mutex with TTLs and
-//! fencing tokens. It excludes tasks of one process only (its capabilities say
-//! `cross_process: false`); use it for single-instance services, tests, and to try the API.
-//!
-//! - A release wakes the waiters of that key at once through release notices; with one
-//!   [`Locker`](lock_core::Locker) per backend (what `memory://` builds) exactly one
-//!   waiter is woken, the head of the Locker's FIFO queue.
-//! - A holder that neither renews nor releases loses the lock at its TTL; the waiter wakes
-//!   at that instant by a timer set from the holder's remaining time, not by polling.
-//! - Fencing tokens come from a counter per shard of the table; a key always lives in the
-//!   same shard, so they strictly increase across the successive holders of every key.
-//! - An entry exists only while a key has a holder (expired entries are swept
-//!   incrementally), and listeners only while a key has a waiter.
+#![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
 mod coarse;

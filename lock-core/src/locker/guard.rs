@@ -307,6 +307,36 @@ impl LocalHolder for GuardShared {
 /// if a renewal is refused, or the validity passes while the server does not answer,
 /// [`lost`](Self::lost) resolves and [`is_lost`](Self::is_lost) turns true. Renewals,
 /// [`extend`](Self::extend) and the release reach the server one at a time, in order.
+///
+/// # Drop
+///
+/// Dropping a guard that is still held ends the hold at once: the watchdog stops and its
+/// [`lost`](Self::lost) futures resolve. The lock is then released
+/// - right inside `drop`, when the backend answers in-process
+///   ([`Backend::immediate`](crate::Backend::immediate), the memory backend) and no
+///   renewal is in flight;
+/// - otherwise on a background task of the current tokio runtime, tracked by
+///   [`Locker::shutdown`](crate::Locker::shutdown) and
+///   [`Locker::settle`](crate::Locker::settle): a renewal in flight finishes first, then
+///   the release is sent, or the one-step hand-over to the next waiter of the same Locker
+///   when the backend can. Outside a tokio runtime that task cannot start, and the lock
+///   expires at its TTL.
+///
+/// The answer of such a release is not reported (use [`release`](Self::release) for it).
+/// Dropping a guard whose hold [`Locker::shutdown`](crate::Locker::shutdown) already ended
+/// sends nothing.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+/// {
+///     let guard = locker.lock("stock/item-42").await?;
+///     // ... work under the lock, renewed every ttl / 3 meanwhile ...
+///     println!("holding {} with fence {}", guard.key(), guard.fence());
+/// } // dropped here: released in the background
+/// # Ok(()) }
+/// ```
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
     shared: Arc<GuardShared>,
@@ -394,6 +424,28 @@ impl LockGuard {
     /// A future that resolves as soon as the lock is known gone: a renewal was refused, the
     /// validity passed without a successful renewal (server unreachable, or watchdog off),
     /// the Locker was shut down, or the guard was dropped. It does not borrow the guard.
+    ///
+    /// It resolves at once when the lock is already known gone, and also once
+    /// [`release`](Self::release) has its answer. A renewal or [`extend`](Self::extend) that
+    /// moves the validity moves the instant it waits for. Any number of these futures can be
+    /// made; each resolves on its own.
+    ///
+    /// # Cancel safety
+    /// Dropping the future has no effect on the guard or the lock; a new one can be made at
+    /// any time (the method is cancel safe).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// # async fn copy_the_files() {}
+    /// let guard = locker.lock("jobs/sync").await?;
+    /// tokio::select! {
+    ///     _ = guard.lost() => eprintln!("lock lost: stopping the sync"),
+    ///     _ = copy_the_files() => guard.release().await?,
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         GuardShared::ended(self.shared.clone())
     }
@@ -401,14 +453,45 @@ impl LockGuard {
     /// Renews the lock for `ttl` from now (also changing the watchdog's TTL), after any
     /// renewal already on its way. A lock whose validity passed is lost and not renewed.
     ///
+    /// `ttl` goes through the backend's rules first
+    /// ([`Capabilities::effective_ttl`](crate::Capabilities::effective_ttl)); the watchdog
+    /// takes the new TTL once the server applied it. While the request is on its way,
+    /// [`valid_until`](Self::valid_until) is the earlier of the validity before it and what
+    /// the new TTL guarantees. With the watchdog off, this is how a holder keeps its lock.
+    ///
     /// # Errors
     /// [`Error::InvalidTtl`]; [`Error::NotHeld`] when the lock is no longer ours (the guard
     /// is then lost for good); transient backend errors (the validity is then at most what
     /// the shorter of the old and the new TTL guarantees).
     ///
+    /// [`Error::NotHeld`] comes without a server call when the guard is already known lost,
+    /// its validity passed, or [`Locker::shutdown`](crate::Locker::shutdown) ended the hold.
+    /// After a transient error the guard is not lost (unless its validity passed meanwhile)
+    /// and the watchdog, when on, goes on renewing.
+    ///
     /// # Cancel safety
     /// Dropping the future may leave the extension applied on the server or not; the
     /// guard's validity is then the earlier of the two outcomes, and the watchdog goes on.
+    /// It goes on with the TTL it had: the new one is taken only from an answered
+    /// extension. Dropped while it waits for a renewal on its way, it has sent nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::LockOptions;
+    ///
+    /// // No watchdog: the holder renews by hand between the steps of a long job.
+    /// let opts = LockOptions::new().ttl(Duration::from_secs(10)).watchdog(false);
+    /// let guard = locker.acquire("jobs/migrate", &opts).await?;
+    /// for step in 0..3 {
+    ///     // ... step `step`, well under 10 s ...
+    ///     guard.extend(Duration::from_secs(10)).await?;
+    /// }
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let ttl = self.shared.locker.caps.effective_ttl(ttl)?;
         self.shared.renew(ttl).await?;
@@ -421,11 +504,43 @@ impl LockGuard {
     /// same Locker is queued on the key (and the backend can), the release is the one-step
     /// hand-over of the key to it.
     ///
+    /// `Ok` means the lock was still this guard's when the release (or hand-over) was sent:
+    /// the server found it ours, and its validity had not passed. A key is handed over at
+    /// most 16 times in a row, and never after
+    /// [`Locker::shutdown`](crate::Locker::shutdown). When the call returns, with or
+    /// without an error, the hold has ended: [`lost`](Self::lost) has resolved.
+    ///
     /// # Errors
     /// [`Error::NotHeld`]; transient backend errors (the lock then expires at its TTL).
     ///
+    /// [`Error::NotHeld`] when the lock expired, was taken over, or was already released by
+    /// [`Locker::shutdown`](crate::Locker::shutdown) (then nothing is sent). When a hand-over
+    /// fails with an error it may or may not have happened: what the waiter may have been
+    /// granted is released in the background, the error is returned, and a lock that was
+    /// not handed over expires at its TTL.
+    ///
     /// # Cancel safety
     /// If the future is dropped before completing, the release continues in the background.
+    /// It continues as a dropped guard's does (see [Drop](LockGuard#drop)): on the current
+    /// tokio runtime, tracked by [`Locker::shutdown`](crate::Locker::shutdown); outside a
+    /// runtime the lock expires at its TTL. Its answer is then not reported.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// use lock_core::Error;
+    ///
+    /// let guard = locker.lock("stock/item-42").await?;
+    /// // ... write, passing guard.fence() to the store ...
+    /// match guard.release().await {
+    ///     Ok(()) => {}
+    ///     // Expired or taken over meanwhile: the writes may have raced another holder.
+    ///     Err(Error::NotHeld { key }) => eprintln!("{key} was no longer ours"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn release(mut self) -> Result<()> {
         if !self.shared.finish() {
             return Err(self.shared.not_held());

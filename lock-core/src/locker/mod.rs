@@ -162,8 +162,26 @@ impl Locker {
 
     /// Acquires `key` with the default options.
     ///
+    /// The same as [`acquire`](Self::acquire) with [`default_options`](Self::default_options):
+    /// [`LockOptions::default`] (30 s TTL, wait up to 30 s, watchdog on) unless the Locker
+    /// was built [`with_options`](Self::with_options).
+    ///
     /// # Errors
     /// As [`acquire`](Self::acquire).
+    ///
+    /// # Cancel safety
+    /// As [`acquire`](Self::acquire): dropping the future leaves no lock held and no waiter
+    /// queued.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// let guard = locker.lock("stock/item-42").await?;
+    /// // ... read, check and write the item: no other holder of the key runs this now ...
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn lock<K: LockKey + ?Sized>(&self, key: &K) -> Result<LockGuard> {
         let opts = self.inner.defaults.clone();
         self.acquire(key, &opts).await
@@ -172,8 +190,34 @@ impl Locker {
     /// One attempt at `key` with the default TTL and watchdog setting: `Ok(None)` when the
     /// lock is taken.
     ///
+    /// The default wait strategy is not used: this is [`acquire`](Self::acquire) with
+    /// [`WaitStrategy::Skip`]. The attempt is made at once, without queueing behind this
+    /// Locker's waiters for the key, and a transient failure is returned, not retried.
+    ///
     /// # Errors
-    /// Invalid key or TTL, or the backend failed.
+    /// Invalid key or TTL ([`Error::InvalidKey`], [`Error::InvalidTtl`], before any I/O), or
+    /// the backend failed (transient errors such as [`Error::Unavailable`] included);
+    /// [`Error::Shutdown`] after [`shutdown`](Self::shutdown). A taken lock is `Ok(None)`,
+    /// never [`Error::Locked`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves no lock held: an attempt in flight is abandoned in the
+    /// background ([`Backend::abandon`], tracked by [`shutdown`](Self::shutdown) and
+    /// [`settle`](Self::settle)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// match locker.try_acquire("jobs/nightly").await? {
+    ///     Some(guard) => {
+    ///         // ... the job ...
+    ///         guard.release().await?;
+    ///     }
+    ///     None => println!("another replica runs the job"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn try_acquire<K: LockKey + ?Sized>(&self, key: &K) -> Result<Option<LockGuard>> {
         let opts = self.inner.defaults.clone().skip();
         match self.acquire(key, &opts).await {
@@ -188,6 +232,15 @@ impl Locker {
     /// jittered exponential backoff) between attempts, and retries transient errors until
     /// the wait strategy's deadline.
     ///
+    /// The TTL goes through the backend's rules ([`Capabilities::effective_ttl`]) first.
+    /// When nobody of this Locker is queued on the key, the first attempt is made at once;
+    /// otherwise the caller joins the key's local FIFO queue and attempts only when it is at
+    /// its head (see [`Locker`] for the wait behind a local holder and the hand-over). With
+    /// [`WaitStrategy::Skip`] there is one attempt and no queueing; a transient failure is
+    /// then returned, not retried. The wait deadline covers the whole acquisition, queueing
+    /// included. An [`Observer`] set by [`observe`](Self::observe) is told of the wait, the
+    /// retries and the grant.
+    ///
     /// The guard releases the lock when dropped (in the background) or by
     /// [`LockGuard::release`].
     ///
@@ -197,12 +250,36 @@ impl Locker {
     /// - [`Error::Timeout`] when the wait deadline passed while the lock was taken;
     /// - the last transient error (e.g. [`Error::Unavailable`]) when the deadline passed
     ///   while the server failed; non-transient backend errors at once;
-    /// - [`Error::Shutdown`] after [`shutdown`](Self::shutdown).
+    /// - [`Error::Shutdown`] after [`shutdown`](Self::shutdown) (also for an acquisition
+    ///   under way when the Locker is shut down: the grant it then receives is released).
     ///
     /// # Cancel safety
     /// Dropping the future at any await leaves no lock held and no waiter queued: an attempt
     /// in flight when the future is dropped is released in the background (tracked by
-    /// [`shutdown`](Self::shutdown)).
+    /// [`shutdown`](Self::shutdown)): it is abandoned through [`Backend::abandon`], retried a
+    /// few times on transient errors, so that it never grants later either. A key being
+    /// handed over to the dropped waiter is released in the background by the former holder.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{Error, LockOptions};
+    ///
+    /// let opts = LockOptions::new()
+    ///     .ttl(Duration::from_secs(10))
+    ///     .wait_for(Duration::from_secs(2));
+    /// match locker.acquire("jobs/nightly", &opts).await {
+    ///     Ok(guard) => {
+    ///         println!("fencing token {}", guard.fence());
+    ///         guard.release().await?;
+    ///     }
+    ///     Err(Error::Timeout { waited, .. }) => println!("still taken after {waited:?}"),
+    ///     Err(e) => return Err(e),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn acquire<K: LockKey + ?Sized>(
         &self,
         key: &K,
@@ -225,6 +302,13 @@ impl Locker {
 
     /// Sets the [`Observer`] told of this Locker's contention and retries (shared by its
     /// clones); `false` when one was set already (the first one stays).
+    ///
+    /// Every acquisition through this Locker ([`acquire`](Self::acquire), and so
+    /// [`lock`](Self::lock), [`try_acquire`](Self::try_acquire), [`run`](Self::run) and
+    /// [`acquire_many`](Self::acquire_many)) tells it, on the acquiring task: once
+    /// [`Event::Waiting`] when its wait begins, [`Event::Retrying`] for each transient
+    /// failure, and [`Event::Granted`] with the time the acquisition took. With
+    /// [`WaitStrategy::Skip`] only grants are told. An observer cannot be removed.
     ///
     /// # Examples
     ///
@@ -350,8 +434,50 @@ impl Locker {
     /// A lock not won (taken with `Skip`, or the wait deadline passed) is
     /// [`Outcome::Skipped`].
     ///
+    /// The lock is acquired as by [`acquire`](Self::acquire) with `opts`; `job` is not
+    /// polled before the lock is won, and `opts.job_timeout` counts from the grant. "Known
+    /// lost" is [`LockGuard::lost`]: a renewal refused, the validity passed without a renewal
+    /// (with the watchdog off, that is the TTL passing), or the Locker shut down; the outcome
+    /// is then [`Outcome::LockLost`] and the guard is dropped (which sends a release in the
+    /// background, unless the shutdown already released it). When the job completes and the
+    /// loss is found at the same time, the loss wins. A release after the job that fails
+    /// (for example because the lock expired just then) is logged, not reported: the
+    /// outcome stays [`Outcome::Ran`].
+    ///
     /// # Errors
     /// Invalid input, and backend failures while acquiring (other than a wait timeout).
+    /// That is: [`Error::InvalidKey`] / [`Error::InvalidTtl`] before any I/O,
+    /// [`Error::Shutdown`], non-transient backend errors, and the last transient error when
+    /// the wait deadline passed while the server failed. [`Error::Locked`] and
+    /// [`Error::Timeout`] become [`Outcome::Skipped`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future while it waits for the lock is as for [`acquire`](Self::acquire):
+    /// no lock held, no waiter queued. Dropping it while the job runs drops the job (at the
+    /// await it is suspended on) and the guard, whose drop releases the lock in the
+    /// background (see [`LockGuard`]); dropping it during the release after the job lets
+    /// that release continue in the background.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{LockOptions, Outcome};
+    ///
+    /// // On every replica: the first to win the key runs the report, the others skip it.
+    /// let opts = LockOptions::new()
+    ///     .skip()
+    ///     .ttl(Duration::from_secs(30))
+    ///     .job_timeout(Duration::from_secs(600));
+    /// match locker.run("jobs/report", &opts, async { /* build the report */ 42 }).await? {
+    ///     Outcome::Ran(value) => println!("ran: {value}"),
+    ///     Outcome::Skipped => println!("another replica has it"),
+    ///     Outcome::TimedOut => println!("cancelled after 10 minutes"),
+    ///     Outcome::LockLost => println!("lock lost: cancelled"),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn run<K, F, T>(&self, key: &K, opts: &LockOptions, job: F) -> Result<Outcome<T>>
     where
         K: LockKey + ?Sized,
@@ -392,11 +518,40 @@ impl Locker {
     /// order, so two callers with overlapping sets can never deadlock. The wait deadline of
     /// `opts` covers the whole set. Guards come back in sorted key order.
     ///
+    /// Every key is validated before any lock is taken. Each key is acquired as by
+    /// [`acquire`](Self::acquire) with `opts`, its wait bounded by what is left of the
+    /// set's deadline; with [`WaitStrategy::Skip`] each key gets one attempt. An empty
+    /// `keys` is `Ok` with no guard.
+    ///
     /// # Errors
     /// As [`acquire`](Self::acquire); locks taken before the failure are released first.
+    /// They are released one after another in reverse order, and their release errors are
+    /// ignored. An [`Error::Timeout`] reports the time waited for the whole set.
     ///
     /// # Cancel safety
     /// Dropping the future drops the guards taken so far, which release in the background.
+    /// The same holds while it releases them after a failure: a release cut off goes on in
+    /// the background, and the key being acquired when the future is dropped is left as by
+    /// a dropped [`acquire`](Self::acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::LockOptions;
+    ///
+    /// // A transfer locks both accounts; another transfer locking them the other way
+    /// // round takes them in the same (sorted) order, so neither waits for the other forever.
+    /// let opts = LockOptions::new().wait_for(Duration::from_secs(5));
+    /// let guards = locker.acquire_many(&["accounts/b", "accounts/a"], &opts).await?;
+    /// assert_eq!(guards[0].key(), "accounts/a");
+    /// // ... move the money ...
+    /// for guard in guards {
+    ///     guard.release().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn acquire_many<S: AsRef<str>>(
         &self,
         keys: &[S],
@@ -436,12 +591,67 @@ impl Locker {
 
     /// Waits until the background work of this Locker (releases of dropped guards, cleanups
     /// of cancelled attempts) has finished, without stopping it.
+    ///
+    /// Held guards and their watchdogs are not background work: `settle` does not wait for
+    /// them, nor release them. Work started while it waits is waited for too; work started
+    /// after it returned is not. Useful in tests and before reading
+    /// [`stats`](Self::stats), and before dropping the runtime, whose end cuts background
+    /// releases short (their locks then expire at their TTL).
+    ///
+    /// # Cancel safety
+    /// Dropping the future stops nothing: the background work goes on, and `settle` can be
+    /// called again.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// let guard = locker.lock("jobs/nightly").await?;
+    /// drop(guard); // released in the background (at once on an in-process backend)
+    /// locker.settle().await;
+    /// assert_eq!(locker.stats().background_tasks, 0);
+    /// # Ok(()) }
+    /// ```
     pub async fn settle(&self) {
         self.inner.tasks.wait_idle().await;
     }
 
     /// Stops granting, releases every lock still held through this Locker (their guards'
     /// `lost()` fires), and waits for background releases to finish. For a graceful stop.
+    ///
+    /// It applies to every clone of this Locker, for good. Acquisitions started afterwards
+    /// fail with [`Error::Shutdown`] before any I/O. An acquisition already waiting is not
+    /// interrupted: it fails with [`Error::Shutdown`] when it would have been granted (the grant
+    /// is released), or ends as usual at its deadline. The held locks are released one
+    /// after another, each after a renewal in flight finished, and never handed over to a
+    /// waiter; a guard's later [`release`](LockGuard::release) returns [`Error::NotHeld`].
+    /// Then it waits as [`settle`](Self::settle) does. Calling it again only waits for
+    /// background work.
+    ///
+    /// A guard granted on another thread while `shutdown` runs may be missed by it: it is
+    /// then released by its own release or drop, or by a later `shutdown`.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves the Locker shut down. The guard whose release is under way
+    /// has stopped renewing and its release may or may not have reached the server: its
+    /// lock then expires at its TTL, and its `lost()` fires at the latest when its validity
+    /// passes (or when it is dropped). Guards not reached yet stay held and go on renewing,
+    /// but this Locker no longer tracks them: a later `shutdown` does not release them
+    /// (their own release or drop does), and [`stats`](Self::stats) does not count them.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// let guard = locker.lock("jobs/nightly").await?;
+    /// let lost = guard.lost();
+    /// // On SIGTERM, for example:
+    /// locker.shutdown().await;
+    /// lost.await; // resolved: the lock was released by the shutdown
+    /// assert!(guard.is_lost());
+    /// assert!(locker.lock("jobs/other").await.is_err()); // Error::Shutdown
+    /// # Ok(()) }
+    /// ```
     pub async fn shutdown(&self) {
         self.inner.shut_down.store(true, Ordering::SeqCst);
         for guard in self.inner.held.drain() {

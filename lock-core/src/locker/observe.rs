@@ -10,13 +10,15 @@ use crate::error::Error;
 #[non_exhaustive]
 pub enum Event<'a> {
     /// The key is held by another owner and the caller waits (once per acquisition, when
-    /// its wait begins).
+    /// its wait begins; never with [`WaitStrategy::Skip`](crate::WaitStrategy::Skip), which
+    /// does not wait).
     Waiting {
         /// The key.
         key: &'a str,
     },
     /// An attempt failed with a transient error (server unreachable, timed out); the
-    /// Locker retries after a backoff until the wait's deadline.
+    /// Locker retries after a backoff until the wait's deadline. Not told with
+    /// [`WaitStrategy::Skip`](crate::WaitStrategy::Skip): the error is returned instead.
     Retrying {
         /// The key.
         key: &'a str,
