@@ -4,38 +4,18 @@
 //! waits for such an operation to finish before it releases what it granted: lock-core's
 //! clean-up of a cancelled attempt is the only one, and it sees the grant.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use lock_core::sync::lock;
 use lock_core::{Attempt, Error, Owner, Result};
 use tokio::sync::watch;
 
 use crate::error::NAME;
 use crate::shared::Shared;
 
-/// The operations still running, by the owner token they may grant to.
-#[derive(Default)]
-pub(crate) struct Running {
-    by_owner: Mutex<HashMap<u128, watch::Receiver<bool>>>,
-}
-
-impl Running {
-    /// Waits, at most `limit`, until the operation that may grant to `owner` (if one still
-    /// runs) has finished; its grant, if any, is then in the held table.
-    pub(crate) async fn settled(&self, owner: Owner, limit: Duration) {
-        let done = lock(&self.by_owner).get(&owner.as_u128()).cloned();
-        if let Some(mut done) = done {
-            let _ = tokio::time::timeout(limit, done.wait_for(|finished| *finished)).await;
-        }
-    }
-}
-
 /// Runs `op`, an operation that may grant a key to `owner`, on a task of its own, and
 /// returns its answer. Dropping the returned future leaves the operation running; the
-/// caller then abandons `owner`, which waits for it ([`Running::settled`]).
+/// caller then abandons `owner`, which waits for it ([`Running::settled`](crate::running::Running::settled)).
 pub(crate) async fn detached<F, Fut>(shared: &Arc<Shared>, owner: Owner, op: F) -> Result<Attempt>
 where
     F: FnOnce(Arc<Shared>) -> Fut,
@@ -43,13 +23,12 @@ where
 {
     let (member, _) = shared.members.pick();
     let (finished, done) = watch::channel(false);
-    let id = owner.as_u128();
-    lock(&shared.running.by_owner).insert(id, done);
+    shared.running.insert(owner, done);
     let me = shared.clone();
     let op = op(shared.clone());
     let task = async move {
         let result = op.await;
-        lock(&me.running.by_owner).remove(&id);
+        me.running.remove(owner);
         let _ = finished.send(true);
         result
     };

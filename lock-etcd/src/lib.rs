@@ -14,6 +14,7 @@ mod leases;
 mod members;
 mod release;
 mod renew;
+mod running;
 mod shared;
 mod txn;
 mod watch;

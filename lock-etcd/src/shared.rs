@@ -10,11 +10,11 @@ use lock_core::sync::lock;
 use lock_core::{Capabilities, ReleaseNotices, Result, Ttl};
 
 use crate::batch::Batcher;
-use crate::detached::Running;
 use crate::error::{failed, is_lease_not_found, timed_out, unexpected};
 use crate::held::HeldTable;
 use crate::leases::{new_lease_id, EtcdLease, Pool, HEADROOM_SECS};
 use crate::members::Members;
+use crate::running::Running;
 use crate::watch;
 
 /// What the backend handle, its operations and the tasks finishing detached operations

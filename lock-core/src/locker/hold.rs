@@ -1,0 +1,381 @@
+//! The hold behind a [`LockGuard`](super::LockGuard): its lease's state machine, its
+//! watchdog and its lost signal.
+//!
+//! Every server operation on a guard's lease (a watchdog renewal, a user's `extend`, the
+//! release or the hand-over to the next local waiter) passes through one small state
+//! machine, one operation at a time, in order:
+//!
+//! - **held**: renewals and extensions run one after another (the `ops` mutex); the
+//!   validity only ever comes from the operation the server applied last;
+//! - **ending** (`done`): claimed once by `release`, `Drop` or `Locker::shutdown`; the
+//!   watchdog stops, a renewal in flight finishes, and only then the release (or the
+//!   hand-over) is sent;
+//! - **lost**: the lock is known gone (renewal refused, validity passed); a lost lease is
+//!   never renewed again.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::handover;
+use super::queue::{HandOverRequest, LocalHolder};
+use super::shared::{Held, Shared};
+use crate::backend::Ttl;
+use crate::error::{Error, Result};
+use crate::lease::Lease;
+use crate::registry::Slot;
+use crate::sync::lock;
+
+pub(super) struct GuardShared {
+    slot: Slot,
+    locker: Arc<Shared>,
+    /// The lease as granted: its key, owner and fence never change during a hold.
+    granted: Lease,
+    /// The validity now (moved by renewals) and the TTL renewals use.
+    validity: Mutex<(Instant, Ttl)>,
+    /// Set when the lock is known gone (or the hold ended); never cleared.
+    lost: AtomicBool,
+    /// Wakes `lost()` futures on every change of `lost` or of the validity.
+    changed: Notify,
+    /// Whether a `lost()` future was ever made: if not, nobody needs waking.
+    watched: AtomicBool,
+    /// Set once by whoever ends the hold: `release`, `Drop` or `Locker::shutdown`.
+    done: AtomicBool,
+    /// One server operation on the lease at a time: renewals, `extend`, release and
+    /// hand-over take it for the whole of their server call.
+    ops: tokio::sync::Mutex<()>,
+    /// Tells the watchdog to stop (a stored permit: a stop before it waits is not missed).
+    stop: Notify,
+}
+
+impl GuardShared {
+    pub(super) fn lease(&self) -> Lease {
+        let mut lease = self.granted.clone();
+        lease.set_valid_until(self.valid_until());
+        lease
+    }
+
+    pub(super) fn valid_until(&self) -> Instant {
+        lock(&self.validity).0
+    }
+
+    pub(super) fn not_held(&self) -> Error {
+        self.granted.not_held()
+    }
+
+    /// Renews the lease for `ttl` from now: one operation, after every earlier one.
+    ///
+    /// A lost or ended lease is never renewed, and one whose validity passed is lost. Until
+    /// the server answers, the validity is lowered to what the new TTL alone guarantees
+    /// when that is earlier (a shorter TTL may be applied on the server before its answer
+    /// arrives, or without one), so a renewal that is cut off or fails never leaves the
+    /// guard believing in more than the server may keep.
+    pub(super) async fn renew(&self, ttl: Ttl) -> Result<Instant> {
+        let _op = self.ops.lock().await;
+        if self.is_done() || self.is_gone() {
+            return Err(self.not_held());
+        }
+        let sent = Instant::now();
+        let current = self.valid_until();
+        if sent >= current {
+            self.mark_lost("validity passed before the renewal");
+            return Err(self.not_held());
+        }
+        let bound = self.locker.caps.validity(sent, ttl.get());
+        if bound < current {
+            self.set_validity(bound, None);
+        }
+        let lease = self.lease();
+        match self.locker.proto().extend(&lease, ttl).await {
+            Ok(valid_until) => {
+                self.set_validity(valid_until, Some(ttl));
+                Ok(valid_until)
+            }
+            Err(e) => {
+                if matches!(e, Error::NotHeld { .. }) {
+                    self.mark_lost("renewal refused: the lock is no longer ours");
+                } else if Instant::now() >= self.valid_until() {
+                    self.mark_lost("validity passed while renewals failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn key(&self) -> &str {
+        self.granted.key()
+    }
+
+    /// Whether the hold is known ended (released, lost).
+    pub(super) fn is_gone(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    fn is_done(&self) -> bool {
+        self.done.load(Ordering::SeqCst)
+    }
+
+    /// Resolves as soon as the hold is known ended: `lost` set, or the validity passed
+    /// without a renewal.
+    pub(super) fn ended(shared: Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        shared.watched.store(true, Ordering::SeqCst);
+        async move {
+            loop {
+                let changed = shared.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if shared.lost.load(Ordering::SeqCst) {
+                    return;
+                }
+                let valid_until = shared.valid_until();
+                tokio::select! {
+                    _ = changed => {}
+                    _ = tokio::time::sleep_until(valid_until.into()) => {
+                        if shared.valid_until() <= valid_until {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn set_validity(&self, valid_until: Instant, ttl: Option<Ttl>) {
+        {
+            let mut validity = lock(&self.validity);
+            validity.0 = valid_until;
+            if let Some(ttl) = ttl {
+                validity.1 = ttl;
+            }
+        }
+        self.wake_watchers();
+    }
+
+    fn wake_watchers(&self) {
+        if self.watched.load(Ordering::SeqCst) {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Marks the hold ended (released, dropped) so `lost()` futures resolve.
+    pub(super) fn set_gone(&self) -> bool {
+        let was_lost = self.lost.swap(true, Ordering::SeqCst);
+        if !was_lost {
+            self.wake_watchers();
+            self.stop.notify_one();
+        }
+        was_lost
+    }
+
+    fn mark_lost(&self, why: &str) {
+        let was_lost = self.set_gone();
+        if !was_lost && !self.done.load(Ordering::SeqCst) {
+            tracing::warn!(
+                key = self.key(),
+                fence = self.granted.fence(),
+                backend = self.locker.caps.name,
+                why,
+                "lock lost"
+            );
+        }
+    }
+
+    /// Claims the end of the hold; false when someone else already ended it. The watchdog
+    /// stops at its next look.
+    pub(super) fn finish(&self) -> bool {
+        if self.done.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        self.stop.notify_one();
+        self.locker.held.remove(self.slot);
+        true
+    }
+
+    /// Ends the hold on the server, after a renewal in flight finished: passes the key to
+    /// the head waiter queued behind this guard when there is one, releases it otherwise.
+    /// Called once, after [`finish`](Self::finish).
+    pub(super) async fn end_on_server(&self) -> Result<()> {
+        let _op = self.ops.lock().await;
+        if let Some(answer) = self.release_now() {
+            return answer;
+        }
+        let sent = Instant::now();
+        let lease = self.lease();
+        // Kept to the end: a waiter whose request was taken waits for it to be answered or
+        // dropped, and attempts on the server only then.
+        let mut request = handover::take(&self.locker, self, self.key());
+        if let Some(request) = request.as_mut().filter(|_| lease.valid_until() > sent) {
+            if let Some(result) = self.hand_over(&lease, request).await {
+                return self.released(result);
+            }
+        }
+        let result = self.locker.proto().release(&lease).await;
+        drop(request);
+        self.released(result.and_then(|()| self.held_until(sent)))
+    }
+
+    /// `Ok` when this guard's validity lasted until `sent`, `NotHeld` otherwise.
+    fn held_until(&self, sent: Instant) -> Result<()> {
+        if self.valid_until() > sent {
+            Ok(())
+        } else {
+            Err(self.not_held())
+        }
+    }
+
+    /// Passes the key straight to the waiter queued behind this guard
+    /// ([`handover::give`]), in place of the release; `None` when it did not happen and the
+    /// lock is still to be released.
+    async fn hand_over(&self, lease: &Lease, request: &mut HandOverRequest) -> Option<Result<()>> {
+        let sent = Instant::now();
+        let given = handover::give(&self.locker, lease, request).await?;
+        Some(given.and_then(|()| self.held_until(sent)))
+    }
+
+    /// The release answered at once by an in-process backend (no copy of the lease);
+    /// `None` when the backend needs the async call.
+    fn release_now(&self) -> Option<Result<()>> {
+        let result = self.locker.proto().immediate()?.release(&self.granted);
+        Some(self.released(result))
+    }
+
+    fn released(&self, result: Result<()>) -> Result<()> {
+        self.set_gone();
+        self.locker.queues.holder_ended(self, self.key());
+        let key = self.key();
+        match &result {
+            Ok(()) => tracing::debug!(key, fence = self.granted.fence(), "lock released"),
+            Err(e) => tracing::debug!(key, error = %e, "release found the lock gone"),
+        }
+        result
+    }
+
+    /// Ends the hold from `Drop`: at once when the backend answers in-process and no
+    /// operation is in flight, else on a background task.
+    pub(super) fn release_in_background(self: &Arc<Self>) {
+        if let Ok(op) = self.ops.try_lock() {
+            if self.release_now().is_some() {
+                drop(op);
+                return;
+            }
+        }
+        let me = self.clone();
+        let spawned = self.locker.tasks.spawn(async move {
+            let _ = me.end_on_server().await;
+        });
+        if !spawned {
+            tracing::debug!(
+                key = self.key(),
+                "guard dropped outside a tokio runtime; the lock expires at its TTL"
+            );
+            self.set_gone();
+            self.locker.queues.holder_ended(&**self, self.key());
+        }
+    }
+}
+
+impl Held for GuardShared {
+    fn release_for_shutdown(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            if self.finish() {
+                if let Err(e) = self.end_on_server().await {
+                    tracing::debug!(error = %e, "shutdown release failed");
+                }
+            }
+        })
+    }
+}
+
+impl LocalHolder for GuardShared {
+    fn is_live(&self) -> bool {
+        !self.is_gone() && self.valid_until() > Instant::now()
+    }
+
+    fn ended(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(GuardShared::ended(self))
+    }
+}
+
+impl GuardShared {
+    /// A hold of `lease` registered with its Locker, renewed by a watchdog when `watchdog`.
+    pub(super) fn start(locker: &Arc<Shared>, lease: Lease, ttl: Ttl, watchdog: bool) -> Arc<Self> {
+        let shared = locker.held.insert(|slot| {
+            let shared = Arc::new(GuardShared {
+                slot,
+                locker: locker.clone(),
+                validity: Mutex::new((lease.valid_until(), ttl)),
+                granted: lease,
+                lost: AtomicBool::new(false),
+                changed: Notify::new(),
+                watched: AtomicBool::new(false),
+                done: AtomicBool::new(false),
+                ops: tokio::sync::Mutex::new(()),
+                stop: Notify::new(),
+            });
+            (shared.clone() as Arc<dyn Held>, shared)
+        });
+        if watchdog {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(run_watchdog(shared.clone()));
+            }
+        }
+        shared
+    }
+
+    /// The lease as granted (key, owner, fence).
+    pub(super) fn granted(&self) -> &Lease {
+        &self.granted
+    }
+
+    /// The TTL renewals use.
+    pub(super) fn ttl(&self) -> Ttl {
+        lock(&self.validity).1
+    }
+
+    /// The backend's capabilities.
+    pub(super) fn caps(&self) -> &crate::backend::Capabilities {
+        &self.locker.caps
+    }
+}
+
+/// Renews the lease every `ttl / 3` until the hold ends or the lock is lost. Each renewal
+/// is bounded by the validity: one that has not answered by then loses the lock.
+async fn run_watchdog(shared: Arc<GuardShared>) {
+    let mut next = Instant::now() + lock(&shared.validity).1.get() / 3;
+    loop {
+        tokio::select! {
+            biased;
+            _ = shared.stop.notified() => {}
+            _ = tokio::time::sleep_until(next.into()) => {}
+        }
+        if shared.is_done() || shared.is_gone() {
+            return;
+        }
+        let ttl = lock(&shared.validity).1;
+        let period = ttl.get() / 3;
+        let valid_until = shared.valid_until();
+        match tokio::time::timeout_at(valid_until.into(), shared.renew(ttl)).await {
+            Ok(Ok(_)) => {
+                tracing::debug!(key = shared.key(), "lock renewed");
+                next = Instant::now() + period;
+            }
+            Ok(Err(_)) if shared.is_done() || shared.is_gone() => return,
+            Ok(Err(e)) => {
+                tracing::debug!(key = shared.key(), error = %e, "renewal failed; retrying");
+                let now = Instant::now();
+                let left = shared.valid_until().saturating_duration_since(now);
+                next = now + (period / 4).min(left / 2).max(Duration::from_millis(1));
+            }
+            Err(_) => {
+                if !shared.is_done() {
+                    shared.mark_lost("validity passed while the server did not answer");
+                }
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The helpers above `acquire`: [`Locker::run`] for scheduled jobs and
+//! [`Locker::acquire_many`] for sets of keys.
+
+use std::future::Future;
+use std::time::Instant;
+
+use super::{LockGuard, Locker, Outcome};
+use crate::error::{Error, Result};
+use crate::lease::LockKey;
+use crate::options::{LockOptions, WaitStrategy};
+use crate::validate_key;
+
+impl Locker {
+    /// Runs `job` only if `key` is won, and says what happened.
+    ///
+    /// The job is cancelled (dropped) as soon as the lock is known lost or
+    /// `opts.job_timeout` passes; after it completes or times out the lock is released.
+    /// A lock not won (taken with `Skip`, or the wait deadline passed) is
+    /// [`Outcome::Skipped`].
+    ///
+    /// The lock is acquired as by [`acquire`](Self::acquire) with `opts`; `job` is not
+    /// polled before the lock is won, and `opts.job_timeout` counts from the grant. "Known
+    /// lost" is [`LockGuard::lost`]: a renewal refused, the validity passed without a renewal
+    /// (with the watchdog off, that is the TTL passing), or the Locker shut down; the outcome
+    /// is then [`Outcome::LockLost`] and the guard is dropped (which sends a release in the
+    /// background, unless the shutdown already released it). When the job completes and the
+    /// loss is found at the same time, the loss wins. A release after the job that fails
+    /// (for example because the lock expired just then) is logged, not reported: the
+    /// outcome stays [`Outcome::Ran`].
+    ///
+    /// # Errors
+    /// Invalid input, and backend failures while acquiring (other than a wait timeout).
+    /// That is: [`Error::InvalidKey`] / [`Error::InvalidTtl`] before any I/O,
+    /// [`Error::Shutdown`], non-transient backend errors, and the last transient error when
+    /// the wait deadline passed while the server failed. [`Error::Locked`] and
+    /// [`Error::Timeout`] become [`Outcome::Skipped`].
+    ///
+    /// # Cancel safety
+    /// Dropping the future while it waits for the lock is as for [`acquire`](Self::acquire):
+    /// no lock held, no waiter queued. Dropping it while the job runs drops the job (at the
+    /// await it is suspended on) and the guard, whose drop releases the lock in the
+    /// background (see [`LockGuard`]); dropping it during the release after the job lets
+    /// that release continue in the background.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::{LockOptions, Outcome};
+    ///
+    /// // On every replica: the first to win the key runs the report, the others skip it.
+    /// let opts = LockOptions::new()
+    ///     .skip()
+    ///     .ttl(Duration::from_secs(30))
+    ///     .job_timeout(Duration::from_secs(600));
+    /// match locker.run("jobs/report", &opts, async { /* build the report */ 42 }).await? {
+    ///     Outcome::Ran(value) => println!("ran: {value}"),
+    ///     Outcome::Skipped => println!("another replica has it"),
+    ///     Outcome::TimedOut => println!("cancelled after 10 minutes"),
+    ///     Outcome::LockLost => println!("lock lost: cancelled"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn run<K, F, T>(&self, key: &K, opts: &LockOptions, job: F) -> Result<Outcome<T>>
+    where
+        K: LockKey + ?Sized,
+        F: Future<Output = T>,
+    {
+        let guard = match self.acquire(key, opts).await {
+            Ok(guard) => guard,
+            Err(Error::Locked { .. } | Error::Timeout { .. }) => return Ok(Outcome::Skipped),
+            Err(e) => return Err(e),
+        };
+        let key = key.as_key();
+        let lost = guard.lost();
+        let hard_timeout = async {
+            match opts.job_timeout {
+                Some(t) => tokio::time::sleep(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let outcome = tokio::select! {
+            biased;
+            _ = lost => {
+                tracing::warn!(key, "lock lost while the job ran; job cancelled");
+                return Ok(Outcome::LockLost);
+            }
+            value = job => Outcome::Ran(value),
+            _ = hard_timeout => {
+                tracing::warn!(key, "job passed its hard timeout; job cancelled");
+                Outcome::TimedOut
+            }
+        };
+        if let Err(e) = guard.release().await {
+            tracing::warn!(key, error = %e, "release after the job failed");
+        }
+        Ok(outcome)
+    }
+
+    /// Acquires every key of `keys` or none: keys are deduplicated and taken in sorted
+    /// order, so two callers with overlapping sets can never deadlock. The wait deadline of
+    /// `opts` covers the whole set. Guards come back in sorted key order.
+    ///
+    /// Every key is validated before any lock is taken. Each key is acquired as by
+    /// [`acquire`](Self::acquire) with `opts`, its wait bounded by what is left of the
+    /// set's deadline; with [`WaitStrategy::Skip`] each key gets one attempt. An empty
+    /// `keys` is `Ok` with no guard.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire); locks taken before the failure are released first.
+    /// They are released one after another in reverse order, and their release errors are
+    /// ignored. An [`Error::Timeout`] reports the time waited for the whole set.
+    ///
+    /// # Cancel safety
+    /// Dropping the future drops the guards taken so far, which release in the background.
+    /// The same holds while it releases them after a failure: a release cut off goes on in
+    /// the background, and the key being acquired when the future is dropped is left as by
+    /// a dropped [`acquire`](Self::acquire).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// use std::time::Duration;
+    /// use lock_core::LockOptions;
+    ///
+    /// // A transfer locks both accounts; another transfer locking them the other way
+    /// // round takes them in the same (sorted) order, so neither waits for the other forever.
+    /// let opts = LockOptions::new().wait_for(Duration::from_secs(5));
+    /// let guards = locker.acquire_many(&["accounts/b", "accounts/a"], &opts).await?;
+    /// assert_eq!(guards[0].key(), "accounts/a");
+    /// // ... move the money ...
+    /// for guard in guards {
+    ///     guard.release().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_many<S: AsRef<str>>(
+        &self,
+        keys: &[S],
+        opts: &LockOptions,
+    ) -> Result<Vec<LockGuard>> {
+        let mut sorted: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
+        for key in &sorted {
+            validate_key(key)?;
+        }
+        sorted.sort_unstable();
+        sorted.dedup();
+        let started = Instant::now();
+        let mut guards = Vec::with_capacity(sorted.len());
+        for key in sorted {
+            let mut each = opts.clone();
+            if let WaitStrategy::Wait(total) = opts.wait {
+                each.wait = WaitStrategy::Wait(total.saturating_sub(started.elapsed()));
+            }
+            match self.acquire(key, &each).await {
+                Ok(guard) => guards.push(guard),
+                Err(e) => {
+                    for guard in guards.drain(..).rev() {
+                        let _ = guard.release().await;
+                    }
+                    return Err(match e {
+                        Error::Timeout { key, .. } => Error::Timeout {
+                            key,
+                            waited: started.elapsed(),
+                        },
+                        other => other,
+                    });
+                }
+            }
+        }
+        Ok(guards)
+    }
+}
