@@ -1,35 +1,26 @@
 //! The etcd backend against real etcd processes (lock-testkit): the whole conformance suite
-//! on one member (directly and through `distlock::connect`) and on a 3-member cluster; then
-//! faults (restart, blackholed network, paused leader, lost majority), the Jepsen rule for
-//! waiters, fencing across holders, and bad input.
+//! on one member (directly and through `distlock::connect`) and on a 3-member cluster; the
+//! shared fault rules on one member (restart, kill, pause, blackholed network) and on a
+//! cluster (a majority killed); then the cluster's own faults (paused leader, hung member),
+//! the Jepsen rule for waiters, fencing across holders, and bad input.
+
+mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{etcd_backend as backend, etcd_url, rand_u32, Proxied};
 use distlock::conformance::{
-    queued_holder, queued_holder_and_waiter, run_all, spawn_acquire, Target,
+    queued_holder, queued_holder_and_waiter, run_all, run_faults, spawn_acquire, Faults, Target,
 };
 use distlock::etcd::EtcdBackend;
 use distlock::{Admin, Backend, Error, LockOptions, LockUrl, Locker};
 use lock_testkit::{EtcdCluster, EtcdServer, FaultProxy, ProxyMode};
+use tokio::sync::Mutex;
 
 /// Time for a waiter to queue before the holder moves.
 const SETTLE: Duration = Duration::from_millis(300);
-
-fn etcd_url(endpoints: &[String], params: &str) -> String {
-    let mut url = format!("etcd://{}", endpoints.join(","));
-    if !params.is_empty() {
-        url.push('?');
-        url.push_str(params);
-    }
-    url
-}
-
-async fn backend(endpoints: &[String], params: &str) -> EtcdBackend {
-    let url = LockUrl::parse(&etcd_url(endpoints, params)).unwrap();
-    EtcdBackend::connect(&url).await.expect("connect to etcd")
-}
 
 fn opts(ttl: Duration) -> LockOptions {
     LockOptions::new().ttl(ttl).skip()
@@ -47,13 +38,6 @@ fn key(name: &str) -> String {
     format!("{name}-{:08x}", rand_u32())
 }
 
-fn rand_u32() -> u32 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
-    h.finish() as u32
-}
-
 // ---------------------------------------------------------------------------------------
 // Conformance
 // ---------------------------------------------------------------------------------------
@@ -68,7 +52,15 @@ async fn conformance_on_one_member() {
         .await
         .unwrap();
     assert_eq!(backend.capabilities().name, "etcd");
-    run_all(&Target::new(Arc::new(backend))).await;
+    common::conformance_direct(backend).await;
+}
+
+/// The whole suite through `distlock::connect("etcd://…")`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_through_connect() {
+    let server = EtcdServer::start().await;
+    let url = etcd_url(&[server.endpoint()], "");
+    common::conformance_through_connect(&url, |caps| assert_eq!(caps.name, "etcd")).await;
 }
 
 /// The safety rules (hand-over, serialized operations, queue entries) on a 3-member
@@ -80,17 +72,6 @@ async fn safety_rules() {
         .await
         .unwrap();
     distlock::conformance::run_safety(&Target::from_locker(&locker)).await;
-}
-
-/// The whole suite through `distlock::connect("etcd://…")`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_through_connect() {
-    let server = EtcdServer::start().await;
-    let locker = distlock::connect(&etcd_url(&[server.endpoint()], ""))
-        .await
-        .unwrap();
-    assert_eq!(locker.capabilities().name, "etcd");
-    run_all(&Target::from_locker(&locker)).await;
 }
 
 /// The whole suite on a 3-member cluster, every endpoint in the URL.
@@ -107,123 +88,64 @@ async fn conformance_on_a_three_member_cluster() {
 // Faults
 // ---------------------------------------------------------------------------------------
 
-/// etcd keeps leases across a restart (they are persisted, and a member that becomes leader
-/// gives every lease a fresh TTL), so a lock whose guard keeps renewing survives a crash and
-/// restart of the member: same fence, still refused to others, released normally; and the
-/// release watch comes back, so a waiter from another process is handed the lock promptly.
+/// Slack for the fault rules' time bounds.
+const FAULT_SLACK: Duration = Duration::from_millis(300);
+
+/// The shared fault rules on one member reached through a fault proxy (the peer too):
+/// restarted (etcd keeps its data: the locks survive), killed, paused (SIGSTOP), or cut off
+/// by a blackholed network.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lock_survives_an_etcd_restart_and_hand_off_resumes() {
-    let mut server = EtcdServer::start().await;
-    let endpoints = [server.endpoint()];
-    let (a, b) = (
-        Locker::new(backend(&endpoints, "timeout=500ms").await),
-        Locker::new(backend(&endpoints, "timeout=500ms").await),
-    );
-    let k = key("restart");
-    let ttl = Duration::from_secs(5);
-    let guard = a.acquire(&k, &opts(ttl)).await.unwrap();
-    let fence = guard.fence();
-
-    server.restart().await;
-    // Two renewal periods after the restart: the watchdog found the lease again.
-    tokio::time::sleep(ttl * 2 / 3).await;
-    assert!(!guard.is_lost(), "the lock survives the restart");
-    assert_eq!(guard.fence(), fence);
-    assert!(b.try_acquire(&k).await.unwrap().is_none(), "still held");
-
-    let waiter = {
-        let (b, k) = (b.clone(), k.clone());
-        tokio::spawn(async move {
-            let g = b
-                .acquire(&k, &opts(ttl).wait_for(Duration::from_secs(10)))
-                .await;
-            (Instant::now(), g)
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let released_at = Instant::now();
-    guard.release().await.expect("released after the restart");
-    let (granted_at, g) = waiter.await.unwrap();
-    let g = g.expect("the waiter gets the lock");
-    assert!(g.fence() > fence);
-    let delay = granted_at - released_at;
-    assert!(
-        delay < Duration::from_millis(500),
-        "hand-off after a restart took {delay:?}: the release watch must be back"
-    );
-    g.release().await.unwrap();
+async fn fault_rules_on_one_member() {
+    let member = Proxied::new(vec![EtcdServer::start().await]).await;
+    let endpoints = [member.addrs()[0].to_string()];
+    let params = "timeout=500ms";
+    let faults = Faults::new(Duration::from_millis(500))
+        .slack(FAULT_SLACK)
+        .peer(Arc::new(backend(&endpoints, params).await));
+    let faults = member.hooks(faults).await;
+    let target = Target::new(Arc::new(backend(&endpoints, params).await)).with_faults(faults);
+    // etcd keeps its data across a restart: there is no restart that loses the locks.
+    run_faults(&target).await.assert_not_run(&[
+        "a_restart_that_loses_the_locks_leaves_holders_not_held",
+        "waiters_wake_after_a_restart_that_loses_the_locks",
+    ]);
 }
 
-/// A blackholed network (packets vanish, connections stay open): a held lock reports
-/// `lost()` within its TTL, every call returns within its bound, and all works again once
-/// the network heals.
+/// The shared rule for dead servers on a 3-member cluster that loses its majority (2
+/// members killed, the third left without a quorum): every call fails within its timeout,
+/// nothing hangs, and the cluster serves again once they are back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_blackholed_network_loses_the_lock_within_its_ttl_and_calls_stay_bounded() {
-    let server = EtcdServer::start().await;
-    let proxy = FaultProxy::start(server.addr()).await;
-    let timeout = Duration::from_millis(500);
-    let locker = Locker::new(backend(&[proxy.addr().to_string()], "timeout=500ms").await);
-    let ttl = Duration::from_secs(2);
-    let k = key("blackhole");
-    let guard = locker.acquire(&k, &opts(ttl)).await.unwrap();
-    let lost = guard.lost();
-
-    proxy.set_mode(ProxyMode::Blackhole);
-    let cut = Instant::now();
-    tokio::time::timeout(ttl + Duration::from_millis(300), lost)
-        .await
-        .expect("lost() fires within the TTL when the server cannot be reached");
-    assert!(
-        guard.valid_until() <= cut + ttl,
-        "never valid past the last renewal + TTL"
+async fn fault_rules_on_a_cluster_losing_its_majority() {
+    let cluster = Arc::new(Mutex::new(EtcdCluster::start(3).await));
+    let endpoints = cluster.lock().await.endpoints();
+    let (c1, c2) = (cluster.clone(), cluster.clone());
+    let faults = Faults::new(Duration::from_secs(1)).slack(FAULT_SLACK).kill(
+        move || {
+            let c = c1.clone();
+            async move {
+                let mut c = c.lock().await;
+                c.member_mut(0).kill();
+                c.member_mut(1).kill();
+            }
+        },
+        move || {
+            let c = c2.clone();
+            async move {
+                let mut c = c.lock().await;
+                c.member_mut(0).restart().await;
+                c.member_mut(1).restart().await;
+            }
+        },
     );
-
-    let started = Instant::now();
-    let once = locker.acquire(&key("other"), &opts(ttl)).await;
-    assert!(
-        matches!(once, Err(Error::Unavailable { .. })),
-        "got {once:?}"
-    );
-    assert!(started.elapsed() <= timeout + Duration::from_millis(300));
-
-    let wait = Duration::from_secs(1);
-    let started = Instant::now();
-    let waited = locker
-        .acquire(&key("other"), &opts(ttl).wait_for(wait))
-        .await;
-    assert!(
-        waited.as_ref().is_err_and(Error::is_transient),
-        "got {waited:?}"
-    );
-    assert!(
-        started.elapsed() <= wait + Duration::from_millis(300),
-        "acquire returned {:?} after its start, deadline {wait:?}",
-        started.elapsed()
-    );
-    let started = Instant::now();
-    assert!(locker
-        .backend()
-        .admin()
-        .expect("admin")
-        .inspect(&k)
-        .await
-        .is_err());
-    assert!(locker
-        .backend()
-        .admin()
-        .expect("admin")
-        .force_release(&key("x"))
-        .await
-        .is_err());
-    assert!(started.elapsed() <= timeout * 2 + Duration::from_millis(300));
-
-    proxy.set_mode(ProxyMode::Pass);
-    let again = locker
-        .acquire(&key("healed"), &opts(ttl).wait_for(Duration::from_secs(10)))
-        .await
-        .expect("acquisitions work again once the network heals");
-    again.release().await.unwrap();
-    assert!(matches!(guard.release().await, Err(Error::NotHeld { .. })));
+    let target = Target::new(Arc::new(backend(&endpoints, "timeout=1s").await)).with_faults(faults);
+    run_faults(&target).await.assert_not_run(&[
+        "a_restart_that_loses_the_locks_leaves_holders_not_held",
+        "waiters_wake_after_a_restart_that_loses_the_locks",
+        "a_lock_survives_a_restart_that_keeps_the_locks",
+        "fences_increase_across_restarts",
+        "a_paused_server_bounds_every_call_and_loses_only_the_expired_holder",
+        "a_blackholed_network_bounds_every_call_and_loses_the_holder",
+    ]);
 }
 
 /// Records holders of one key: panics if two are ever inside at once, and checks that the
@@ -358,65 +280,6 @@ async fn a_hung_member_costs_one_failed_call() {
         "{} of 10 calls failed with one member hung: {failures:#?}",
         failures.len()
     );
-}
-
-/// With a majority of members killed, every call fails with a transient error within its
-/// timeout: nothing hangs.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_majority_makes_every_call_fail_within_its_timeout() {
-    let mut cluster = EtcdCluster::start(3).await;
-    let timeout = Duration::from_secs(1);
-    let locker = Locker::new(backend(&cluster.endpoints(), "timeout=1s").await);
-    let k = key("majority");
-    let guard = locker
-        .acquire(&k, &opts(Duration::from_secs(10)).watchdog(false))
-        .await
-        .unwrap();
-    cluster.member_mut(0).kill();
-    cluster.member_mut(1).kill();
-    let bound = timeout + Duration::from_millis(300);
-
-    macro_rules! bounded {
-        ($what:literal, $call:expr) => {{
-            let started = Instant::now();
-            let result = $call.await;
-            let took = started.elapsed();
-            assert!(took <= bound, "{} took {took:?}", $what);
-            assert!(
-                result.as_ref().is_err_and(Error::is_transient),
-                "{}: {result:?}",
-                $what
-            );
-        }};
-    }
-    bounded!(
-        "acquire",
-        locker.acquire(&key("m"), &opts(Duration::from_secs(10)))
-    );
-    bounded!("extend", guard.extend(Duration::from_secs(10)));
-    bounded!(
-        "inspect",
-        locker.backend().admin().expect("admin").inspect(&k)
-    );
-    bounded!(
-        "force_release",
-        locker
-            .backend()
-            .admin()
-            .expect("admin")
-            .force_release(&key("m"))
-    );
-    let lease = guard.lease();
-    bounded!("release", locker.backend().release(&lease));
-    let started = Instant::now();
-    let waited = locker
-        .acquire(
-            &key("m"),
-            &opts(Duration::from_secs(10)).wait_for(Duration::from_millis(1500)),
-        )
-        .await;
-    assert!(waited.is_err_and(|e| e.is_transient()));
-    assert!(started.elapsed() <= Duration::from_millis(1500) + bound);
 }
 
 /// The Jepsen rule (the etcd 3.4.3 lock bug): a waiter whose lease runs out before it learns

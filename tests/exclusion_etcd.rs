@@ -3,19 +3,18 @@
 //! after the normal one: the leader paused (SIGSTOP) past the longest TTL.
 //! `DISTLOCK_SOAK_SECS` runs it longer, `DISTLOCK_CHECK_SEED` replays a seed.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Fault};
 use distlock::etcd::EtcdBackend;
-use distlock::{Admin, Backend, LockUrl, Locker};
+use distlock::{Admin, Backend, Locker};
 use lock_testkit::EtcdCluster;
 
 async fn backend(endpoints: &[String]) -> EtcdBackend {
-    let url = format!("etcd://{}?prefix=excl/", endpoints.join(","));
-    EtcdBackend::connect(&LockUrl::parse(&url).expect("valid URL"))
-        .await
-        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+    common::etcd_backend(endpoints, "prefix=excl/").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,12 +5,15 @@
 //! blackholed past the longest TTL. `DISTLOCK_SOAK_SECS` runs it longer,
 //! `DISTLOCK_CHECK_SEED` replays a seed.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::raw_exists;
 use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Fault, ViolationKind};
 use distlock::redis::RedisBackend;
-use distlock::{LockUrl, Locker};
+use distlock::Locker;
 use lock_testkit::{FaultProxy, ProxyMode, RedisOptions, RedisServer};
 use tokio::sync::Mutex;
 
@@ -19,10 +22,11 @@ const PREFIX: &str = "excl:";
 const TTL_MAX: Duration = Duration::from_millis(600);
 
 async fn backend(addr: std::net::SocketAddr) -> RedisBackend {
-    let url = format!("redis://{addr}?prefix={}", PREFIX.replace(':', "%3A"));
-    RedisBackend::connect(&LockUrl::parse(&url).expect("valid URL"))
-        .await
-        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+    common::redis_backend(&format!(
+        "redis://{addr}?prefix={}",
+        PREFIX.replace(':', "%3A")
+    ))
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,16 +138,11 @@ async fn exclusion_redis() {
         .keys_left(move |names| {
             let (node, server) = (node.clone(), probe_server.clone());
             async move {
-                let mut raw = server.lock().await.client().await;
+                let server = server.lock().await;
                 let mut left = Vec::new();
                 for name in names {
                     let key = node.lock_key(&name);
-                    let n: i64 = redis::cmd("EXISTS")
-                        .arg(&key)
-                        .query_async(&mut raw)
-                        .await
-                        .unwrap();
-                    if n == 1 {
+                    if raw_exists(&server, &key).await {
                         left.push(key);
                     }
                 }

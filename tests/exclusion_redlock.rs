@@ -4,26 +4,19 @@
 //! restarted empty), and one node paused (SIGSTOP) past the longest TTL.
 //! `DISTLOCK_SOAK_SECS` runs it longer, `DISTLOCK_CHECK_SEED` replays a seed.
 
-use std::net::SocketAddr;
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{raw_exists, redlock_backend};
 use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Fault};
-use distlock::redlock::RedlockBackend;
-use distlock::{LockUrl, Locker};
+use distlock::Locker;
 use lock_testkit::RedisNodes;
 use tokio::sync::Mutex;
 
 /// The longest TTL the checker draws (its default range for Redlock: 100 ms … 600 ms).
 const TTL_MAX: Duration = Duration::from_millis(600);
-
-async fn backend(addrs: &[SocketAddr]) -> RedlockBackend {
-    let hosts: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
-    let url = format!("redlock://{}", hosts.join(","));
-    RedlockBackend::connect(&LockUrl::parse(&url).expect("valid URL"))
-        .await
-        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion_redlock() {
@@ -32,9 +25,9 @@ async fn exclusion_redlock() {
     let nodes = Arc::new(Mutex::new(nodes));
     let mut lockers = Vec::new();
     for _ in 0..3 {
-        lockers.push(Locker::new(backend(&addrs).await));
+        lockers.push(Locker::new(redlock_backend(&addrs, "").await));
     }
-    let probe_backend = Arc::new(backend(&addrs).await);
+    let probe_backend = Arc::new(redlock_backend(&addrs, "").await);
     let config = ExclusionConfig::from_env().ttl_range(Duration::from_millis(100), TTL_MAX);
     let past_ttl = TTL_MAX * 2 + Duration::from_millis(500);
 
@@ -78,15 +71,9 @@ async fn exclusion_redlock() {
                 let mut left = Vec::new();
                 for (i, server) in nodes.nodes().iter().enumerate() {
                     let node = backend.node(i).expect("node i");
-                    let mut raw = server.client().await;
                     for name in &names {
                         let key = node.lock_key(name);
-                        let n: i64 = redis::cmd("EXISTS")
-                            .arg(&key)
-                            .query_async(&mut raw)
-                            .await
-                            .unwrap();
-                        if n == 1 {
+                        if raw_exists(server, &key).await {
                             left.push(format!("node {i}: {key}"));
                         }
                     }

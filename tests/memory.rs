@@ -1,14 +1,17 @@
 //! The whole conformance suite against the memory backend: directly, through
-//! `Arc<dyn Backend>`, through `Box<dyn Backend>`, and through `distlock::connect`.
+//! `Arc<dyn Backend>`, through `Box<dyn Backend>`, and through `distlock::connect`; and the
+//! fault rules, which have no server to act on here and must say they did not run.
+
+mod common;
 
 use std::sync::Arc;
 
-use distlock::conformance::{run_all, run_safety, Target};
-use distlock::{Backend, Locker, MemoryBackend};
+use distlock::conformance::{run_all, run_faults, run_safety, Target};
+use distlock::{Backend, MemoryBackend};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_direct() {
-    run_all(&Target::new(Arc::new(MemoryBackend::new()))).await;
+    common::conformance_direct(MemoryBackend::new()).await;
 }
 
 /// The safety rules (hand-over, serialized operations, queue entries).
@@ -19,9 +22,7 @@ async fn safety_rules() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_through_arc_dyn() {
-    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
-    // Wrapped once more: the blanket `impl Backend for Arc<B>` forwards every call.
-    run_all(&Target::new(Arc::new(backend))).await;
+    common::conformance_through_arc_dyn(MemoryBackend::new()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -32,12 +33,20 @@ async fn conformance_through_box_dyn() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_through_connect() {
-    let locker: Locker = distlock::connect("memory://").await.unwrap();
-    assert_eq!(locker.capabilities().name, "memory");
-    run_all(&Target::from_locker(&locker)).await;
+    common::conformance_through_connect("memory://", |caps| assert_eq!(caps.name, "memory")).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn conformance_on_a_current_thread_runtime() {
     run_all(&Target::new(Arc::new(MemoryBackend::new()))).await;
+}
+
+/// Without fault hooks no fault rule runs, and each says so instead of passing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_rules_without_hooks_report_not_run() {
+    let report = run_faults(&Target::new(Arc::new(MemoryBackend::new()))).await;
+    assert_eq!(report.not_run().len(), 7, "{report:?}");
+    for (rule, why) in report.not_run() {
+        assert!(why.contains("no fault hooks"), "{rule}: {why}");
+    }
 }

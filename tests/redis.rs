@@ -1,26 +1,23 @@
 //! The Redis backend against real `redis-server` processes from lock-testkit: the whole
 //! conformance suite (directly, through `Arc<dyn Backend>`, through `distlock::connect`, and
-//! with a raw `DEL` taking locks away), the fault tests (restart, kill, pause, blackholed
-//! network, fences across a restart) and the bad-input tests.
+//! with a raw `DEL` taking locks away), the shared fault rules (restart with and without
+//! persistence, kill, pause, blackholed network), the Redis-specific faults (a restart
+//! from a stale RDB snapshot, abandoned acquires arriving late) and the bad-input tests.
+
+mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock::conformance::{self, queued_holder, queued_holder_and_waiter, run_all, Target};
-use distlock::redis::{RedisBackend, RedisNode, CAPABILITIES, MAX_FENCE};
-use distlock::{Admin, Backend, Error, LockOptions, LockUrl, Locker, Owner, WaitStrategy};
+use common::{calls, raw_exists, redis_backend as backend, skip, Proxied, SLACK};
+use distlock::conformance::{
+    self, queued_holder, queued_holder_and_waiter, run_all, run_faults, Faults, Target,
+};
+use distlock::redis::{RedisBackend, RedisNode, CAPABILITIES, DEFAULT_TIMEOUT, MAX_FENCE};
+use distlock::{Admin, Backend, Error, LockOptions, Locker, Owner};
 use lock_testkit::{EtcdServer, FaultProxy, ProxyMode, RedisOptions, RedisServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-
-/// Slack for "returns within its deadline" bounds.
-const SLACK: Duration = Duration::from_millis(100);
-
-async fn backend(url: &str) -> RedisBackend {
-    RedisBackend::connect(&LockUrl::parse(url).expect("valid URL"))
-        .await
-        .expect("connect to the test server")
-}
 
 /// A bare node of `server` whose keys start with `prefix`.
 async fn node(server: &RedisServer, prefix: &str) -> RedisNode {
@@ -46,42 +43,6 @@ fn valid_ttl(ttl: Duration) -> distlock::Ttl {
     CAPABILITIES.effective_ttl(ttl).expect("a valid TTL")
 }
 
-fn skip(ttl: Duration) -> LockOptions {
-    LockOptions::new().ttl(ttl).skip().watchdog(false)
-}
-
-/// With a server that cannot answer, `Skip` fails within the backend timeout and
-/// `Wait(500ms)` within its deadline (each plus [`SLACK`]), with a transient error.
-async fn acquires_fail_within_their_deadline(locker: &Locker, key: &str, timeout: Duration) {
-    let wait = Duration::from_millis(500);
-    for (strategy, bound) in [
-        (WaitStrategy::Skip, timeout),
-        (WaitStrategy::Wait(wait), wait),
-    ] {
-        let started = Instant::now();
-        let result = locker
-            .acquire(key, &skip(Duration::from_secs(1)).wait(strategy))
-            .await;
-        let waited = started.elapsed();
-        let e = result.expect_err("nothing is granted without an answering server");
-        assert!(e.is_transient(), "{strategy:?}: {e}");
-        assert!(
-            waited <= bound + SLACK,
-            "{strategy:?}: returned after {waited:?}"
-        );
-    }
-}
-
-async fn raw_exists(server: &RedisServer, key: &str) -> bool {
-    let mut raw = server.client().await;
-    let n: i64 = redis::cmd("EXISTS")
-        .arg(key)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    n == 1
-}
-
 // ---------------------------------------------------------------------------------------
 // Conformance
 // ---------------------------------------------------------------------------------------
@@ -90,7 +51,7 @@ async fn raw_exists(server: &RedisServer, key: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_direct() {
     let server = RedisServer::start().await;
-    run_all(&Target::new(Arc::new(backend(&server.url()).await))).await;
+    common::conformance_direct(backend(&server.url()).await).await;
 }
 
 /// The safety rules (hand-over, serialized operations, queue entries).
@@ -104,8 +65,7 @@ async fn safety_rules() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_through_arc_dyn() {
     let server = RedisServer::start().await;
-    let backend: Arc<dyn Backend> = Arc::new(backend(&server.url()).await);
-    run_all(&Target::new(Arc::new(backend))).await;
+    common::conformance_through_arc_dyn(backend(&server.url()).await).await;
 }
 
 /// The whole suite through the facade's `connect(url)`.
@@ -113,9 +73,7 @@ async fn conformance_through_arc_dyn() {
 async fn conformance_through_connect() {
     let server = RedisServer::start().await;
     let url = format!("{}?prefix=conformance%3A&timeout=2s", server.url());
-    let locker: Locker = distlock::connect(&url).await.unwrap();
-    assert_eq!(locker.capabilities(), &CAPABILITIES);
-    run_all(&Target::from_locker(&locker)).await;
+    common::conformance_through_connect(&url, |caps| assert_eq!(caps, &CAPABILITIES)).await;
 }
 
 /// The whole suite with locks taken away by a raw `DEL` of the lock key on the server (no
@@ -219,21 +177,6 @@ async fn raise_fence_lifts_the_next_fence() {
     assert!(raw_exists(&server, &node.fence_key("k")).await);
     assert_eq!(node.fence_key("k"), "raise:{k}:fence");
     assert_eq!(node.lock_key("k"), "raise:{k}");
-}
-
-/// Calls of `cmd` the server has answered so far (`INFO commandstats`).
-async fn calls(server: &RedisServer, cmd: &str) -> u64 {
-    let mut raw = server.client().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    let prefix = format!("cmdstat_{cmd}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
 }
 
 /// Concurrent acquires and releases on one node go to the server in groups (one script
@@ -468,148 +411,44 @@ async fn a_foreign_type_in_a_release_group_fails_only_its_own_caller() {
 // Faults
 // ---------------------------------------------------------------------------------------
 
-/// Redis restarted (empty, empty script cache) while locks are held: extend and release
-/// report NotHeld, not NOSCRIPT or a connection error; new acquires, inspect and
-/// force_release work.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_mid_hold_reports_not_held() {
-    let mut server = RedisServer::start().await;
-    let locker = distlock::connect(&server.url()).await.unwrap();
-    let ttl = Duration::from_secs(10);
-    let a = locker.acquire("restart/a", &skip(ttl)).await.unwrap();
-    let b = locker.acquire("restart/b", &skip(ttl)).await.unwrap();
-    let old_fence = a.fence();
-    server.restart().await;
-    // The first use of each script after the restart meets an empty script cache.
-    match a.extend(ttl).await {
-        Err(Error::NotHeld { key }) => assert_eq!(key, "restart/a"),
-        other => panic!("extend after a restart: expected NotHeld, got {other:?}"),
-    }
-    assert!(a.is_lost());
-    match b.release().await {
-        Err(Error::NotHeld { key }) => assert_eq!(key, "restart/b"),
-        other => panic!("release after a restart: expected NotHeld, got {other:?}"),
-    }
-    let backend = locker.backend().clone();
-    let backend = backend.admin().expect("admin");
-    assert_eq!(backend.inspect("restart/a").await.unwrap(), None);
-    assert!(!backend.force_release("restart/a").await.unwrap());
-    let again = locker
-        .acquire("restart/a", &skip(ttl))
-        .await
-        .expect("new acquires work after a restart");
-    assert!(again.fence() > old_fence);
-    assert!(matches!(a.release().await, Err(Error::NotHeld { .. })));
-    again.release().await.unwrap();
+/// A target whose backend (and peer) reach one server through a fault proxy, with the
+/// hooks of a server without persistence (a restart loses the locks) or with it (a restart
+/// keeps them), and kill, pause and blackhole.
+async fn fault_target(options: RedisOptions) -> Target {
+    let server = Proxied::new(vec![RedisServer::start_with(options).await]).await;
+    let url = format!("redis://{}", server.addrs()[0]);
+    // The default request timeout (1 s) is longer than the rules' 500 ms wait: the wait's
+    // deadline, not the backend timeout, bounds that acquire.
+    let faults = Faults::new(DEFAULT_TIMEOUT)
+        .slack(SLACK)
+        .peer(Arc::new(backend(&url).await));
+    let faults = server.hooks(faults).await;
+    Target::new(Arc::new(backend(&url).await)).with_faults(faults)
 }
 
-/// Redis killed while a guard is held: `lost()` fires within the TTL; an acquire with
-/// `Wait(500ms)` returns a transient error within its deadline; after the server is back the
-/// same Locker works again.
+/// The shared fault rules on one server without persistence: restart (empty, empty script
+/// cache), kill, pause (SIGSTOP) and a blackholed network.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_while_held_loses_the_lock_and_fails_fast() {
-    let mut server = RedisServer::start().await;
-    let locker = distlock::connect(&server.url()).await.unwrap();
-    let ttl = Duration::from_millis(600);
-    let guard = locker
-        .acquire("killed/a", &LockOptions::new().ttl(ttl).skip())
+async fn fault_rules() {
+    let target = fault_target(RedisOptions::default()).await;
+    run_faults(&target)
         .await
-        .unwrap();
-    let lost = guard.lost();
-    server.kill();
-    let killed_at = Instant::now();
-    tokio::time::timeout(ttl + SLACK, lost)
-        .await
-        .expect("lost() fires within the TTL after the server died");
-    assert!(killed_at.elapsed() <= ttl + SLACK);
-    assert!(guard.is_lost());
-
-    let wait = Duration::from_millis(500);
-    let started = Instant::now();
-    let result = locker.acquire("killed/b", &skip(ttl).wait_for(wait)).await;
-    let waited = started.elapsed();
-    match result {
-        Err(e @ Error::Unavailable { .. }) => assert!(e.is_transient()),
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
-    assert!(waited <= wait + SLACK, "returned after {waited:?}");
-
-    server.restart().await;
-    let g = locker
-        .acquire("killed/b", &skip(ttl).wait_for(Duration::from_secs(2)))
-        .await
-        .expect("the Locker reconnects after the server is back");
-    g.release().await.unwrap();
-    drop(guard);
+        .assert_not_run(&["a_lock_survives_a_restart_that_keeps_the_locks"]);
 }
 
-/// Redis paused (SIGSTOP: connections open, nothing answered): acquire returns within its
-/// deadline plus 100 ms, never hangs, and everything works again after SIGCONT.
-/// With the default operation timeout (1 s), longer than the 500 ms wait: the wait's
-/// deadline, not the backend timeout, bounds the acquire.
+/// The shared fault rules on one server with persistence (append-only file, fsync
+/// always): the locks survive a restart, and kill, pause and blackhole as above.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paused_server_never_hangs() {
-    let server = RedisServer::start().await;
-    let timeout = distlock::redis::DEFAULT_TIMEOUT;
-    let locker = distlock::connect(&server.url()).await.unwrap();
-    let held = locker
-        .acquire("paused/held", &skip(Duration::from_secs(30)))
-        .await
-        .unwrap();
-    server.pause();
-    acquires_fail_within_their_deadline(&locker, "paused/a", timeout).await;
-    let started = Instant::now();
-    assert!(locker
-        .backend()
-        .admin()
-        .expect("admin")
-        .inspect("paused/held")
-        .await
-        .is_err());
-    assert!(started.elapsed() <= timeout + SLACK);
-    server.resume();
-    let g = locker
-        .acquire("paused/b", &skip(Duration::from_secs(1)))
-        .await
-        .expect("works again after the server resumed");
-    g.release().await.unwrap();
-    held.release()
-        .await
-        .expect("the lock held across the pause is still ours");
-}
-
-/// A blackholing network between client and server (the proxy accepts and forwards
-/// nothing): acquire returns within its deadline plus 100 ms, the held guard's `lost()`
-/// fires within its TTL, and after the network heals the same Locker works again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn blackholed_network_never_hangs() {
-    let server = RedisServer::start().await;
-    let proxy = FaultProxy::start(server.addr()).await;
-    let timeout = distlock::redis::DEFAULT_TIMEOUT;
-    let locker = distlock::connect(&format!("redis://{}", proxy.addr()))
-        .await
-        .unwrap();
-    let ttl = Duration::from_millis(1500);
-    let guard = locker
-        .acquire("blackhole/held", &LockOptions::new().ttl(ttl).skip())
-        .await
-        .unwrap();
-    let lost = guard.lost();
-    proxy.set_mode(ProxyMode::Blackhole);
-    let cut_at = Instant::now();
-    acquires_fail_within_their_deadline(&locker, "blackhole/a", timeout).await;
-    tokio::time::timeout((ttl + SLACK).saturating_sub(cut_at.elapsed()), lost)
-        .await
-        .expect("lost() fires within the TTL when renewals cannot get through");
-    proxy.set_mode(ProxyMode::Pass);
-    let g = locker
-        .acquire(
-            "blackhole/b",
-            &skip(Duration::from_secs(1)).wait_for(Duration::from_secs(3)),
-        )
-        .await
-        .expect("works again after the network healed");
-    g.release().await.unwrap();
+async fn fault_rules_with_persistence() {
+    let target = fault_target(RedisOptions {
+        persistent: true,
+        ..RedisOptions::default()
+    })
+    .await;
+    run_faults(&target).await.assert_not_run(&[
+        "a_restart_that_loses_the_locks_leaves_holders_not_held",
+        "waiters_wake_after_a_restart_that_loses_the_locks",
+    ]);
 }
 
 /// An acquire that timed out and was abandoned, whose request reaches the server only AFTER
@@ -702,43 +541,6 @@ async fn an_acquire_abandoned_on_a_paused_server_leaves_no_lock() {
     assert!(
         !raw_exists(&server, &lock_key).await,
         "an abandoned acquire left its lock behind"
-    );
-}
-
-/// Fencing tokens keep increasing across restarts of a server without persistence, where
-/// the fence counter is lost and only the server clock orders grants.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fences_increase_across_restarts_without_persistence() {
-    let mut server = RedisServer::start().await;
-    assert!(!server.options().persistent);
-    let backend = backend(&server.url()).await;
-    let fence_key = backend.node().fence_key("fence/k");
-    let locker = Locker::new(backend);
-    let mut fences = Vec::new();
-    for _ in 0..3 {
-        for _ in 0..3 {
-            let g = locker
-                .acquire("fence/k", &skip(Duration::from_secs(10)))
-                .await
-                .unwrap();
-            fences.push(g.fence());
-            g.release().await.unwrap();
-        }
-        assert!(raw_exists(&server, &fence_key).await);
-        server.restart().await;
-        assert!(
-            !raw_exists(&server, &fence_key).await,
-            "the restart wiped the fence counter"
-        );
-    }
-    let g = locker
-        .acquire("fence/k", &skip(Duration::from_secs(10)))
-        .await
-        .unwrap();
-    fences.push(g.fence());
-    assert!(
-        fences.windows(2).all(|w| w[0] < w[1]),
-        "fences must strictly increase across restarts: {fences:?}"
     );
 }
 
@@ -848,37 +650,6 @@ async fn a_local_waiter_is_handed_the_key_in_one_script() {
         .unwrap();
     assert!(next.fence() > fence);
     next.release().await.unwrap();
-}
-
-/// After the release subscription broke (server restart), it resubscribes and wakes the
-/// waiters: a waiter of another process, whose holder vanished with the restart, gets the
-/// lock long before the holder's 30 s TTL.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_wake_after_the_subscription_reconnects() {
-    let mut server = RedisServer::start().await;
-    let (a, b) = (
-        Locker::new(backend(&server.url()).await),
-        Locker::new(backend(&server.url()).await),
-    );
-    let ttl = Duration::from_secs(30);
-    let _held = a.acquire("resub/x", &skip(ttl)).await.unwrap();
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move {
-            b.acquire("resub/x", &skip(ttl).wait_for(Duration::from_secs(20)))
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let restarted = Instant::now();
-    server.restart().await;
-    let g = tokio::time::timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the waiter is woken after the subscription comes back")
-        .unwrap()
-        .expect("and gets the lock");
-    assert!(restarted.elapsed() < Duration::from_secs(5));
-    g.release().await.unwrap();
 }
 
 // ---------------------------------------------------------------------------------------

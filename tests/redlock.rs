@@ -2,54 +2,28 @@
 //! conformance suite (3 nodes, 1 node through `distlock::connect`, fencing off), the quorum
 //! matrix over 5 nodes, presets of foreign values, nodes killed mid-run, a holder process
 //! paused past its validity, clock-drift allowance and slow nodes, fencing across different
-//! majorities, and node restarts with and without persistence.
+//! majorities, node restarts with and without persistence of a bare majority, and the
+//! shared fault rules with every node restarted, killed, paused or cut off.
+
+mod common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock::conformance::{self, run_all, Target};
+use common::{
+    calls, rand_u32, raw_del, raw_exists, redlock_backend as backend, redlock_url as url_of, skip,
+    Proxied, SLACK,
+};
+use distlock::conformance::{self, run_all, run_faults, Faults, Target};
 use distlock::redlock::{RedlockBackend, MIN_TTL};
 use distlock::{Attempt, Backend, Error, Lease, LockOptions, LockUrl, Locker, Owner, Ttl};
 use lock_testkit::{FaultProxy, ManagedProcess, ProxyMode, RedisNodes, RedisOptions, RedisServer};
 
-/// Slack for "returns within its deadline" bounds.
-const SLACK: Duration = Duration::from_millis(100);
-
-fn url_of(addrs: &[SocketAddr], params: &str) -> String {
-    let hosts: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
-    if params.is_empty() {
-        format!("redlock://{}", hosts.join(","))
-    } else {
-        format!("redlock://{}?{params}", hosts.join(","))
-    }
-}
-
-async fn backend(addrs: &[SocketAddr], params: &str) -> RedlockBackend {
-    let url = url_of(addrs, params);
-    RedlockBackend::connect(&LockUrl::parse(&url).expect("valid URL"))
-        .await
-        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
-}
-
-fn skip(ttl: Duration) -> LockOptions {
-    LockOptions::new().ttl(ttl).skip().watchdog(false)
-}
-
 /// The Redis key of lock `name` under the default prefix (lock-redis's layout).
 fn lock_key(name: &str) -> String {
     format!("distlock:{{{name}}}")
-}
-
-async fn raw_exists(server: &RedisServer, key: &str) -> bool {
-    let mut raw = server.client().await;
-    let n: i64 = redis::cmd("EXISTS")
-        .arg(key)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    n == 1
 }
 
 /// Writes a value that is not ours into lock `name` on `server` (no expiry when `px` is 0).
@@ -61,15 +35,6 @@ async fn preset_foreign(server: &RedisServer, name: &str, px: u64) {
         cmd.arg("PX").arg(px);
     }
     let _: redis::Value = cmd.query_async(&mut raw).await.unwrap();
-}
-
-async fn raw_del(server: &RedisServer, key: &str) {
-    let mut raw = server.client().await;
-    let _: i64 = redis::cmd("DEL")
-        .arg(key)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
 }
 
 async fn attempt(b: &RedlockBackend, key: &str, ttl: Duration) -> (Owner, Result<Attempt, Error>) {
@@ -103,7 +68,7 @@ async fn conformance_three_nodes() {
     let nodes = RedisNodes::start(3).await;
     let b = backend(&nodes.addrs(), "").await;
     assert!(b.capabilities().monotonic_fencing);
-    run_all(&Target::new(Arc::new(b))).await;
+    common::conformance_direct(b).await;
 }
 
 /// The safety rules (hand-over, serialized operations, queue entries) on 3 nodes.
@@ -118,12 +83,12 @@ async fn safety_rules() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_one_node_through_connect() {
     let server = RedisServer::start().await;
-    let locker = distlock::connect(&format!("redlock://{}?prefix=one%3A", server.addr()))
-        .await
-        .unwrap();
-    assert_eq!(locker.capabilities().name, "redlock");
-    assert_eq!(locker.capabilities().min_ttl, MIN_TTL);
-    run_all(&Target::from_locker(&locker)).await;
+    let url = format!("redlock://{}?prefix=one%3A", server.addr());
+    common::conformance_through_connect(&url, |caps| {
+        assert_eq!(caps.name, "redlock");
+        assert_eq!(caps.min_ttl, MIN_TTL);
+    })
+    .await;
 }
 
 /// The whole suite on 3 nodes with fencing off (capabilities say the tokens are not
@@ -151,6 +116,55 @@ async fn conformance_without_fencing_and_raw_del_as_revoke() {
 async fn conformance_on_a_current_thread_runtime() {
     let nodes = RedisNodes::start(3).await;
     run_all(&Target::new(Arc::new(backend(&nodes.addrs(), "").await))).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared fault rules
+// ---------------------------------------------------------------------------------------
+
+/// The per-node timeout of the fault targets.
+const NODE_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// A target over 3 nodes, each reached through a fault proxy (the peer too), whose hooks
+/// act on every node: restarted (all their locks lost, or kept with `options.persistent`),
+/// killed, paused, or cut off.
+async fn fault_target(options: RedisOptions) -> Target {
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        servers.push(RedisServer::start_with(options.clone()).await);
+    }
+    let nodes = Proxied::new(servers).await;
+    let params = format!("timeout={}ms", NODE_TIMEOUT.as_millis());
+    let faults = Faults::new(NODE_TIMEOUT)
+        .slack(SLACK)
+        .peer(Arc::new(backend(&nodes.addrs(), &params).await));
+    let faults = nodes.hooks(faults).await;
+    Target::new(Arc::new(backend(&nodes.addrs(), &params).await)).with_faults(faults)
+}
+
+/// The shared fault rules on 3 nodes without persistence: all restarted (empty), killed,
+/// paused (SIGSTOP), or cut off by a blackholed network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_rules() {
+    let target = fault_target(RedisOptions::default()).await;
+    run_faults(&target)
+        .await
+        .assert_not_run(&["a_lock_survives_a_restart_that_keeps_the_locks"]);
+}
+
+/// The shared fault rules on 3 nodes with persistence (append-only file, fsync always):
+/// the locks survive a restart of every node, and kill, pause and blackhole as above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_rules_with_persistence() {
+    let target = fault_target(RedisOptions {
+        persistent: true,
+        ..RedisOptions::default()
+    })
+    .await;
+    run_faults(&target).await.assert_not_run(&[
+        "a_restart_that_loses_the_locks_leaves_holders_not_held",
+        "waiters_wake_after_a_restart_that_loses_the_locks",
+    ]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -611,10 +625,6 @@ async fn paused_holder_loses_to_another_process() {
     let _ = std::fs::remove_file(&log);
 }
 
-fn rand_u32() -> u32 {
-    Owner::random().as_u128() as u32
-}
-
 // ---------------------------------------------------------------------------------------
 // Clock drift and slow nodes
 // ---------------------------------------------------------------------------------------
@@ -823,20 +833,7 @@ async fn fences_increase_across_node_restarts_from_stale_snapshots() {
 
 /// Calls of EVALSHA and EVAL the server has answered so far.
 async fn script_calls(server: &RedisServer) -> u64 {
-    let mut raw = server.client().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|l| {
-            l.strip_prefix("cmdstat_evalsha:calls=")
-                .or_else(|| l.strip_prefix("cmdstat_eval:calls="))
-        })
-        .filter_map(|rest| rest.split(',').next())
-        .map(|n| n.parse::<u64>().unwrap())
-        .sum()
+    calls(server, "evalsha").await + calls(server, "eval").await
 }
 
 /// An attempt whose requests time out on every node (held in the network) and that is

@@ -8,6 +8,10 @@
 //!
 //! Several [`Locker`](crate::Locker)s over one backend stand in for several processes.
 //!
+//! The fault rules ([`run_faults`]) take hooks from the test kit ([`Faults`], given with
+//! [`Target::with_faults`]) to restart, kill, pause or cut off the servers; a rule whose hook
+//! or capability is missing reports itself not run, loudly.
+//!
 //! [`exclusion`] holds the randomized exclusion checker (many Lockers × tasks, faults
 //! between rounds, a fenced resource that fails the run on any overlap).
 
@@ -24,12 +28,14 @@ macro_rules! run_rules {
 
 mod basic;
 pub mod exclusion;
+mod faults;
 mod jobs;
 mod safety;
 mod target;
 mod waiting;
 
 pub use basic::*;
+pub use faults::*;
 pub use jobs::*;
 pub use safety::*;
 pub use target::{queued_holder, queued_holder_and_waiter, spawn_acquire, BoxFuture, Target};

@@ -5,12 +5,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::faults::Faults;
 use crate::{
     Attempt, Backend, Capabilities, Lease, LockGuard, LockOptions, Locker, Owner, Result, Ttl,
     WaitStrategy,
 };
 
-/// A boxed future, as returned by a [`Target`]'s revoke hook.
+/// A boxed future, as returned by a [`Target`]'s revoke and fault hooks.
 pub type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The backend under test and its per-backend hooks.
@@ -18,6 +19,7 @@ pub type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub struct Target {
     pub(crate) backend: Arc<dyn Backend>,
     revoke: Option<Arc<dyn Fn(String) -> BoxFuture + Send + Sync>>,
+    faults: Option<Faults>,
     prefix: String,
 }
 
@@ -27,6 +29,7 @@ impl Target {
         Target {
             backend,
             revoke: None,
+            faults: None,
             prefix: format!("conf-{:08x}/", rand::random::<u32>()),
         }
     }
@@ -45,6 +48,17 @@ impl Target {
     {
         self.revoke = Some(Arc::new(move |key| Box::pin(revoke(key))));
         self
+    }
+
+    /// Gives the fault rules ([`run_faults`](super::run_faults)) their hooks into the
+    /// servers behind the backend; without it every fault rule reports itself not run.
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+
+    pub(crate) fn faults(&self) -> Option<&Faults> {
+        self.faults.as_ref()
     }
 
     /// A new Locker over the backend: one "process".
