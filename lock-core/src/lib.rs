@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod capabilities;
 mod error;
 pub mod group;
 mod lease;
@@ -15,9 +16,8 @@ pub mod url;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use backend::{
-    Admin, Attempt, Backend, Capabilities, ClockDrift, HandOver, Holder, Immediate, Ttl,
-};
+pub use backend::{Admin, Attempt, Backend, HandOver, Holder, Immediate};
+pub use capabilities::{Capabilities, ClockDrift, Ttl};
 pub use error::{BoxError, Error, Result};
 pub use lease::{Lease, LockKey, Owner};
 pub use locker::{

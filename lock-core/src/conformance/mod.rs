@@ -38,7 +38,7 @@ pub use basic::*;
 pub use faults::*;
 pub use jobs::*;
 pub use safety::*;
-pub use target::{queued_holder, queued_holder_and_waiter, spawn_acquire, BoxFuture, Target};
+pub use target::{queued_holder, queued_holder_and_waiter, spawn_acquire, Target};
 pub use waiting::*;
 
 use std::time::Duration;

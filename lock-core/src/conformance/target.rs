@@ -1,18 +1,14 @@
 //! The backend under test ([`Target`]) and the helpers the rules share.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::faults::Faults;
+use super::faults::hooks::{BoxFuture, Faults};
 use crate::{
     Attempt, Backend, Capabilities, Lease, LockGuard, LockOptions, Locker, Owner, Result, Ttl,
     WaitStrategy,
 };
-
-/// A boxed future, as returned by a [`Target`]'s revoke and fault hooks.
-pub type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The backend under test and its per-backend hooks.
 #[derive(Clone)]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::hold::GuardShared;
 use super::queue::LocalHolder;
 use super::shared::Shared;
-use crate::backend::Ttl;
+use crate::capabilities::Ttl;
 use crate::error::Result;
 use crate::lease::Lease;
 
@@ -152,11 +152,11 @@ impl LockGuard {
     /// the new TTL guarantees. With the watchdog off, this is how a holder keeps its lock.
     ///
     /// # Errors
-    /// [`Error::InvalidTtl`]; [`Error::NotHeld`] when the lock is no longer ours (the guard
+    /// [`Error::InvalidTtl`](crate::Error::InvalidTtl); [`Error::NotHeld`](crate::Error::NotHeld) when the lock is no longer ours (the guard
     /// is then lost for good); transient backend errors (the validity is then at most what
     /// the shorter of the old and the new TTL guarantees).
     ///
-    /// [`Error::NotHeld`] comes without a server call when the guard is already known lost,
+    /// [`Error::NotHeld`](crate::Error::NotHeld) comes without a server call when the guard is already known lost,
     /// its validity passed, or [`Locker::shutdown`](crate::Locker::shutdown) ended the hold.
     /// After a transient error the guard is not lost (unless its validity passed meanwhile)
     /// and the watchdog, when on, goes on renewing.
@@ -192,7 +192,7 @@ impl LockGuard {
     }
 
     /// Releases the lock and reports whether it was still ours (`Ok`) or already gone
-    /// ([`Error::NotHeld`]). A renewal on its way finishes first. When a waiter of the
+    /// ([`Error::NotHeld`](crate::Error::NotHeld)). A renewal on its way finishes first. When a waiter of the
     /// same Locker is queued on the key (and the backend can), the release is the one-step
     /// hand-over of the key to it.
     ///
@@ -203,9 +203,9 @@ impl LockGuard {
     /// without an error, the hold has ended: [`lost`](Self::lost) has resolved.
     ///
     /// # Errors
-    /// [`Error::NotHeld`]; transient backend errors (the lock then expires at its TTL).
+    /// [`Error::NotHeld`](crate::Error::NotHeld); transient backend errors (the lock then expires at its TTL).
     ///
-    /// [`Error::NotHeld`] when the lock expired, was taken over, or was already released by
+    /// [`Error::NotHeld`](crate::Error::NotHeld) when the lock expired, was taken over, or was already released by
     /// [`Locker::shutdown`](crate::Locker::shutdown) (then nothing is sent). When a hand-over
     /// fails with an error it may or may not have happened: what the waiter may have been
     /// granted is released in the background, the error is returned, and a lock that was

@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use super::handover;
 use super::queue::{HandOverRequest, LocalHolder};
 use super::shared::{Held, Shared};
-use crate::backend::Ttl;
+use crate::capabilities::Ttl;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
 use crate::registry::Slot;
@@ -337,7 +337,7 @@ impl GuardShared {
     }
 
     /// The backend's capabilities.
-    pub(super) fn caps(&self) -> &crate::backend::Capabilities {
+    pub(super) fn caps(&self) -> &crate::capabilities::Capabilities {
         &self.locker.caps
     }
 }

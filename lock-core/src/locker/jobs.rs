@@ -30,10 +30,10 @@ impl Locker {
     ///
     /// # Errors
     /// Invalid input, and backend failures while acquiring (other than a wait timeout).
-    /// That is: [`Error::InvalidKey`] / [`Error::InvalidTtl`] before any I/O,
-    /// [`Error::Shutdown`], non-transient backend errors, and the last transient error when
-    /// the wait deadline passed while the server failed. [`Error::Locked`] and
-    /// [`Error::Timeout`] become [`Outcome::Skipped`].
+    /// That is: [`Error::InvalidKey`](crate::Error::InvalidKey) / [`Error::InvalidTtl`](crate::Error::InvalidTtl) before any I/O,
+    /// [`Error::Shutdown`](crate::Error::Shutdown), non-transient backend errors, and the last transient error when
+    /// the wait deadline passed while the server failed. [`Error::Locked`](crate::Error::Locked) and
+    /// [`Error::Timeout`](crate::Error::Timeout) become [`Outcome::Skipped`].
     ///
     /// # Cancel safety
     /// Dropping the future while it waits for the lock is as for [`acquire`](Self::acquire):
@@ -110,7 +110,7 @@ impl Locker {
     /// # Errors
     /// As [`acquire`](Self::acquire); locks taken before the failure are released first.
     /// They are released one after another in reverse order, and their release errors are
-    /// ignored. An [`Error::Timeout`] reports the time waited for the whole set.
+    /// ignored. An [`Error::Timeout`](crate::Error::Timeout) reports the time waited for the whole set.
     ///
     /// # Cancel safety
     /// Dropping the future drops the guards taken so far, which release in the background.

@@ -19,7 +19,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::{Backend, Capabilities};
+use crate::backend::Backend;
+use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::lease::LockKey;
 use crate::options::{LockOptions, WaitStrategy};
@@ -149,10 +150,10 @@ impl Locker {
     /// Locker's waiters for the key, and a transient failure is returned, not retried.
     ///
     /// # Errors
-    /// Invalid key or TTL ([`Error::InvalidKey`], [`Error::InvalidTtl`], before any I/O), or
-    /// the backend failed (transient errors such as [`Error::Unavailable`] included);
-    /// [`Error::Shutdown`] after [`shutdown`](Self::shutdown). A taken lock is `Ok(None)`,
-    /// never [`Error::Locked`].
+    /// Invalid key or TTL ([`Error::InvalidKey`](crate::Error::InvalidKey), [`Error::InvalidTtl`](crate::Error::InvalidTtl), before any I/O), or
+    /// the backend failed (transient errors such as [`Error::Unavailable`](crate::Error::Unavailable) included);
+    /// [`Error::Shutdown`](crate::Error::Shutdown) after [`shutdown`](Self::shutdown). A taken lock is `Ok(None)`,
+    /// never [`Error::Locked`](crate::Error::Locked).
     ///
     /// # Cancel safety
     /// Dropping the future leaves no lock held: an attempt in flight is abandoned in the
@@ -199,12 +200,12 @@ impl Locker {
     /// [`LockGuard::release`].
     ///
     /// # Errors
-    /// - [`Error::InvalidKey`] / [`Error::InvalidTtl`] for bad input, before any I/O;
-    /// - [`Error::Locked`] with [`WaitStrategy::Skip`] when the lock is taken;
-    /// - [`Error::Timeout`] when the wait deadline passed while the lock was taken;
-    /// - the last transient error (e.g. [`Error::Unavailable`]) when the deadline passed
+    /// - [`Error::InvalidKey`](crate::Error::InvalidKey) / [`Error::InvalidTtl`](crate::Error::InvalidTtl) for bad input, before any I/O;
+    /// - [`Error::Locked`](crate::Error::Locked) with [`WaitStrategy::Skip`] when the lock is taken;
+    /// - [`Error::Timeout`](crate::Error::Timeout) when the wait deadline passed while the lock was taken;
+    /// - the last transient error (e.g. [`Error::Unavailable`](crate::Error::Unavailable)) when the deadline passed
     ///   while the server failed; non-transient backend errors at once;
-    /// - [`Error::Shutdown`] after [`shutdown`](Self::shutdown) (also for an acquisition
+    /// - [`Error::Shutdown`](crate::Error::Shutdown) after [`shutdown`](Self::shutdown) (also for an acquisition
     ///   under way when the Locker is shut down: the grant it then receives is released).
     ///
     /// # Cancel safety
@@ -412,11 +413,11 @@ impl Locker {
     /// `lost()` fires), and waits for background releases to finish. For a graceful stop.
     ///
     /// It applies to every clone of this Locker, for good. Acquisitions started afterwards
-    /// fail with [`Error::Shutdown`] before any I/O. An acquisition already waiting is not
-    /// interrupted: it fails with [`Error::Shutdown`] when it would have been granted (the grant
+    /// fail with [`Error::Shutdown`](crate::Error::Shutdown) before any I/O. An acquisition already waiting is not
+    /// interrupted: it fails with [`Error::Shutdown`](crate::Error::Shutdown) when it would have been granted (the grant
     /// is released), or ends as usual at its deadline. The held locks are released one
     /// after another, each after a renewal in flight finished, and never handed over to a
-    /// waiter; a guard's later [`release`](LockGuard::release) returns [`Error::NotHeld`].
+    /// waiter; a guard's later [`release`](LockGuard::release) returns [`Error::NotHeld`](crate::Error::NotHeld).
     /// Then it waits as [`settle`](Self::settle) does. Calling it again only waits for
     /// background work.
     ///

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::backend::Ttl;
+use crate::capabilities::Ttl;
 use crate::lease::{Lease, Owner};
 use crate::sync::lock;
 

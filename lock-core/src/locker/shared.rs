@@ -11,7 +11,8 @@ use tokio::sync::Notify;
 
 use super::observe::{Event, Observer};
 use super::queue::Queues;
-use crate::backend::{Backend, Capabilities};
+use crate::backend::Backend;
+use crate::capabilities::Capabilities;
 use crate::error::Error;
 use crate::lease::{Lease, Owner};
 use crate::options::{Backoff, LockOptions};

@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::{acquires_fail_within_their_deadline, fails_within, faults, not_run, Applied};
+use super::common::{acquires_fail_within_their_deadline, fails_within, faults, not_run};
+use super::hooks::Applied;
 use crate::conformance::target::{opts, Target};
 use crate::{Error, LockGuard};
 

@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::{faults, not_run, Applied, FaultHook};
+use super::common::{faults, not_run};
+use super::hooks::{Applied, FaultHook};
 use crate::conformance::target::{opts, spawn_acquire, Target};
 use crate::{Error, Locker};
 

@@ -1,0 +1,210 @@
+//! What a backend can promise ([`Capabilities`]), its clock-drift allowance
+//! ([`ClockDrift`]), and the TTL that passed its rules ([`Ttl`]).
+
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+
+/// What a backend can promise; the [`Locker`](crate::Locker) and the conformance suite
+/// decide behaviour from these, never from the backend's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Short name used in errors, logs and metrics (`memory`, `redis`, `redlock`, `etcd`).
+    pub name: &'static str,
+    /// The shortest TTL the server supports; shorter requests are rounded up to it.
+    pub min_ttl: Duration,
+    /// TTLs are rounded up to a multiple of this (etcd leases: whole seconds).
+    pub ttl_granularity: Duration,
+    /// The longest TTL the backend can represent; longer requests are refused.
+    pub max_ttl: Duration,
+    /// Whether fencing tokens strictly increase across successive holders of a key (every
+    /// grant's token is greater than every earlier grant's for the same key), under the
+    /// conditions the backend documents; nothing is promised across different keys.
+    ///
+    /// What each backend promises across restarts and failovers:
+    /// - memory: a counter in the process (nothing survives the process anyway).
+    /// - redis: `max(counter + 1, server TIME in µs)` on every grant, so tokens increase
+    ///   across restarts and failovers that lose the counter or bring back an older one
+    ///   (no persistence, RDB, AOF `everysec`, an async replica promoted), unless the
+    ///   server's clock goes back (behind the time of earlier grants) while the counter is
+    ///   lost or stale.
+    /// - redlock (with fencing on): each node's token as for redis, the largest written
+    ///   back to a majority before the guard is returned; counters are kept for the TTL
+    ///   plus 10 minutes, after which (or once lost) node clocks order tokens, so nodes
+    ///   whose clocks disagree by more than that time can make tokens go back. `false` with
+    ///   fencing off.
+    /// - etcd: the revision of the granting write; the cluster's revision never goes back
+    ///   (short of restoring the cluster from an older backup).
+    ///
+    /// `false` means tokens may repeat or go back between holders: do not use them to
+    /// fence a resource.
+    pub monotonic_fencing: bool,
+    /// Whether the backend announces releases ([`Backend::listen`](crate::Backend::listen)), so waiters never poll.
+    pub release_notices: bool,
+    /// Whether the lock excludes other processes (false for the in-process backend).
+    pub cross_process: bool,
+    /// How much shorter than its TTL a grant's validity is (Redlock's clock-drift
+    /// allowance; none elsewhere). The guard uses it to bound its validity while an
+    /// extension's outcome is unknown.
+    pub clock_drift: ClockDrift,
+}
+
+/// A lock TTL that passed a backend's rules: not zero, within its maximum, rounded up to
+/// its minimum and granularity. Only [`Capabilities::effective_ttl`] makes one, so a
+/// backend handed a `Ttl` needs no checks of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ttl(Duration);
+
+impl Ttl {
+    /// The TTL as a duration.
+    pub fn get(self) -> Duration {
+        self.0
+    }
+
+    /// Whole milliseconds (a `Ttl` of a millisecond-granular backend is exact).
+    pub fn as_millis(self) -> u64 {
+        u64::try_from(self.0.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whole seconds (a `Ttl` of a second-granular backend is exact).
+    pub fn as_secs(self) -> u64 {
+        self.0.as_secs()
+    }
+}
+
+impl From<Ttl> for Duration {
+    fn from(ttl: Ttl) -> Duration {
+        ttl.0
+    }
+}
+
+/// The part of a TTL a backend sets aside for clock drift: `ttl × per_million / 10⁶ +
+/// fixed`. A grant or renewal of `ttl` sent at `t` is valid until at least
+/// `t + ttl − allowance(ttl)` once the server applied it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockDrift {
+    /// The drift factor in parts per million of the TTL (rounded up).
+    pub per_million: u32,
+    /// A fixed allowance on top (expiry precision of the servers).
+    pub fixed: Duration,
+}
+
+impl ClockDrift {
+    /// No allowance: the validity is the TTL from before the request.
+    pub const NONE: ClockDrift = ClockDrift {
+        per_million: 0,
+        fixed: Duration::ZERO,
+    };
+
+    /// The allowance for `ttl`.
+    pub fn allowance(&self, ttl: Duration) -> Duration {
+        let scaled = ttl.as_nanos() * u128::from(self.per_million) / 1_000_000;
+        Duration::from_nanos(u64::try_from(scaled).unwrap_or(u64::MAX)) + self.fixed
+    }
+}
+
+impl Capabilities {
+    /// The least validity a grant or renewal of `ttl` sent at `sent` has once the server
+    /// applied it: `sent + ttl − allowance` (never later than `sent + ttl`).
+    pub fn validity(&self, sent: Instant, ttl: Duration) -> Instant {
+        sent + ttl.saturating_sub(self.clock_drift.allowance(ttl))
+    }
+
+    /// Applies the TTL rules: zero and TTLs above `max_ttl` are refused; TTLs below
+    /// `min_ttl` are rounded up to it; every TTL is rounded up to the granularity; a TTL
+    /// that its [`clock_drift`](Self::clock_drift) allowance would use up is refused.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTtl`](crate::Error::InvalidTtl) naming the backend and the rule.
+    pub fn effective_ttl(&self, ttl: Duration) -> Result<Ttl> {
+        let refuse = |reason: String| crate::Error::InvalidTtl {
+            ttl,
+            backend: self.name,
+            reason,
+        };
+        if ttl.is_zero() {
+            return Err(refuse("a lock TTL must be greater than zero".into()));
+        }
+        if ttl > self.max_ttl {
+            return Err(refuse(format!(
+                "longer than the backend's maximum of {:?}",
+                self.max_ttl
+            )));
+        }
+        let mut ttl = ttl.max(self.min_ttl);
+        let g = self.ttl_granularity.as_nanos();
+        // Whole multiples (the usual case: ms or s TTLs) skip the 128-bit division.
+        let whole = match g {
+            // The usual granularities, with divisions the compiler turns into multiplications.
+            1_000_000 => ttl.subsec_nanos() % 1_000_000 == 0,
+            1_000_000_000 => ttl.subsec_nanos() == 0,
+            _ => u32::try_from(g)
+                .is_ok_and(|g| 1_000_000_000 % g == 0 && ttl.subsec_nanos() % g == 0),
+        };
+        if g > 1 && !whole {
+            let n = ttl.as_nanos();
+            let rounded = n.div_ceil(g) * g;
+            let secs = u64::try_from(rounded / 1_000_000_000)
+                .map_err(|_| refuse("does not fit the backend's representation".into()))?;
+            ttl = Duration::new(secs, (rounded % 1_000_000_000) as u32);
+        }
+        if ttl > self.max_ttl {
+            return Err(refuse(format!(
+                "longer than the backend's maximum of {:?} after rounding",
+                self.max_ttl
+            )));
+        }
+        let allowance = self.clock_drift.allowance(ttl);
+        if allowance >= ttl {
+            return Err(refuse(format!(
+                "the clock-drift allowance of {allowance:?} leaves no validity"
+            )));
+        }
+        Ok(Ttl(ttl))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps(min: Duration, gran: Duration) -> Capabilities {
+        Capabilities {
+            name: "test",
+            min_ttl: min,
+            ttl_granularity: gran,
+            max_ttl: Duration::from_secs(3600),
+            monotonic_fencing: true,
+            release_notices: false,
+            cross_process: false,
+            clock_drift: ClockDrift::NONE,
+        }
+    }
+
+    #[test]
+    fn ttl_rules() {
+        let c = caps(Duration::from_millis(10), Duration::from_millis(1));
+        assert!(c.effective_ttl(Duration::ZERO).is_err());
+        assert!(c.effective_ttl(Duration::from_secs(3601)).is_err());
+        assert!(c.effective_ttl(Duration::MAX).is_err());
+        assert_eq!(
+            c.effective_ttl(Duration::from_millis(3)).unwrap().get(),
+            Duration::from_millis(10)
+        );
+        assert_eq!(
+            c.effective_ttl(Duration::from_micros(10_500))
+                .unwrap()
+                .get(),
+            Duration::from_millis(11)
+        );
+        let s = caps(Duration::from_secs(2), Duration::from_secs(1));
+        assert_eq!(
+            s.effective_ttl(Duration::from_millis(2100)).unwrap().get(),
+            Duration::from_secs(3)
+        );
+        assert_eq!(
+            s.effective_ttl(Duration::from_millis(100)).unwrap().get(),
+            Duration::from_secs(2)
+        );
+    }
+}
