@@ -240,54 +240,8 @@ impl Locker {
         key: &K,
         opts: &LockOptions,
     ) -> Result<LockGuard> {
-        if self.inner.observer.get().is_none() {
-            return self.acquire_observed(key, opts).await;
-        }
-        let started = Instant::now();
-        let result = self.acquire_observed(key, opts).await;
-        if let Ok(guard) = &result {
-            self.inner.observe(|| Event::Granted {
-                key: guard.key(),
-                fence: guard.fence(),
-                waited: started.elapsed(),
-            });
-        }
-        result
-    }
-
-    /// Sets the [`Observer`] told of this Locker's contention and retries (shared by its
-    /// clones); `false` when one was set already (the first one stays).
-    ///
-    /// Every acquisition through this Locker ([`acquire`](Self::acquire), and so
-    /// [`lock`](Self::lock), [`try_acquire`](Self::try_acquire), [`run`](Self::run) and
-    /// [`acquire_many`](Self::acquire_many)) tells it, on the acquiring task: once
-    /// [`Event::Waiting`] when its wait begins, [`Event::Retrying`] for each transient
-    /// failure, and [`Event::Granted`] with the time the acquisition took. With
-    /// [`WaitStrategy::Skip`] only grants are told. An observer cannot be removed.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # async fn demo() -> lock_core::Result<()> {
-    /// use lock_core::Event;
-    /// # let locker: lock_core::Locker = todo!();
-    /// locker.observe(|event: &Event<'_>| {
-    ///     if let Event::Waiting { key } = event {
-    ///         eprintln!("waiting for {key}");
-    ///     }
-    /// });
-    /// # Ok(()) }
-    /// ```
-    pub fn observe(&self, observer: impl Observer) -> bool {
-        self.inner.observer.set(Box::new(observer)).is_ok()
-    }
-
-    /// [`acquire`](Self::acquire) up to the grant, telling the observer of waits and retries.
-    async fn acquire_observed<K: LockKey + ?Sized>(
-        &self,
-        key: &K,
-        opts: &LockOptions,
-    ) -> Result<LockGuard> {
+        // Read once: the clock is read only for an observer.
+        let observed = self.inner.observer.get().map(|_| Instant::now());
         let key_str = key.as_key();
         validate_key(key_str)?;
         let ttl = self.inner.caps.effective_ttl(opts.ttl)?;
@@ -309,7 +263,7 @@ impl Locker {
         if first_try {
             if let Some(answer) = acquire::attempt_now(&self.inner, &shared_key, ttl, opts) {
                 match answer {
-                    Ok(Ok(guard)) => return Ok(guard),
+                    Ok(Ok(guard)) => return self.granted(guard, observed),
                     Ok(Err(_)) if skip => {
                         return Err(Error::Locked {
                             key: key.to_owned(),
@@ -331,7 +285,7 @@ impl Locker {
         let (started, deadline) = match opts.wait {
             WaitStrategy::Skip => {
                 return match acquire::attempt(&self.inner, &shared_key, ttl, opts).await? {
-                    Ok(guard) => Ok(guard),
+                    Ok(guard) => self.granted(guard, observed),
                     Err(_) => Err(Error::Locked {
                         key: key.to_owned(),
                     }),
@@ -359,7 +313,7 @@ impl Locker {
             };
             match first {
                 None => return Err(deadline::timeout_error(key, started)),
-                Some(Ok(Ok(guard))) => return Ok(guard),
+                Some(Ok(Ok(guard))) => return self.granted(guard, observed),
                 Some(Err(e)) if !e.is_transient() => return Err(e),
                 Some(Ok(Err(_))) => {
                     self.inner.observe(|| Event::Waiting { key });
@@ -380,6 +334,46 @@ impl Locker {
             announced,
         ))
         .await
+        .and_then(|guard| self.granted(guard, observed))
+    }
+
+    /// A grant, told to the observer (with the time since `observed`) when there is one.
+    fn granted(&self, guard: LockGuard, observed: Option<Instant>) -> Result<LockGuard> {
+        if let Some(started) = observed {
+            self.inner.observe(|| Event::Granted {
+                key: guard.key(),
+                fence: guard.fence(),
+                waited: started.elapsed(),
+            });
+        }
+        Ok(guard)
+    }
+
+    /// Sets the [`Observer`] told of this Locker's contention and retries (shared by its
+    /// clones); `false` when one was set already (the first one stays).
+    ///
+    /// Every acquisition through this Locker ([`acquire`](Self::acquire), and so
+    /// [`lock`](Self::lock), [`try_acquire`](Self::try_acquire), [`run`](Self::run) and
+    /// [`acquire_many`](Self::acquire_many)) tells it, on the acquiring task: once
+    /// [`Event::Waiting`] when its wait begins, [`Event::Retrying`] for each transient
+    /// failure, and [`Event::Granted`] with the time the acquisition took. With
+    /// [`WaitStrategy::Skip`] only grants are told. An observer cannot be removed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # async fn demo() -> lock_core::Result<()> {
+    /// use lock_core::Event;
+    /// # let locker: lock_core::Locker = todo!();
+    /// locker.observe(|event: &Event<'_>| {
+    ///     if let Event::Waiting { key } = event {
+    ///         eprintln!("waiting for {key}");
+    ///     }
+    /// });
+    /// # Ok(()) }
+    /// ```
+    pub fn observe(&self, observer: impl Observer) -> bool {
+        self.inner.observer.set(Box::new(observer)).is_ok()
     }
 
     /// Waits until the background work of this Locker (releases of dropped guards, cleanups
