@@ -361,10 +361,10 @@ impl Locker {
     ///
     /// # Examples
     ///
-    /// ```
-    /// # async fn demo() -> lock_core::Result<()> {
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
     /// use lock_core::Event;
-    /// # let locker: lock_core::Locker = todo!();
+    ///
     /// locker.observe(|event: &Event<'_>| {
     ///     if let Event::Waiting { key } = event {
     ///         eprintln!("waiting for {key}");
