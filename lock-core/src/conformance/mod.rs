@@ -61,6 +61,7 @@ pub async fn run_all(t: &Target) {
         waiter_is_handed_the_lock_promptly,
         a_queued_waiter_takes_over_from_its_sibling,
         cancelled_acquires_leave_nothing_behind,
+        a_dropped_guards_key_is_taken_again_without_a_refusal,
         run_reports_outcomes_and_cancels_the_job,
         acquire_many_never_deadlocks,
         tasks_never_overlap,

@@ -174,6 +174,7 @@ pub async fn a_lost_lease_is_never_renewed_again(t: &Target) {
     let counting = Arc::new(Counting {
         inner: t.backend.clone(),
         extends: AtomicUsize::new(0),
+        refused: AtomicUsize::new(0),
     });
     let a = Locker::with_backend(counting.clone());
     let key = t.key("lost-renewals");
@@ -270,10 +271,11 @@ pub async fn no_queue_entry_outlives_its_holder(t: &Target) {
     );
 }
 
-/// A backend that counts the extensions it forwards.
-struct Counting {
-    inner: Arc<dyn Backend>,
-    extends: AtomicUsize,
+/// A backend that counts the extensions it forwards and the attempts the server refused.
+pub(crate) struct Counting {
+    pub(crate) inner: Arc<dyn Backend>,
+    pub(crate) extends: AtomicUsize,
+    pub(crate) refused: AtomicUsize,
 }
 
 #[async_trait::async_trait]
@@ -282,7 +284,11 @@ impl Backend for Counting {
         self.inner.capabilities()
     }
     async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
-        self.inner.try_acquire(key, owner, ttl).await
+        let attempt = self.inner.try_acquire(key, owner, ttl).await;
+        if matches!(attempt, Ok(Attempt::Taken { .. })) {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+        }
+        attempt
     }
     async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
         self.extends.fetch_add(1, Ordering::SeqCst);

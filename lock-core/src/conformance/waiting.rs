@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use super::target::{opts, queued_holder, queued_holder_and_waiter, slack, spawn_acquire, Target};
-use crate::Error;
+use crate::{Error, Locker};
+use std::sync::Arc;
 
 /// `Wait(timeout)` returns a timeout error within the timeout plus a small bound.
 pub async fn wait_timeout_is_bounded(t: &Target) {
@@ -219,4 +220,34 @@ pub async fn release_wakes_a_waiter_on_another_instance(a: &Target, b: &Target) 
         );
         g.release().await.unwrap();
     }
+}
+
+/// A guard dropped and its key acquired again at once through the same Locker: the new
+/// acquisition waits for that release locally (or is handed the key by it), and never
+/// spends a refused attempt on the server.
+pub async fn a_dropped_guards_key_is_taken_again_without_a_refusal(t: &Target) {
+    let counting = Arc::new(super::safety::Counting {
+        inner: t.backend.clone(),
+        extends: Default::default(),
+        refused: Default::default(),
+    });
+    let locker = Locker::with_backend(counting.clone());
+    let key = t.key("drop-again");
+    let ttl = t.ttl(Duration::from_secs(5)).get();
+    let wait = opts(ttl).wait_for(Duration::from_secs(20)).watchdog(false);
+    for round in 0..20 {
+        let guard = locker
+            .acquire(&key, &wait)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        drop(guard);
+    }
+    locker.settle().await;
+    let refused = counting.refused.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        refused, 0,
+        "{refused} attempts refused after a drop by the same Locker"
+    );
+    let stats = locker.stats();
+    assert_eq!((stats.held, stats.queued_keys), (0, 0), "{stats:?}");
 }

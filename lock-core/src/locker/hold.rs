@@ -16,7 +16,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -45,6 +45,11 @@ pub(super) struct GuardShared {
     watched: AtomicBool,
     /// Set once by whoever ends the hold: `release`, `Drop` or `Locker::shutdown`.
     done: AtomicBool,
+    /// Set once the server no longer holds the key for this hold, as far as this process
+    /// knows: its release or hand-over was answered, or the lock was lost. Until then the
+    /// Locker's next waiter on the key waits behind this hold, even after its guard was
+    /// dropped (its release is then on its way).
+    settled: AtomicBool,
     /// One server operation on the lease at a time: renewals, `extend`, release and
     /// hand-over take it for the whole of their server call.
     ops: tokio::sync::Mutex<()>,
@@ -122,13 +127,29 @@ impl GuardShared {
     /// Resolves as soon as the hold is known ended: `lost` set, or the validity passed
     /// without a renewal.
     pub(super) fn ended(shared: Arc<Self>) -> impl Future<Output = ()> + Send + 'static {
+        Self::until(shared, |hold| hold.lost.load(Ordering::SeqCst))
+    }
+
+    /// Marks the hold settled on the server (see `settled`) and wakes who waits for it.
+    fn settle(&self) {
+        if !self.settled.swap(true, Ordering::SeqCst) {
+            self.wake_watchers();
+        }
+    }
+
+    /// Resolves as soon as `done` holds for the hold, or its validity passed without a
+    /// renewal.
+    fn until(
+        shared: Arc<Self>,
+        done: fn(&Self) -> bool,
+    ) -> impl Future<Output = ()> + Send + 'static {
         shared.watched.store(true, Ordering::SeqCst);
         async move {
             loop {
                 let changed = shared.changed.notified();
                 tokio::pin!(changed);
                 changed.as_mut().enable();
-                if shared.lost.load(Ordering::SeqCst) {
+                if done(&shared) {
                     return;
                 }
                 let valid_until = shared.valid_until();
@@ -173,6 +194,7 @@ impl GuardShared {
 
     fn mark_lost(&self, why: &str) {
         let was_lost = self.set_gone();
+        self.settle();
         if !was_lost && !self.done.load(Ordering::SeqCst) {
             tracing::warn!(
                 key = self.key(),
@@ -245,6 +267,7 @@ impl GuardShared {
 
     fn released(&self, result: Result<()>) -> Result<()> {
         self.set_gone();
+        self.settle();
         self.locker.queues.holder_ended(self, self.key());
         let key = self.key();
         match &result {
@@ -263,6 +286,13 @@ impl GuardShared {
                 return;
             }
         }
+        // Until its release is answered, the Locker's next acquisition of the key waits
+        // behind this hold (and is handed the key, when the backend can) rather than be
+        // refused by the server.
+        self.locker.queues.hold(
+            self.granted.key_arc(),
+            Arc::downgrade(self) as Weak<dyn LocalHolder>,
+        );
         let me = self.clone();
         let spawned = self.locker.tasks.spawn(async move {
             let _ = me.end_on_server().await;
@@ -273,6 +303,7 @@ impl GuardShared {
                 "guard dropped outside a tokio runtime; the lock expires at its TTL"
             );
             self.set_gone();
+            self.settle();
             self.locker.queues.holder_ended(&**self, self.key());
         }
     }
@@ -292,11 +323,13 @@ impl Held for GuardShared {
 
 impl LocalHolder for GuardShared {
     fn is_live(&self) -> bool {
-        !self.is_gone() && self.valid_until() > Instant::now()
+        !self.settled.load(Ordering::SeqCst) && self.valid_until() > Instant::now()
     }
 
     fn ended(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        Box::pin(GuardShared::ended(self))
+        Box::pin(GuardShared::until(self, |hold| {
+            hold.settled.load(Ordering::SeqCst)
+        }))
     }
 }
 
@@ -313,6 +346,7 @@ impl GuardShared {
                 changed: Notify::new(),
                 watched: AtomicBool::new(false),
                 done: AtomicBool::new(false),
+                settled: AtomicBool::new(false),
                 ops: tokio::sync::Mutex::new(()),
                 stop: Notify::new(),
             });

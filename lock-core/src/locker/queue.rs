@@ -112,6 +112,23 @@ impl Queues {
         }
     }
 
+    /// Records `holder` as the local guard holding `key` (a dropped guard whose release is
+    /// on its way), making the key's entry if it has none; the entry goes when the holder
+    /// ends ([`holder_ended`](Self::holder_ended)) and nobody is queued.
+    pub(crate) fn hold(&self, key: &Arc<str>, holder: Weak<dyn LocalHolder>) {
+        let mut map = lock(&self.map);
+        let entry = match map.get(&**key) {
+            Some(entry) => entry.clone(),
+            None => {
+                let entry = Turn::default();
+                map.insert(key.clone(), entry.clone());
+                self.queued.fetch_add(1, Ordering::SeqCst);
+                entry
+            }
+        };
+        entry.set_holder(holder);
+    }
+
     /// Runs `f` on `key`'s entry, if the key has one.
     pub(crate) fn with_entry<R>(&self, key: &str, f: impl FnOnce(&QueueEntry) -> R) -> Option<R> {
         if self.queued.load(Ordering::SeqCst) == 0 {
