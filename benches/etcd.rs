@@ -1,21 +1,17 @@
-//! etcd backend against its peer on one etcd started by lock-testkit, in the same run:
-//! etcd's own lock RPC (etcd-client's `lock`/`unlock`, each task's locks on a lease of its
-//! own, reused, as a worker with one session would). Workloads: uncontended cycle, 64 tasks
-//! on distinct keys, 16 tasks on one key holding 1 ms. Watchdog off on our side (the lock
-//! RPC does not renew either). The final report prints each result as a ratio to the peer.
+//! etcd backend against its peers on one etcd started by lock-testkit, in the same run:
+//! etcd's own lock RPC (etcd-client's `lock`/`unlock`, each lock on a lease of its own
+//! taken from a free list, as a worker with one session would) and the raw protocol (a
+//! put-if-absent transaction then a delete: two round trips, no lease, no policy), on the
+//! workloads of every bench (see `common`), distlock's guards ended by `release().await`
+//! and by drop.
 
 mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{
-    bench_subject, cpu_seconds, interleaved, runtime, timed, Distlock, OneKey, Subject, WORKLOADS,
-};
-use criterion::{criterion_group, criterion_main, Criterion};
-use distlock::etcd::EtcdBackend;
-use distlock::Locker;
-use etcd_client::{Client, LockOptions};
+use common::{named, ratio, Bench, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS};
+use etcd_client::{Client, Compare, CompareOp, LockOptions, Txn, TxnOp};
 use lock_testkit::EtcdServer;
 
 /// TTL of the peer's leases: longer than the whole run, so nobody needs to renew them.
@@ -24,10 +20,9 @@ const PEER_LEASE_SECS: i64 = 3600;
 /// etcd's lock RPC. A waiter's lock key is named after its lease, so two waiters sharing a
 /// lease would both "hold" the lock: each lock call takes a lease of its own from a free
 /// list (granting one when empty) and gives it back on unlock.
-#[derive(Clone)]
 struct LockRpc {
     client: Client,
-    leases: Arc<Mutex<Vec<i64>>>,
+    leases: Mutex<Vec<i64>>,
 }
 
 impl LockRpc {
@@ -64,76 +59,80 @@ impl Subject for LockRpc {
     }
 }
 
-struct Subjects {
-    server: EtcdServer,
-    ours: Distlock,
-    peer: LockRpc,
+/// The raw protocol: put the key if absent (one transaction), then delete it.
+struct RawTxn {
+    client: Client,
 }
 
-async fn subjects() -> Subjects {
-    let server = EtcdServer::start().await;
-    let backend = EtcdBackend::builder([server.endpoint()])
-        .build()
-        .await
-        .expect("connect");
-    let ours = Distlock::new(Locker::new(backend));
-    let peer = LockRpc {
-        client: Client::connect([server.endpoint()], None)
-            .await
-            .expect("peer connect"),
-        leases: Arc::default(),
-    };
-    Subjects { server, ours, peer }
-}
-
-fn bench(c: &mut Criterion) {
-    let rt = runtime();
-    let s = rt.block_on(subjects());
-
-    for w in WORKLOADS {
-        let mut g = c.benchmark_group(w.group("etcd"));
-        bench_subject(&mut g, &rt, "distlock", &s.ours, w);
-        bench_subject(&mut g, &rt, "etcd-lock-rpc", &s.peer, w);
-        g.finish();
+impl Subject for RawTxn {
+    type Guard = String;
+    async fn lock(&self, key: Arc<str>) -> String {
+        let key = format!("raw/{key}");
+        loop {
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key.as_str(), "token", None)]);
+            let put = self.client.clone().txn(txn).await.expect("raw txn");
+            if put.succeeded() {
+                return key;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
-
-    report(&rt, &s);
+    async fn unlock(&self, key: String) {
+        self.client
+            .clone()
+            .delete(key, None)
+            .await
+            .expect("raw delete");
+    }
 }
 
-/// Length of one subject's turn in a round.
-const ROUND: Duration = Duration::from_millis(400);
+fn ratios(w: Workload) -> Vec<Ratio> {
+    let (goal, drop_goal) = match w {
+        Workload::Lone => (Some(1.0), Some(0.95)),
+        Workload::Distinct(_) => (Some(2.5), Some(0.95)),
+        Workload::OneKey(..) => (None, None),
+    };
+    vec![
+        ratio("ours", "lock-rpc", goal),
+        ratio("ours-drop", "lock-rpc", goal),
+        ratio("ours-drop", "ours", drop_goal),
+        ratio("ours", "raw", None),
+    ]
+}
 
-/// Ratios against the peer, ours and the peer back to back in each round (the machine may
-/// be shared), medians kept.
-fn report(rt: &tokio::runtime::Runtime, s: &Subjects) {
-    rt.block_on(async {
-        let mut measured = Vec::new();
-        let server_pid = s.server.pid();
-        for w in WORKLOADS {
-            let subjects = vec![timed(&s.ours, w), timed(&s.peer, w)];
-            let cpu = || {
-                let client = cpu_seconds(std::process::id());
-                let server = server_pid.map_or(0.0, cpu_seconds);
-                std::future::ready((client, server))
-            };
-            measured.push((w, interleaved(ROUND, subjects, cpu).await));
-        }
-        let one = OneKey::run(&s.ours, &s.peer, Duration::from_secs(3)).await;
-        eprintln!("\n== etcd backend vs etcd's lock RPC (same server, same run) ==");
-        eprintln!("{}", measured[0].1.note());
-        for (w, rounds) in &measured {
-            let names = ["ours", "lock RPC"];
-            eprintln!("{}", rounds.lines(*w, &names, &[" (goal >= 1.0)"]));
-            eprintln!("{}", rounds.cpu_line(&names, "etcd"));
-        }
-        one.print("etcd-lock-rpc");
-        one.print_ratio("lock RPC", "");
+#[tokio::main]
+async fn main() {
+    let server = EtcdServer::start().await;
+    let url = format!("etcd://{}", server.endpoint());
+    let release = Distlock::connect(&url, End::Release).await;
+    let dropped = Distlock::connect(&url, End::Drop).await;
+    let connect = || async {
+        Client::connect([server.endpoint()], None)
+            .await
+            .expect("peer connect")
+    };
+    let peer = Arc::new(LockRpc {
+        client: connect().await,
+        leases: Mutex::default(),
     });
+    let raw = Arc::new(RawTxn {
+        client: connect().await,
+    });
+    let bench = Bench {
+        backend: "etcd",
+        peers: "etcd's lock RPC and a raw put-if-absent txn + delete, one etcd",
+        subjects: vec![
+            named("ours", &release),
+            named("ours-drop", &dropped),
+            named("lock-rpc", &peer),
+            named("raw", &raw),
+        ],
+        servers: server.pid().into_iter().collect(),
+        raw: Some("raw"),
+        settings: Settings::from_args(),
+    };
+    let measured = bench.run(&WORKLOADS).await;
+    bench.report(&measured, ratios);
 }
-
-criterion_group! {
-    name = benches;
-    config = common::criterion(Duration::from_secs(3));
-    targets = bench
-}
-criterion_main!(benches);

@@ -1,25 +1,20 @@
 //! Memory backend against its peer, a `HashMap` of `tokio::sync::Mutex` per key, in the
-//! same run: uncontended cycle, 64 tasks on distinct keys, 16 tasks on one key holding 1 ms.
-//! The final report prints each result as a ratio to the peer.
+//! same run: distlock's guards ended by `release().await` and by drop, on the workloads of
+//! every bench (see `common`). Goal: an uncontended cycle within 2x of the peer's.
 
 mod common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use common::{
-    bench_subject, distinct_keys, rate, runtime, uncontended, Distlock, OneKey, Subject, WORKLOADS,
-};
-use criterion::{criterion_group, criterion_main, Criterion};
-use distlock::{Locker, MemoryBackend};
+use common::{named, ratio, Bench, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS};
 
 type KeyedMutexes = HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>;
 
 /// The peer: a map of per-key tokio mutexes, entries removed when unused (like ours).
-#[derive(Clone, Default)]
+#[derive(Default)]
 struct MutexMap {
-    map: Arc<Mutex<KeyedMutexes>>,
+    map: Mutex<KeyedMutexes>,
 }
 
 struct PeerGuard {
@@ -52,53 +47,34 @@ impl Subject for MutexMap {
     }
 }
 
-fn ours() -> Distlock {
-    Distlock::new(Locker::new(MemoryBackend::new()))
+fn ratios(w: Workload) -> Vec<Ratio> {
+    // The goal is a time ratio: our cycle within 2x of the peer's, so ours/peer >= 0.5.
+    let goal = matches!(w, Workload::Lone).then_some(0.5);
+    vec![
+        ratio("ours", "mutex-map", goal),
+        ratio("ours-drop", "mutex-map", goal),
+        ratio("ours-drop", "ours", Some(0.95)),
+    ]
 }
 
-fn bench(c: &mut Criterion) {
-    let rt = runtime();
-    let (dl, peer) = (ours(), MutexMap::default());
-
-    for w in WORKLOADS {
-        let mut g = c.benchmark_group(w.group("memory"));
-        bench_subject(&mut g, &rt, "distlock", &dl, w);
-        bench_subject(&mut g, &rt, "tokio-mutex-map", &peer, w);
-        g.finish();
-    }
-
-    report(&rt, &dl, &peer);
+#[tokio::main]
+async fn main() {
+    let url = "memory://";
+    let release = Distlock::connect(url, End::Release).await;
+    let dropped = Distlock::connect(url, End::Drop).await;
+    let peer = Arc::new(MutexMap::default());
+    let bench = Bench {
+        backend: "memory",
+        peers: "HashMap<Arc<str>, tokio::sync::Mutex>",
+        subjects: vec![
+            named("ours", &release),
+            named("ours-drop", &dropped),
+            named("mutex-map", &peer),
+        ],
+        servers: Vec::new(),
+        raw: None,
+        settings: Settings::from_args(),
+    };
+    let measured = bench.run(&WORKLOADS).await;
+    bench.report(&measured, ratios);
 }
-
-/// Ratios against the peer, measured back to back in this run.
-fn report(rt: &tokio::runtime::Runtime, dl: &Distlock, peer: &MutexMap) {
-    let run_for = Duration::from_secs(1);
-    rt.block_on(async {
-        let ours_1 = rate(run_for, |n| uncontended(dl, n)).await;
-        let peer_1 = rate(run_for, |n| uncontended(peer, n)).await;
-        let ours_64 = rate(run_for, |n| distinct_keys(dl, 64, n)).await;
-        let peer_64 = rate(run_for, |n| distinct_keys(peer, 64, n)).await;
-        let one = OneKey::run(dl, peer, Duration::from_secs(2)).await;
-        eprintln!("\n== memory backend vs HashMap<tokio::sync::Mutex> (same run) ==");
-        eprintln!(
-            "uncontended, 1 task: {ours_1:.0} vs {peer_1:.0} cycles/s: peer/ours time ratio {:.2}x (goal: ours within 2x of the peer)",
-            peer_1 / ours_1
-        );
-        eprintln!(
-            "64 tasks, distinct keys: {ours_64:.0} vs {peer_64:.0} cycles/s: ours/peer {:.2}",
-            ours_64 / peer_64
-        );
-        one.print("tokio-mutex-map");
-        eprintln!(
-            "  worst wait within goal: {}",
-            one.ours.worst_wait < one.ours.wait_bound()
-        );
-    });
-}
-
-criterion_group! {
-    name = benches;
-    config = common::criterion(Duration::from_secs(2));
-    targets = bench
-}
-criterion_main!(benches);

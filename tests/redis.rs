@@ -120,6 +120,62 @@ async fn release_notice_reaches_another_process() {
     conformance::release_wakes_a_waiter_on_another_instance(&a, &b).await;
 }
 
+/// A release is announced only when someone waited for it: an uncontended cycle publishes
+/// nothing (so it wakes no subscriber anywhere), while a waiter of another process, whose
+/// refusal marked the lock awaited, is woken by the notice long before the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_awaited_release_is_announced() {
+    let server = RedisServer::start().await;
+    let a = Arc::new(backend(&server.url()).await);
+    let (mine, other) = (
+        Locker::with_backend(a.clone()),
+        Locker::new(backend(&server.url()).await),
+    );
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .wait_for(Duration::from_secs(20));
+    let before = calls(&server, "publish").await;
+    for _ in 0..10 {
+        mine.acquire("quiet", &opts)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    assert_eq!(calls(&server, "publish").await, before, "nobody waited");
+
+    let holder = mine.acquire("awaited", &opts).await.unwrap();
+    let waiter = conformance::spawn_acquire(&other, "awaited", &opts);
+    let key = a.node().lock_key("awaited");
+    let marked = format!("{}*", holder.lease().owner());
+    let until = Instant::now() + Duration::from_secs(5);
+    while raw_string(&server, &key).await.as_deref() != Some(marked.as_str()) {
+        assert!(Instant::now() < until, "the refusal marks the lock awaited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let seen = a.inspect("awaited").await.unwrap().expect("held");
+    assert_eq!(
+        seen.owner,
+        Some(holder.lease().owner()),
+        "inspect hides the mark"
+    );
+    holder
+        .extend(Duration::from_secs(10))
+        .await
+        .expect("a marked lock is still ours");
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("woken by the notice, long before the 10 s TTL")
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < Duration::from_secs(3));
+    assert_eq!(calls(&server, "publish").await, before + 1, "one notice");
+    next.release().await.unwrap();
+}
+
 /// `inspect` reports the holder's owner token, fence and remaining time; `None` when free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_reports_the_holder() {

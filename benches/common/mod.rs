@@ -1,7 +1,15 @@
-//! Workloads and measurements shared by every backend's benchmark, so that each backend and
-//! each peer runs exactly the same code around its lock calls and is reported alike.
-// Each bench includes this module but uses only part of it (memory reads no server CPU,
-// etcd measures no CPU at all, redlock alternates its own rounds).
+//! The harness every backend's benchmark shares: a program shaped like a user's
+//! (`#[tokio::main]` with the default runtime, one `distlock::connect(url)` per subject,
+//! guards from `Locker::lock` with the default options, ended by `release().await` or by
+//! drop), the same workloads for every subject, rounds interleaved so that every ratio
+//! compares subjects measured back to back on the same servers, and a report of ratios
+//! (never absolute times alone) with the client's and the server's CPU per cycle.
+//!
+//! `cargo bench --features full` runs every bench; each prints its table and writes
+//! `target/bench-ratios/<backend>.json`, from which `scripts/bench-table.py` makes the
+//! README's table. Run without `--bench` (as `cargo test --benches` does) a bench makes one
+//! short round only, to prove it runs.
+// Each bench includes this module but uses only part of it.
 #![allow(dead_code)]
 
 use std::future::Future;
@@ -9,33 +17,44 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::measurement::WallTime;
-use criterion::{BenchmarkGroup, Criterion};
-use distlock::{LockGuard, LockOptions, Locker};
-use tokio::runtime::Runtime;
+use distlock::{LockGuard, Locker};
 
-/// Lease every subject asks for: longer than any cycle, so nothing expires mid-run.
-pub const TTL: Duration = Duration::from_secs(10);
-
-/// The runtime of every bench: two workers, as many as the machine has cores.
-pub fn runtime() -> Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+/// How long a subject runs per round, and how many rounds there are.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    pub round: Duration,
+    pub rounds: usize,
 }
 
-/// Criterion settings of every bench: few samples, since each is a whole batch of cycles.
-pub fn criterion(measurement: Duration) -> Criterion {
-    Criterion::default()
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(measurement)
+impl Settings {
+    /// From the command line: `cargo bench` passes `--bench`, and then every subject runs
+    /// `DISTLOCK_BENCH_ROUNDS` rounds (default 7) of `DISTLOCK_BENCH_ROUND_MS` (default 500)
+    /// each; without `--bench`, one round of 50 ms (a smoke run).
+    pub fn from_args() -> Self {
+        let bench = std::env::args().any(|a| a == "--bench");
+        let env = |name: &str, default: u64| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .filter(|v| *v > 0)
+                .unwrap_or(default)
+        };
+        if bench {
+            Settings {
+                round: Duration::from_millis(env("DISTLOCK_BENCH_ROUND_MS", 500)),
+                rounds: env("DISTLOCK_BENCH_ROUNDS", 7) as usize,
+            }
+        } else {
+            Settings {
+                round: Duration::from_millis(50),
+                rounds: 1,
+            }
+        }
+    }
 }
 
 /// A lock implementation under measurement: distlock on some backend, or a peer.
-pub trait Subject: Clone + Send + Sync + 'static {
+pub trait Subject: Send + Sync + 'static {
     /// What holding the lock looks like.
     type Guard: Send;
     /// Takes `key`, waiting as long as needed.
@@ -44,240 +63,162 @@ pub trait Subject: Clone + Send + Sync + 'static {
     fn unlock(&self, guard: Self::Guard) -> impl Future<Output = ()> + Send;
 }
 
-/// distlock's Locker with the watchdog off (like for like with peers that do not renew).
-#[derive(Clone)]
+/// How a distlock subject ends its guards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// `guard.release().await`.
+    Release,
+    /// `drop(guard)`: the RAII way, released in the background.
+    Drop,
+}
+
+/// distlock as a user's program has it: `distlock::connect(url)`, then `locker.lock(key)`
+/// with the default options (watchdog on, fencing and release notices as the URL says).
 pub struct Distlock {
     pub locker: Locker,
-    pub opts: LockOptions,
+    pub end: End,
 }
 
 impl Distlock {
-    pub fn new(locker: Locker) -> Self {
-        Distlock {
-            locker,
-            opts: LockOptions::new().ttl(TTL).wait_forever().watchdog(false),
-        }
+    /// A subject with a Locker (and so connections) of its own.
+    pub async fn connect(url: &str, end: End) -> Arc<Self> {
+        let locker = distlock::connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+        Arc::new(Distlock { locker, end })
     }
 }
 
 impl Subject for Distlock {
     type Guard = LockGuard;
     async fn lock(&self, key: Arc<str>) -> LockGuard {
-        self.locker
-            .acquire(&key, &self.opts)
-            .await
-            .expect("acquire")
+        self.locker.lock(&key).await.expect("lock")
     }
     async fn unlock(&self, guard: LockGuard) {
-        guard.release().await.expect("release");
+        match self.end {
+            End::Release => guard.release().await.expect("release"),
+            End::Drop => drop(guard),
+        }
     }
 }
 
-/// Runs `iters` acquire+release cycles on one task and one key.
-pub async fn uncontended<S: Subject>(s: &S, iters: u64) -> Duration {
-    let key: Arc<str> = Arc::from("bench/uncontended");
-    let start = Instant::now();
-    for _ in 0..iters {
-        let g = s.lock(key.clone()).await;
-        s.unlock(g).await;
-    }
-    start.elapsed()
-}
-
-/// Runs `iters` cycles in total spread over `tasks` tasks, each on its own key.
-pub async fn distinct_keys<S: Subject>(s: &S, tasks: usize, iters: u64) -> Duration {
-    let per_task = iters.div_ceil(tasks as u64);
-    let start = Instant::now();
-    let handles: Vec<_> = (0..tasks)
-        .map(|i| {
-            let s = s.clone();
-            let key: Arc<str> = Arc::from(format!("bench/distinct/{i}"));
-            tokio::spawn(async move {
-                for _ in 0..per_task {
-                    let g = s.lock(key.clone()).await;
-                    s.unlock(g).await;
-                }
-            })
-        })
-        .collect();
-    for h in handles {
-        h.await.expect("task");
-    }
-    start.elapsed()
-}
-
-/// The two throughput workloads every bench runs for each subject.
-#[derive(Debug, Clone, Copy)]
+/// The workloads every bench runs on every subject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Workload {
-    /// [`uncontended`]: one task, one key.
-    Uncontended,
-    /// [`distinct_keys`] over this many tasks.
-    DistinctKeys(usize),
+    /// One task, one key, cycles back to back: the cost of one acquisition and release.
+    Lone,
+    /// This many tasks, each on a key of its own.
+    Distinct(usize),
+    /// This many tasks on one key, each holding it this long: the hand-off under contention.
+    OneKey(usize, Duration),
 }
 
-/// Uncontended, then 64 tasks on distinct keys: the order of the groups and report lines.
-pub const WORKLOADS: [Workload; 2] = [Workload::Uncontended, Workload::DistinctKeys(64)];
+/// The three workloads, in report order.
+pub const WORKLOADS: [Workload; 3] = [
+    Workload::Lone,
+    Workload::Distinct(64),
+    Workload::OneKey(16, Duration::from_millis(1)),
+];
 
 impl Workload {
-    /// Runs `iters` cycles of this workload on `s`.
-    pub async fn run<S: Subject>(self, s: &S, iters: u64) -> Duration {
-        match self {
-            Workload::Uncontended => uncontended(s, iters).await,
-            Workload::DistinctKeys(tasks) => distinct_keys(s, tasks, iters).await,
-        }
-    }
-
-    /// Name in report lines.
+    /// Name in report lines and in the JSON document.
     pub fn title(self) -> String {
         match self {
-            Workload::Uncontended => "uncontended, 1 task".to_owned(),
-            Workload::DistinctKeys(tasks) => format!("{tasks} tasks, distinct keys"),
+            Workload::Lone => "1 task".to_owned(),
+            Workload::Distinct(tasks) => format!("{tasks} tasks, distinct keys"),
+            Workload::OneKey(tasks, hold) => {
+                format!("{tasks} tasks, one key, {} ms hold", hold.as_millis())
+            }
         }
     }
 
-    /// Criterion group of `backend` for this workload.
-    pub fn group(self, backend: &str) -> String {
+    fn tasks(self) -> usize {
         match self {
-            Workload::Uncontended => format!("{backend}/uncontended"),
-            Workload::DistinctKeys(tasks) => format!("{backend}/{tasks}-tasks-distinct-keys"),
+            Workload::Lone => 1,
+            Workload::Distinct(tasks) | Workload::OneKey(tasks, _) => tasks,
         }
     }
 }
 
-/// Adds subject `s` as `name` to group `g`, timing `w` on runtime `rt`.
-pub fn bench_subject<S: Subject>(
-    g: &mut BenchmarkGroup<'_, WallTime>,
-    rt: &Runtime,
-    name: &str,
-    s: &S,
-    w: Workload,
-) {
-    g.bench_function(name, |b| {
-        b.to_async(rt).iter_custom(|n| {
-            let s = s.clone();
-            async move { w.run(&s, n).await }
-        })
-    });
-}
-
-/// What a contended run on one key measured.
-#[derive(Debug, Clone)]
-pub struct Contention {
+/// What one subject did in one round of one workload.
+#[derive(Clone, Debug, Default)]
+pub struct Sample {
     pub cycles: u64,
     pub elapsed: Duration,
-    /// Longest time any task waited for the lock.
+    /// Longest time any task waited for a grant.
     pub worst_wait: Duration,
-    /// Mean time a holder actually held the lock (the hold sleep as the timer delivered it).
-    pub mean_hold: Duration,
+    /// Time spent holding, summed over the cycles (the hold sleep as the timer gave it).
+    pub held: Duration,
     /// Cycles completed by each task.
     pub per_task: Vec<u64>,
+    /// Client and server CPU seconds used during the round.
+    pub client_cpu: f64,
+    pub server_cpu: f64,
 }
 
-impl Contention {
-    pub fn throughput(&self) -> f64 {
-        self.cycles as f64 / self.elapsed.as_secs_f64()
-    }
-    /// The goal's bound: 1.5 × tasks × hold, with hold as actually delivered by the timer.
-    pub fn wait_bound(&self) -> Duration {
-        self.mean_hold.mul_f64(1.5 * self.per_task.len() as f64)
-    }
-    pub fn summary(&self, name: &str) -> String {
-        let min = self.per_task.iter().min().copied().unwrap_or(0);
-        let max = self.per_task.iter().max().copied().unwrap_or(0);
-        format!(
-            "{name}: {:.0} cycles/s, worst wait {:.1} ms (bound 1.5 x tasks x hold = {:.1} ms), \
-             mean hold {:.2} ms, per-task cycles {min}..{max}",
-            self.throughput(),
-            self.worst_wait.as_secs_f64() * 1e3,
-            self.wait_bound().as_secs_f64() * 1e3,
-            self.mean_hold.as_secs_f64() * 1e3,
-        )
+impl Sample {
+    pub fn rate(&self) -> f64 {
+        self.cycles as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 }
 
-/// `tasks` tasks take one key in turn for `run_for`, each holding it for `hold`.
-pub async fn one_key<S: Subject>(
-    s: &S,
-    tasks: usize,
-    hold: Duration,
-    run_for: Duration,
-) -> Contention {
-    let key: Arc<str> = Arc::from(format!("bench/one/{:08x}", rand_u32()));
+/// Cycles between two reads of the clock in the throughput workloads.
+const CHECK_EVERY: u64 = 32;
+
+/// Runs `w` on `s` for about `run_for`: every task loops lock, (hold,) unlock until the time
+/// is up.
+pub async fn measure<S: Subject>(s: &Arc<S>, w: Workload, run_for: Duration) -> Sample {
+    let tag = rand_u32();
     let start = Instant::now();
     let deadline = start + run_for;
-    let handles: Vec<_> = (0..tasks)
-        .map(|_| {
-            let (s, key) = (s.clone(), key.clone());
+    let handles: Vec<_> = (0..w.tasks())
+        .map(|i| {
+            let s = s.clone();
+            let key: Arc<str> = match w {
+                Workload::OneKey(..) => Arc::from(format!("bench/one/{tag:08x}")),
+                _ => Arc::from(format!("bench/{tag:08x}/{i}")),
+            };
             tokio::spawn(async move {
                 let (mut cycles, mut worst, mut held) = (0u64, Duration::ZERO, Duration::ZERO);
-                while Instant::now() < deadline {
-                    let asked = Instant::now();
-                    let g = s.lock(key.clone()).await;
-                    let got = Instant::now();
-                    worst = worst.max(got - asked);
-                    tokio::time::sleep(hold).await;
-                    held += got.elapsed();
-                    s.unlock(g).await;
-                    cycles += 1;
+                match w {
+                    Workload::OneKey(_, hold) => {
+                        while Instant::now() < deadline {
+                            let asked = Instant::now();
+                            let g = s.lock(key.clone()).await;
+                            let got = Instant::now();
+                            worst = worst.max(got - asked);
+                            tokio::time::sleep(hold).await;
+                            held += got.elapsed();
+                            s.unlock(g).await;
+                            cycles += 1;
+                        }
+                    }
+                    _ => {
+                        while Instant::now() < deadline {
+                            for _ in 0..CHECK_EVERY {
+                                let g = s.lock(key.clone()).await;
+                                s.unlock(g).await;
+                            }
+                            cycles += CHECK_EVERY;
+                        }
+                    }
                 }
-                (cycles, worst, held)
+                (cycles, worst, held, Instant::now())
             })
         })
         .collect();
-    let mut result = Contention {
-        cycles: 0,
-        elapsed: Duration::ZERO,
-        worst_wait: Duration::ZERO,
-        mean_hold: Duration::ZERO,
-        per_task: Vec::new(),
-    };
-    let mut held = Duration::ZERO;
+    let mut sample = Sample::default();
+    let mut end = start;
     for h in handles {
-        let (cycles, worst, task_held) = h.await.expect("task");
-        result.cycles += cycles;
-        result.worst_wait = result.worst_wait.max(worst);
-        result.per_task.push(cycles);
-        held += task_held;
+        let (cycles, worst, held, done) = h.await.expect("bench task");
+        sample.cycles += cycles;
+        sample.worst_wait = sample.worst_wait.max(worst);
+        sample.held += held;
+        sample.per_task.push(cycles);
+        end = end.max(done);
     }
-    result.elapsed = start.elapsed();
-    result.mean_hold = held / result.cycles.max(1) as u32;
-    result
-}
-
-/// Tasks and hold time of the one-key contention workload.
-pub const CONTENDERS: usize = 16;
-pub const HOLD: Duration = Duration::from_millis(1);
-
-/// The one-key contention workload run on ours, then on a peer, each for `run_for`.
-pub struct OneKey {
-    pub ours: Contention,
-    pub peer: Contention,
-}
-
-impl OneKey {
-    pub async fn run<A: Subject, B: Subject>(ours: &A, peer: &B, run_for: Duration) -> Self {
-        OneKey {
-            ours: one_key(ours, CONTENDERS, HOLD, run_for).await,
-            peer: one_key(peer, CONTENDERS, HOLD, run_for).await,
-        }
-    }
-
-    /// Prints the workload's heading and both summaries, the peer's as `peer_name`.
-    pub fn print(&self, peer_name: &str) {
-        eprintln!("{CONTENDERS} tasks, one key, {} ms hold:", HOLD.as_millis());
-        eprintln!("  {}", self.ours.summary("distlock"));
-        eprintln!("  {}", self.peer.summary(peer_name));
-    }
-
-    /// Prints the throughput ratio against the peer (called `peer_label`) and whether our
-    /// worst wait kept the goal's bound.
-    pub fn print_ratio(&self, peer_label: &str, goal: &str) {
-        eprintln!(
-            "  throughput ours/{peer_label} {:.2}{goal}; worst wait within 1.5 x tasks x hold: {}",
-            self.ours.throughput() / self.peer.throughput(),
-            self.ours.worst_wait < self.ours.wait_bound()
-        );
-    }
+    sample.elapsed = end - start;
+    sample
 }
 
 fn rand_u32() -> u32 {
@@ -287,42 +228,27 @@ fn rand_u32() -> u32 {
     h.finish() as u32
 }
 
-/// How many cycles of `batch` take about `round`: a trial batch grows fourfold from `first`
-/// until it takes a quarter of `round` (or grows past `first << 20`), then is scaled.
-pub async fn batch_size<F, Fut>(round: Duration, first: u64, mut batch: F) -> u64
-where
-    F: FnMut(u64) -> Fut,
-    Fut: Future<Output = Duration>,
-{
-    let mut n = first;
-    loop {
-        let took = batch(n).await;
-        if took >= round / 4 || n > first << 20 {
-            return ((n as f64) * round.as_secs_f64() / took.as_secs_f64().max(1e-9)).max(1.0)
-                as u64;
-        }
-        n *= 4;
+/// A subject under its report name, type-erased so that subjects of several types share
+/// one round loop.
+pub struct Named<'a> {
+    pub name: &'static str,
+    /// Whether `DISTLOCK_BENCH_SUBJECTS` (a list of names; all when unset) picked it.
+    picked: bool,
+    run: Box<dyn Fn(Workload, Duration) -> Pin<Box<dyn Future<Output = Sample> + 'a>> + 'a>,
+}
+
+/// `s` as a subject called `name` in the report.
+pub fn named<'a, S: Subject>(name: &'static str, s: &'a Arc<S>) -> Named<'a> {
+    let picked = std::env::var("DISTLOCK_BENCH_SUBJECTS").unwrap_or_default();
+    Named {
+        name,
+        picked: picked.is_empty() || picked.split(',').any(|p| p.trim() == name),
+        run: Box::new(move |w, run_for| Box::pin(measure(s, w, run_for))),
     }
 }
 
-/// Cycles per second of a closure measured over about `run_for`.
-pub async fn rate<F, Fut>(run_for: Duration, mut batch: F) -> f64
-where
-    F: FnMut(u64) -> Fut,
-    Fut: Future<Output = Duration>,
-{
-    let n = batch_size(run_for, 64, &mut batch).await;
-    let took = batch(n).await;
-    n as f64 / took.as_secs_f64()
-}
-
-pub fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 /// CPU seconds (user + system) process `pid` used so far, from `/proc/<pid>/stat` (clock
-/// ticks of 10 ms: precise enough over a whole measurement); 0 where unavailable.
+/// ticks of 10 ms: precise enough summed over the rounds); 0 where unavailable.
 pub fn cpu_seconds(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
@@ -343,133 +269,233 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// Rounds per subject in [`interleaved`].
-pub const ROUNDS: usize = 7;
-
-/// A workload bound to one subject, so subjects of different types share one round loop.
-pub type Timed<'a> = Box<dyn FnMut(u64) -> Pin<Box<dyn Future<Output = Duration> + 'a>> + 'a>;
-
-/// `w` on `s`, as one of [`interleaved`]'s subjects.
-pub fn timed<'a, S: Subject>(s: &'a S, w: Workload) -> Timed<'a> {
-    Box::new(move |n| Box::pin(w.run(s, n)))
+/// Client (this process) and server CPU seconds so far, the servers given by their pids.
+pub fn cpu_now(servers: &[u32]) -> (f64, f64) {
+    (
+        cpu_seconds(std::process::id()),
+        servers.iter().map(|p| cpu_seconds(*p)).sum(),
+    )
 }
 
-/// What [`interleaved`] measured, per subject in the order given.
-pub struct Rounds {
-    round: Duration,
-    /// Cycles per second, one a round.
-    rates: Vec<Vec<f64>>,
-    /// Cycles, client CPU seconds and server CPU seconds, summed over the rounds.
-    cpu: Vec<(f64, f64, f64)>,
-}
-
-/// Cycles per second of each subject in [`ROUNDS`] rounds of about `round` each, after sizing
-/// each batch once; in every round the subjects run back to back in the order given (the
-/// machine may be shared), so ratios are taken per round. `cpu` reads the CPU seconds used so
-/// far by this process (client) and by the server, before and after each batch: unlike
-/// throughput, CPU per cycle does not depend on what else the machine runs.
-pub async fn interleaved<C, CFut>(
-    round: Duration,
-    mut subjects: Vec<Timed<'_>>,
-    mut cpu: C,
-) -> Rounds
-where
-    C: FnMut() -> CFut,
-    CFut: Future<Output = (f64, f64)>,
-{
-    let mut sizes = Vec::new();
-    for run in &mut subjects {
-        sizes.push(batch_size(round, 16, run).await);
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
     }
-    let mut rounds = Rounds {
-        round,
-        rates: vec![Vec::new(); subjects.len()],
-        cpu: vec![(0.0, 0.0, 0.0); subjects.len()],
-    };
-    for _ in 0..ROUNDS {
-        for (i, run) in subjects.iter_mut().enumerate() {
-            let (client, server) = cpu().await;
-            let rate = sizes[i] as f64 / run(sizes[i]).await.as_secs_f64();
-            let (client_after, server_after) = cpu().await;
-            let sum = &mut rounds.cpu[i];
-            sum.0 += sizes[i] as f64;
-            sum.1 += client_after - client;
-            sum.2 += server_after - server;
-            rounds.rates[i].push(rate);
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// One ratio the report gives: `num`'s rate over `den`'s, with the goal it should reach.
+#[derive(Clone, Copy, Debug)]
+pub struct Ratio {
+    pub num: &'static str,
+    pub den: &'static str,
+    pub goal: Option<f64>,
+}
+
+/// `num / den`, to reach `goal` (None: reported only).
+pub const fn ratio(num: &'static str, den: &'static str, goal: Option<f64>) -> Ratio {
+    Ratio { num, den, goal }
+}
+
+/// A backend's whole benchmark: its subjects, the ratios it reports per workload, and what
+/// it measured.
+pub struct Bench<'a> {
+    pub backend: &'static str,
+    /// What the peers are, for the heading.
+    pub peers: &'static str,
+    pub subjects: Vec<Named<'a>>,
+    /// Server processes whose CPU is counted.
+    pub servers: Vec<u32>,
+    /// The subject whose lone cycle gives "one server write" (half its cycle) in the
+    /// one-key bound; None: a write costs nothing (in-process).
+    pub raw: Option<&'static str>,
+    pub settings: Settings,
+}
+
+/// What one workload measured: per subject, its samples, one per round.
+pub struct Measured {
+    pub workload: Workload,
+    pub samples: Vec<Vec<Sample>>,
+}
+
+impl Bench<'_> {
+    /// Runs every workload: in each round every subject runs once, back to back, in an
+    /// order that rotates from round to round (so no subject always follows another).
+    /// `DISTLOCK_BENCH_WORKLOADS` (a list of `lone`, `distinct`, `one`) picks some only.
+    pub async fn run(&self, workloads: &[Workload]) -> Vec<Measured> {
+        let picked = std::env::var("DISTLOCK_BENCH_WORKLOADS").unwrap_or_default();
+        let picked = |w: Workload| {
+            let name = match w {
+                Workload::Lone => "lone",
+                Workload::Distinct(_) => "distinct",
+                Workload::OneKey(..) => "one",
+            };
+            picked.is_empty() || picked.split(',').any(|p| p.trim() == name)
+        };
+        let mut all = Vec::new();
+        for &w in workloads.iter().filter(|w| picked(**w)) {
+            let mut samples = vec![Vec::new(); self.subjects.len()];
+            for round in 0..self.settings.rounds {
+                for k in 0..self.subjects.len() {
+                    let i = (k + round) % self.subjects.len();
+                    if !self.subjects[i].picked {
+                        continue;
+                    }
+                    let (c0, s0) = cpu_now(&self.servers);
+                    let mut sample = (self.subjects[i].run)(w, self.settings.round).await;
+                    // Let background releases (dropped guards) finish inside the round
+                    // whose CPU they belong to.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    let (c1, s1) = cpu_now(&self.servers);
+                    sample.client_cpu = c1 - c0;
+                    sample.server_cpu = s1 - s0;
+                    samples[i].push(sample);
+                }
+            }
+            all.push(Measured {
+                workload: w,
+                samples,
+            });
+        }
+        all
+    }
+
+    fn index(&self, name: &str) -> usize {
+        self.subjects
+            .iter()
+            .position(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no subject {name}"))
+    }
+
+    /// Prints the report and writes its JSON document; `ratios` gives each workload's
+    /// ratios.
+    pub fn report(&self, measured: &[Measured], ratios: impl Fn(Workload) -> Vec<Ratio>) {
+        let mut doc_rows = Vec::new();
+        let mut doc_ratios = Vec::new();
+        let mut doc_one_key = Vec::new();
+        println!(
+            "\n== {}: distlock vs {} (medians of {} interleaved rounds of {:?} per subject) ==",
+            self.backend, self.peers, self.settings.rounds, self.settings.round
+        );
+        let lone_write = self.raw.and_then(|raw| {
+            let m = measured.iter().find(|m| m.workload == Workload::Lone)?;
+            let rate = median(
+                m.samples[self.index(raw)]
+                    .iter()
+                    .map(Sample::rate)
+                    .collect(),
+            );
+            Duration::try_from_secs_f64(0.5 / rate).ok()
+        });
+        for m in measured {
+            println!("{}:", m.workload.title());
+            for (i, subject) in self.subjects.iter().enumerate() {
+                let s = &m.samples[i];
+                if s.is_empty() {
+                    continue;
+                }
+                let rate = median(s.iter().map(Sample::rate).collect());
+                let cycles: u64 = s.iter().map(|x| x.cycles).sum();
+                let per_cycle = |secs: f64| secs * 1e6 / cycles.max(1) as f64;
+                let client = per_cycle(s.iter().map(|x| x.client_cpu).sum());
+                let server = per_cycle(s.iter().map(|x| x.server_cpu).sum());
+                println!(
+                    "  {:<10} {:>9.0} cycles/s   CPU per cycle: client {:>6.1} µs, server {:>6.1} µs",
+                    subject.name, rate, client, server
+                );
+                doc_rows.push(serde_json::json!({
+                    "workload": m.workload.title(), "subject": subject.name,
+                    "cycles_per_sec": rate, "client_cpu_us": client, "server_cpu_us": server,
+                }));
+            }
+            for r in ratios(m.workload) {
+                let (a, b) = (&m.samples[self.index(r.num)], &m.samples[self.index(r.den)]);
+                if a.is_empty() || b.is_empty() {
+                    continue;
+                }
+                let value = median(a.iter().zip(b).map(|(x, y)| x.rate() / y.rate()).collect());
+                let met = r.goal.map(|g| value >= g);
+                let goal = match r.goal {
+                    Some(g) => format!(" (goal >= {g:.2}: {})", pass(value >= g)),
+                    None => String::new(),
+                };
+                println!("  {}/{} {value:.2}{goal}", r.num, r.den);
+                doc_ratios.push(serde_json::json!({
+                    "workload": m.workload.title(), "num": r.num, "den": r.den,
+                    "ratio": value, "goal": r.goal, "met": met,
+                }));
+            }
+            if let Workload::OneKey(tasks, _) = m.workload {
+                let write = lone_write.unwrap_or(Duration::ZERO);
+                for (i, subject) in self.subjects.iter().enumerate() {
+                    let s = &m.samples[i];
+                    if s.is_empty() {
+                        continue;
+                    }
+                    // The hold as the timer delivered it (a 1 ms sleep takes longer).
+                    let cycles: u64 = s.iter().map(|x| x.cycles).sum();
+                    let hold = s.iter().map(|x| x.held).sum::<Duration>() / cycles.max(1) as u32;
+                    let bound = (hold + write) * 2 * tasks as u32;
+                    let worst = s.iter().map(|x| x.worst_wait).max().unwrap_or_default();
+                    let spread = s
+                        .iter()
+                        .map(|x| {
+                            let max = x.per_task.iter().max().copied().unwrap_or(0);
+                            max - x.per_task.iter().min().copied().unwrap_or(0)
+                        })
+                        .max()
+                        .unwrap_or(0);
+                    let ours = subject.name.starts_with("ours");
+                    let verdict = if ours {
+                        format!(" (goal < {:.1} ms: {})", ms(bound), pass(worst < bound))
+                    } else {
+                        String::new()
+                    };
+                    println!(
+                        "  {:<10} worst wait {:.1} ms{verdict}, mean hold {:.2} ms; per-task cycles differ by at most {spread} in a round",
+                        subject.name,
+                        ms(worst),
+                        ms(hold),
+                    );
+                    doc_one_key.push(serde_json::json!({
+                        "subject": subject.name, "worst_wait_ms": ms(worst),
+                        "bound_ms": ms(bound), "mean_hold_ms": ms(hold), "met": ours.then_some(worst < bound),
+                        "per_task_spread": spread,
+                    }));
+                }
+                println!(
+                    "  (bound: 2 x {tasks} tasks x (mean hold + one server write {:.3} ms, half the raw lone cycle))",
+                    ms(write)
+                );
+            }
+        }
+        let doc = serde_json::json!({
+            "backend": self.backend, "peers": self.peers,
+            "rounds": self.settings.rounds, "round_ms": self.settings.round.as_millis() as u64,
+            "rows": doc_rows, "ratios": doc_ratios, "one_key": doc_one_key,
+        });
+        let dir = std::env::var("DISTLOCK_BENCH_OUT").unwrap_or_else(|_| {
+            concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench-ratios").to_owned()
+        });
+        let path = format!("{dir}/{}.json", self.backend);
+        let written = std::fs::create_dir_all(&dir)
+            .and_then(|()| std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()));
+        match written {
+            Ok(()) => println!("(written to {path})"),
+            Err(e) => eprintln!("could not write {path}: {e}"),
         }
     }
-    rounds
 }
 
-/// The `cpu` argument of [`interleaved`] for a bench that reports no CPU.
-pub fn no_cpu() -> std::future::Ready<(f64, f64)> {
-    std::future::ready((0.0, 0.0))
+fn pass(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "NOT MET"
+    }
 }
 
-impl Rounds {
-    /// Median rate of subject `i`.
-    pub fn rate(&self, i: usize) -> f64 {
-        median(self.rates[i].clone())
-    }
-
-    /// Median over the rounds of subject `i`'s rate over subject `j`'s.
-    pub fn ratio(&self, i: usize, j: usize) -> f64 {
-        let per_round = self.rates[i].iter().zip(&self.rates[j]).map(|(a, b)| a / b);
-        median(per_round.collect())
-    }
-
-    /// Client and server CPU per cycle of subject `i`, in µs.
-    pub fn cpu_per_cycle(&self, i: usize) -> (f64, f64) {
-        let (cycles, client, server) = self.cpu[i];
-        (client * 1e6 / cycles, server * 1e6 / cycles)
-    }
-
-    /// One report line of every subject's client and server CPU per cycle, in `names`
-    /// order: `  CPU per cycle (client + <server>, µs): ours 9.4 + 8.1, peer …`.
-    pub fn cpu_line(&self, names: &[&str], server: &str) -> String {
-        let parts: Vec<String> = names
-            .iter()
-            .enumerate()
-            .map(|(i, name)| {
-                let (client, server) = self.cpu_per_cycle(i);
-                format!("{name} {client:.1} + {server:.1}")
-            })
-            .collect();
-        format!(
-            "  CPU per cycle (client + {server}, µs): {}",
-            parts.join(", ")
-        )
-    }
-
-    /// The note on how the rates were taken, printed once above the lines.
-    pub fn note(&self) -> String {
-        format!(
-            "(medians over {ROUNDS} interleaved rounds of ~{:?} per subject)",
-            self.round
-        )
-    }
-
-    /// Two report lines for workload `w`: each subject's median rate under its name (ours
-    /// first), then ours over each peer with that peer's goal (`goals[k]` for subject k + 1).
-    pub fn lines(&self, w: Workload, names: &[&str], goals: &[&str]) -> String {
-        let rates: Vec<String> = names
-            .iter()
-            .enumerate()
-            .map(|(i, name)| format!("{name} {:.0}", self.rate(i)))
-            .collect();
-        let ratios: Vec<String> = names[1..]
-            .iter()
-            .zip(goals)
-            .enumerate()
-            .map(|(k, (peer, goal))| {
-                format!("{}/{peer} {:.2}{goal}", names[0], self.ratio(0, k + 1))
-            })
-            .collect();
-        format!(
-            "{}: {} cycles/s\n  {}",
-            w.title(),
-            rates.join(", "),
-            ratios.join(", ")
-        )
-    }
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }

@@ -2,21 +2,24 @@
 //! apart from `common` so that benches built without the redis features do not carry it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::common::{Subject, TTL};
+use crate::common::Subject;
+
+/// Lease the peer asks for: longer than any round, so nothing expires mid-run.
+const TTL: Duration = Duration::from_secs(30);
 
 /// rslock's `LockManager` over the bench's nodes, waiting with its own retry loop.
-#[derive(Clone)]
 pub struct Rslock {
     manager: rslock::LockManager,
 }
 
 impl Rslock {
     /// A manager over the nodes at `urls`.
-    pub fn new(urls: Vec<String>) -> Self {
-        Rslock {
+    pub fn new(urls: Vec<String>) -> Arc<Self> {
+        Arc::new(Rslock {
             manager: rslock::LockManager::new(urls),
-        }
+        })
     }
 }
 

@@ -49,7 +49,7 @@ impl RedisNode {
     /// Asking again with the owner that already holds the lock grants it again with the
     /// same fence and a fresh TTL.
     ///
-    /// A grant's fence is `max(counter + 1, server TIME in µs)`, written back to the
+    /// A grant's fence is `max(counter + 1, server TIME in µs rounded down to the ms)`, written back to the
     /// key's counter. Fences of a key strictly increase from grant to grant while the
     /// counter lives, and otherwise (counter expired, lost, or restored STALE by an RDB
     /// snapshot, AOF `everysec` or an async replica) as long as the server clock did not

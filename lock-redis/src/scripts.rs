@@ -26,20 +26,59 @@ impl Script {
     }
 }
 
+/// Lua helpers of the "awaited" mark. A refused attempt marks the lock it was refused by
+/// as awaited, by appending `*` to the holder's owner token (32 hex digits, so a token
+/// never ends in `*` and a foreign value is never marked); the mark lives exactly as long as
+/// the lock. A release announces itself only when its lock was awaited: an uncontended
+/// cycle publishes nothing, so no subscriber anywhere is woken for it. `mine(v, owner)` is
+/// whether the value `v` is `owner`'s lock, marked or not.
+macro_rules! awaited_helpers {
+    () => {
+        r#"
+local function awaited(v)
+  return type(v) == 'string' and string.byte(v, -1) == 42
+end
+local function mine(v, owner)
+  return v == owner or v == owner .. '*'
+end
+"#
+    };
+}
+
 /// The next fence of a lock whose fence counter is `counter` (see [`ACQUIRE`]), into
-/// `fence` (a local the caller declares): `max(counter + 1, server TIME in µs)`, written
-/// back to the counter, which is then kept for `retention` ms from this grant. When the
+/// `fence` (a local the caller declares), reading the server's clock once per script into
+/// the script's local `clock` (one reading serves every lock of a group): `max(counter + 1, server TIME in µs)`, written
+/// back to the counter, which is then kept for `retention` ms from this grant. The time is
+/// read in whole milliseconds (still counted in µs): nodes of a Redlock that grant in the
+/// same millisecond, with their counters in step, then issue the SAME token, which needs
+/// no write-back round trip. When the
 /// write is refused (e.g. `OOM`), `fence` is `false` and `err` (also the caller's local)
 /// says why.
+///
+/// The clock's fence is written first with `SET … GET`, which answers the value it
+/// replaced: one write, and no read, when the clock is ahead of the counter (the usual
+/// case); a second write raises it to `counter + 1` otherwise, inside the same atomic step.
+/// A foreign type at the counter (which `SET … GET` refuses) is overwritten as missing.
 macro_rules! next_fence {
     () => {
         r#"
-    local now = redis.call('TIME')
-    fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    local last = redis.pcall('GET', counter)
-    last = type(last) == 'string' and tonumber(last)
-    if last and last >= fence then fence = last + 1 end
-    local written = redis.pcall('SET', counter, string.format('%d', fence), 'PX', retention)
+    if not clock then
+      local now = redis.call('TIME')
+      clock = tonumber(now[1]) * 1000000 + math.floor(tonumber(now[2]) / 1000) * 1000
+    end
+    fence = clock
+    local last = redis.pcall('SET', counter, string.format('%d', fence), 'PX', retention, 'GET')
+    local written = true
+    if type(last) == 'table' and last.err then
+      last = nil
+      written = redis.pcall('SET', counter, string.format('%d', fence), 'PX', retention)
+    else
+      last = type(last) == 'string' and tonumber(last)
+      if last and last >= fence then
+        fence = last + 1
+        written = redis.pcall('SET', counter, string.format('%d', fence), 'PX', retention)
+      end
+    end
     if type(written) == 'table' and written.err then fence, err = false, written.err end
 "#
     };
@@ -80,7 +119,7 @@ macro_rules! current_fence {
 /// gets the answer it would have got alone. A lock whose fence cannot be written is not
 /// left granted (its key is deleted again).
 ///
-/// Every grant's fence is `max(counter + 1, server TIME in µs)`, written back to the
+/// Every grant's fence is `max(counter + 1, server TIME in µs, rounded down to the ms)`, written back to the
 /// counter with a fresh retention (the lock's TTL plus [`FENCE_RETENTION`]). The counter
 /// orders grants whatever the clock does; the clock orders them when the counter is
 /// missing (expired, lost with a restart) or STALE (an RDB snapshot, AOF `everysec` or an
@@ -93,10 +132,12 @@ macro_rules! current_fence {
 ///
 /// [`FENCE_RETENTION`]: crate::FENCE_RETENTION
 pub(crate) static ACQUIRE: Script = Script::new(concat!(
+    awaited_helpers!(),
     r#"
 local function refused(reply)
   return type(reply) == 'table' and reply.err
 end
+local clock
 local out = {}
 for i = 1, #KEYS / 3 do
   local lock, counter, tombstone = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
@@ -122,7 +163,7 @@ for i = 1, #KEYS / 3 do
     local holder = redis.pcall('GET', lock)
     if refused(holder) then
       err = holder.err
-    elseif holder == owner then
+    elseif mine(holder, owner) then
       redis.pcall('PEXPIRE', lock, ttl)
 "#,
     current_fence!(),
@@ -130,6 +171,7 @@ for i = 1, #KEYS / 3 do
       if not fence then redis.pcall('DEL', lock) end
     else
       fence = false
+      if type(holder) == 'string' and #holder == 32 then redis.pcall('APPEND', lock, '*') end
       out[2 * i - 1], out[2 * i] = 0, redis.pcall('PTTL', lock)
     end
   end
@@ -152,25 +194,28 @@ return out
 /// written (e.g. `OOM`), the hand-over is undone (the holder keeps the lock, the next
 /// owner holds nothing) and the error is returned.
 pub(crate) static HAND_OVER: Script = Script::new(concat!(
+    awaited_helpers!(),
     r#"
 local lock, counter = KEYS[1], KEYS[2]
 local from, to, ttl, retention = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local clock
 if redis.call('EXISTS', KEYS[3]) == 1 then return {0, redis.call('PTTL', lock)} end
 local holder = redis.call('GET', lock)
 local fence, err
-if holder == from then
+if mine(holder, from) then
   local left = redis.call('PTTL', lock)
-  redis.call('SET', lock, to, 'PX', ttl)
+  -- Waiters elsewhere still wait: the mark passes to the next owner.
+  redis.call('SET', lock, awaited(holder) and to .. '*' or to, 'PX', ttl)
 "#,
     next_fence!(),
     r#"
   if not fence then
     -- Undo: the holder keeps its lock, `to` gets nothing.
-    if left > 0 then redis.pcall('SET', lock, from, 'PX', left) else redis.pcall('SET', lock, from) end
+    if left > 0 then redis.pcall('SET', lock, holder, 'PX', left) else redis.pcall('SET', lock, holder) end
     return redis.error_reply(err)
   end
   return {1, fence}
-elseif holder == to then
+elseif mine(holder, to) then
   redis.call('PEXPIRE', lock, ttl)
 "#,
     current_fence!(),
@@ -186,57 +231,63 @@ return {0, redis.call('PTTL', lock)}
 ));
 
 /// Push the expiry if the lock is still ours. KEYS: lock. ARGV: owner, ttl ms. Returns 1 or 0.
-pub(crate) static EXTEND: Script = Script::new(
+pub(crate) static EXTEND: Script = Script::new(concat!(
+    awaited_helpers!(),
     r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+if mine(redis.call('GET', KEYS[1]), ARGV[1]) then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
-"#,
-);
+"#
+));
 
-/// Delete locks that are still ours and announce each release, for one caller or a group.
+/// Delete locks that are still ours and announce the release of each awaited one (see
+/// [`awaited_helpers`]), for one caller or a group.
 /// KEYS: the locks. ARGV: channel, then owner and notice for each lock. Returns, for each
 /// lock in order, 1 when deleted, 0 when it was not ours (then nothing changes), and an
 /// error message (a string) when the server refused to read that lock's key (e.g.
 /// `WRONGTYPE`). As in [`ACQUIRE`], `redis.pcall` keeps an error on one lock from
 /// aborting the others' releases.
-pub(crate) static RELEASE: Script = Script::new(
+pub(crate) static RELEASE: Script = Script::new(concat!(
+    awaited_helpers!(),
     r#"
 local out = {}
 for i = 1, #KEYS do
   local holder = redis.pcall('GET', KEYS[i])
   if type(holder) == 'table' and holder.err then
     out[i] = tostring(holder.err)
-  elseif holder == ARGV[2 * i] then
+  elseif mine(holder, ARGV[2 * i]) then
     redis.pcall('DEL', KEYS[i])
-    redis.pcall('PUBLISH', ARGV[1], ARGV[2 * i + 1])
+    if awaited(holder) then redis.pcall('PUBLISH', ARGV[1], ARGV[2 * i + 1]) end
     out[i] = 1
   else
     out[i] = 0
   end
 end
 return out
-"#,
-);
+"#
+));
 
 /// Forget an attempt whose answer never came. KEYS: lock, tombstone of the owner. ARGV:
 /// owner, channel, notice, tombstone retention ms. Writes the tombstone (so that the
 /// attempt, should it still arrive, is refused by [`ACQUIRE`] or [`HAND_OVER`]), then
-/// deletes the lock and announces it if the owner holds it (it was granted). Returns 1 when
+/// deletes the lock if the owner holds it (it was granted), announcing it when it was
+/// awaited. Returns 1 when
 /// a lock was deleted, 0 otherwise. The tombstone is written in both cases: a request can
 /// have been sent twice (re-sent on a new connection after the first looked lost).
-pub(crate) static ABANDON: Script = Script::new(
+pub(crate) static ABANDON: Script = Script::new(concat!(
+    awaited_helpers!(),
     r#"
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+local holder = redis.pcall('GET', KEYS[1])
+if mine(holder, ARGV[1]) then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  if awaited(holder) then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
   return 1
 end
 return 0
-"#,
-);
+"#
+));
 
 /// Delete the lock whoever holds it and announce it. KEYS: lock. ARGV: channel, notice.
 /// Returns the number of keys deleted.
@@ -248,11 +299,13 @@ return n
 "#,
 );
 
-/// The holder, if any. KEYS: lock, fence counter. Returns nil, or `{owner, pttl, fence}`.
+/// The holder, if any. KEYS: lock, fence counter. Returns nil, or `{owner, pttl, fence}`
+/// (the owner without its awaited mark).
 pub(crate) static INSPECT: Script = Script::new(
     r#"
 local owner = redis.call('GET', KEYS[1])
 if not owner then return false end
+if string.byte(owner, -1) == 42 then owner = string.sub(owner, 1, -2) end
 return {owner, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or ''}
 "#,
 );

@@ -182,23 +182,40 @@ pub async fn lock_expires_after_ttl(t: &Target) {
     second.release().await.unwrap();
 }
 
-/// The watchdog keeps a lock across at least five TTLs.
+/// The watchdog keeps locks across at least five TTLs: several at once, with two TTLs (the
+/// shorter granted last, so it falls due before the renewal the watchdog sleeps until),
+/// and a released guard leaves the watchdog's schedule at once.
 pub async fn watchdog_keeps_lock_across_ttls(t: &Target) {
     let (a, b) = (t.locker(), t.locker());
-    let key = t.key("watchdog");
     let ttl = t.short_ttl();
-    let guard = a.acquire(&key, &opts(ttl)).await.unwrap();
+    let mut guards = Vec::new();
+    for (i, ttl) in [ttl * 2, ttl * 2, ttl].into_iter().enumerate() {
+        let key = t.key(&format!("watchdog-{i}"));
+        guards.push((a.acquire(&key, &opts(ttl)).await.unwrap(), key));
+    }
+    assert_eq!(a.stats().renewals_scheduled, 3, "{:?}", a.stats());
     let end = Instant::now() + ttl * 5;
     while Instant::now() < end {
         tokio::time::sleep(ttl / 2).await;
-        assert!(
-            b.try_acquire(&key).await.unwrap().is_none(),
-            "renewed lock stays held"
-        );
-        assert!(!guard.is_lost());
+        for (guard, key) in &guards {
+            assert!(
+                b.try_acquire(key).await.unwrap().is_none(),
+                "renewed lock {key} stays held"
+            );
+            assert!(!guard.is_lost(), "{key}");
+        }
     }
-    assert!(guard.valid_until() > Instant::now());
-    guard.release().await.expect("still ours after 5 TTLs");
+    let (last, _) = guards.pop().unwrap();
+    assert!(last.valid_until() > Instant::now());
+    last.release().await.expect("still ours after 5 TTLs");
+    assert_eq!(a.stats().renewals_scheduled, 2, "{:?}", a.stats());
+    for (guard, key) in guards {
+        guard
+            .release()
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+    }
+    assert_eq!(a.stats().renewals_scheduled, 0, "{:?}", a.stats());
 }
 
 /// `lost()` fires when the lock is taken away behind the holder's back.

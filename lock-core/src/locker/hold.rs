@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 use super::handover;
 use super::queue::{HandOverRequest, LocalHolder};
 use super::shared::{Held, Shared};
+use super::watchdog::{Renewable, Ticket};
 use crate::capabilities::Ttl;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
@@ -53,8 +54,8 @@ pub(super) struct GuardShared {
     /// One server operation on the lease at a time: renewals, `extend`, release and
     /// hand-over take it for the whole of their server call.
     ops: tokio::sync::Mutex<()>,
-    /// Tells the watchdog to stop (a stored permit: a stop before it waits is not missed).
-    stop: Notify,
+    /// The hold's place in the Locker's watchdog schedule, while it has one.
+    renewal: Mutex<Option<Ticket>>,
 }
 
 impl GuardShared {
@@ -187,7 +188,7 @@ impl GuardShared {
         let was_lost = self.lost.swap(true, Ordering::SeqCst);
         if !was_lost {
             self.wake_watchers();
-            self.stop.notify_one();
+            self.unschedule();
         }
         was_lost
     }
@@ -212,9 +213,28 @@ impl GuardShared {
         if self.done.swap(true, Ordering::SeqCst) {
             return false;
         }
-        self.stop.notify_one();
+        self.unschedule();
         self.locker.held.remove(self.slot);
         true
+    }
+
+    /// Puts the next renewal in the Locker's watchdog schedule, at `at`, unless the hold
+    /// ended. Under the `renewal` lock, after which `finish` and `set_gone` look: so an
+    /// ended hold never stays scheduled.
+    fn schedule(self: &Arc<Self>, at: Instant) {
+        let mut renewal = lock(&self.renewal);
+        if self.is_done() || self.is_gone() {
+            return;
+        }
+        let hold = Arc::downgrade(self) as Weak<dyn Renewable>;
+        *renewal = self.locker.watchdog.schedule(at, hold);
+    }
+
+    /// Takes the hold out of the watchdog schedule.
+    fn unschedule(&self) {
+        if let Some(ticket) = lock(&self.renewal).take() {
+            self.locker.watchdog.cancel(ticket);
+        }
     }
 
     /// Ends the hold on the server, after a renewal in flight finished: passes the key to
@@ -348,14 +368,19 @@ impl GuardShared {
                 done: AtomicBool::new(false),
                 settled: AtomicBool::new(false),
                 ops: tokio::sync::Mutex::new(()),
-                stop: Notify::new(),
+                renewal: Mutex::new(None),
             });
             (shared.clone() as Arc<dyn Held>, shared)
         });
         if watchdog {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(run_watchdog(shared.clone()));
-            }
+            // A third of the TTL after the grant, counted from its validity (no clock read).
+            let before_end = ttl.get() - ttl.get() / 3;
+            let valid_until = shared.valid_until();
+            shared.schedule(
+                valid_until
+                    .checked_sub(before_end)
+                    .unwrap_or_else(Instant::now),
+            );
         }
         shared
     }
@@ -376,40 +401,36 @@ impl GuardShared {
     }
 }
 
-/// Renews the lease every `ttl / 3` until the hold ends or the lock is lost. Each renewal
-/// is bounded by the validity: one that has not answered by then loses the lock.
-async fn run_watchdog(shared: Arc<GuardShared>) {
-    let mut next = Instant::now() + lock(&shared.validity).1.get() / 3;
-    loop {
-        tokio::select! {
-            biased;
-            _ = shared.stop.notified() => {}
-            _ = tokio::time::sleep_until(next.into()) => {}
-        }
-        if shared.is_done() || shared.is_gone() {
-            return;
-        }
-        let ttl = lock(&shared.validity).1;
-        let period = ttl.get() / 3;
-        let valid_until = shared.valid_until();
-        match tokio::time::timeout_at(valid_until.into(), shared.renew(ttl)).await {
-            Ok(Ok(_)) => {
-                tracing::debug!(key = shared.key(), "lock renewed");
-                next = Instant::now() + period;
-            }
-            Ok(Err(_)) if shared.is_done() || shared.is_gone() => return,
-            Ok(Err(e)) => {
-                tracing::debug!(key = shared.key(), error = %e, "renewal failed; retrying");
-                let now = Instant::now();
-                let left = shared.valid_until().saturating_duration_since(now);
-                next = now + (period / 4).min(left / 2).max(Duration::from_millis(1));
-            }
-            Err(_) => {
-                if !shared.is_done() {
-                    shared.mark_lost("validity passed while the server did not answer");
-                }
+impl Renewable for GuardShared {
+    /// One turn of the watchdog: renews the lease and schedules the next turn `ttl / 3`
+    /// later (sooner after a transient failure). A renewal that has not answered when the
+    /// validity passes loses the lock; an ended or lost hold is not renewed.
+    fn renew_due(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            if self.is_done() || self.is_gone() {
                 return;
             }
-        }
+            let ttl = lock(&self.validity).1;
+            let period = ttl.get() / 3;
+            let valid_until = self.valid_until();
+            match tokio::time::timeout_at(valid_until.into(), self.renew(ttl)).await {
+                Ok(Ok(_)) => {
+                    tracing::debug!(key = self.key(), "lock renewed");
+                    self.schedule(Instant::now() + period);
+                }
+                Ok(Err(_)) if self.is_done() || self.is_gone() => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(key = self.key(), error = %e, "renewal failed; retrying");
+                    let now = Instant::now();
+                    let left = self.valid_until().saturating_duration_since(now);
+                    self.schedule(now + (period / 4).min(left / 2).max(Duration::from_millis(1)));
+                }
+                Err(_) => {
+                    if !self.is_done() {
+                        self.mark_lost("validity passed while the server did not answer");
+                    }
+                }
+            }
+        })
     }
 }

@@ -14,6 +14,7 @@ mod observe;
 mod queue;
 mod shared;
 mod types;
+mod watchdog;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -112,6 +113,7 @@ impl Locker {
             held: self.inner.held.len(),
             queued_keys: self.inner.queues.len(),
             background_tasks: self.inner.tasks.len(),
+            renewals_scheduled: self.inner.watchdog.len(),
         }
     }
 

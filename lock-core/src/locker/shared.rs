@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 
 use super::observe::{Event, Observer};
 use super::queue::Queues;
+use super::watchdog::Watchdog;
 use crate::backend::Backend;
 use crate::capabilities::Capabilities;
 use crate::error::Error;
@@ -44,6 +45,8 @@ pub(crate) struct Shared {
     pub(crate) defaults: LockOptions,
     /// Told of contention and retries, when set.
     pub(crate) observer: OnceLock<Box<dyn Observer>>,
+    /// Renews the guards that have the watchdog on.
+    pub(crate) watchdog: Arc<Watchdog>,
 }
 
 impl Shared {
@@ -57,6 +60,7 @@ impl Shared {
             shut_down: AtomicBool::new(false),
             defaults,
             observer: OnceLock::new(),
+            watchdog: Arc::default(),
         }
     }
 

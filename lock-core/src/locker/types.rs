@@ -49,6 +49,8 @@ pub struct LockerStats {
     pub queued_keys: usize,
     /// Background tasks (releases, cleanups) still running.
     pub background_tasks: usize,
+    /// Guards in the watchdog's schedule (held guards with the watchdog on).
+    pub renewals_scheduled: usize,
 }
 
 #[cfg(test)]
