@@ -2,7 +2,8 @@
 //! conformance suite (directly, through `Arc<dyn Backend>`, through `distlock::connect`, and
 //! with a raw `DEL` taking locks away), the shared fault rules (restart with and without
 //! persistence, kill, pause, blackholed network), the Redis-specific faults (a restart
-//! from a stale RDB snapshot, abandoned acquires arriving late) and the bad-input tests.
+//! from a stale RDB snapshot, abandoned acquires arriving late), the raw baseline and the
+//! bad-input tests.
 
 mod common;
 
@@ -195,6 +196,90 @@ async fn inspect_reports_the_holder() {
     assert!(left <= Duration::from_secs(10) && left > Duration::from_secs(9));
     guard.release().await.unwrap();
     assert_eq!(backend.inspect("inspect/x").await.unwrap(), None);
+}
+
+/// The raw baseline (`SET NX PX` + `DEL`) never touches a lock: raw cycles on a held
+/// lock's name leave the holder, its fence, its expiry and every key of the protocol as
+/// they were, and leave no key behind; a cycle cut off after its `SET` leaves only the raw
+/// key, expiring at the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_raw_baseline_leaves_locks_alone_and_nothing_behind() {
+    let server = RedisServer::start().await;
+    let backend = Arc::new(backend(&server.url()).await);
+    let locker = Locker::with_backend(backend.clone());
+    let raw = backend.baseline().expect("redis has a raw baseline");
+    assert_eq!(raw.description(), distlock::redis::BASELINE_CYCLE);
+    let ttl = valid_ttl(Duration::from_secs(5));
+    let guard = locker
+        .acquire("raw/held", &skip(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let mut redis = server.client().await;
+    let keys = |mut redis: redis::aio::MultiplexedConnection| async move {
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        keys.sort();
+        keys
+    };
+    let before = keys(redis.clone()).await;
+    let held = backend.inspect("raw/held").await.unwrap().expect("held");
+    for _ in 0..10 {
+        raw.raw_cycle("raw/held", ttl).await.unwrap();
+        raw.raw_cycle("raw/free", ttl).await.unwrap();
+    }
+    assert_eq!(keys(redis.clone()).await, before, "raw cycles left keys");
+    let after = backend
+        .inspect("raw/held")
+        .await
+        .unwrap()
+        .expect("still held");
+    assert_eq!(after.owner, held.owner);
+    assert_eq!(after.fence, held.fence);
+    assert!(after.expires_in <= held.expires_in);
+    assert!(!guard.is_lost());
+
+    let node = backend.node();
+    let raw_key = node.baseline_key("raw/held");
+    assert_eq!(raw_key, "distlock:{raw/held}:baseline");
+    node.raw_set("raw/held", ttl).await.unwrap();
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&raw_key)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(pttl > 0 && pttl <= 5_000, "{pttl}");
+    // A second write finds it there and changes nothing; the delete removes it.
+    node.raw_set("raw/held", ttl).await.unwrap();
+    node.raw_del("raw/held").await.unwrap();
+    assert!(!raw_exists(&server, &raw_key).await);
+    guard.release().await.unwrap();
+}
+
+/// A raw cycle on a server that does not answer fails with the transient `Unavailable`
+/// within the backend's timeout, as the lock's operations do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raw_cycle_on_a_paused_server_fails_within_the_timeout() {
+    let server = RedisServer::start().await;
+    let timeout = Duration::from_millis(200);
+    let backend = RedisBackend::builder(server.addr().to_string())
+        .timeout(timeout)
+        .build()
+        .await
+        .unwrap();
+    let ttl = valid_ttl(Duration::from_secs(5));
+    server.pause();
+    let started = Instant::now();
+    let result = backend.baseline().unwrap().raw_cycle("raw/k", ttl).await;
+    let took = started.elapsed();
+    server.resume();
+    assert!(
+        matches!(result, Err(Error::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(took >= timeout && took <= timeout + SLACK, "{took:?}");
 }
 
 /// `raise_fence` lifts a key's counter (what Redlock writes back to a majority): the next

@@ -3,20 +3,26 @@
 //! A workload is N tasks sharing one [`Locker`] (as one service would), each repeating
 //! cycles of acquire, hold, release until the workload's time is up, either each on its
 //! own key (`distinct`: no contention, the cost of the protocol) or all on one key
-//! (`one`: hand-off under contention).
+//! (`one`: hand-off under contention). Before the workloads, each server's raw baseline
+//! (its own round trips without the lock, `baseline.rs`) runs with the same numbers of
+//! tasks.
 
-use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use distlock::{Error, LockOptions, Locker};
 use hdrhistogram::Histogram;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use tokio::task::JoinSet;
 
+use crate::baseline::measure_baseline;
 use crate::common::{parse_duration, parse_positive_duration, print_stdout, Target};
 use crate::exit::{CliError, Exit, BENCH_ERRORS, INTERNAL};
-use crate::report::{self, describe, Keys, Latency, Settings, WorkloadResult};
+use crate::progress::{join_tasks, progress_bar};
+use crate::report::{
+    self, describe, histogram, keep_sample, Keys, Latency, Server, Settings, WorkloadResult,
+};
+use crate::units::nanos;
 
 pub const AFTER_HELP: &str = "\
 Examples:
@@ -37,10 +43,27 @@ What is measured, per URL and workload (tasks x keys):
   fairness      Jain's index over the tasks' cycle counts (1 = perfectly even) and the
                 smallest and largest per-task counts
   errors        acquire or release calls that failed
+  raw cycles/s  the server's own round trips without the lock protocol (the raw
+                baseline): cycles of a plain write and a delete, on the lock's
+                connection and timeouts, with as many tasks as the workload, each task
+                on its own key; redis: SET NX PX + DEL; redlock: SET NX PX on every
+                node, then DEL on every node, each step done at a majority as the
+                lock's are; etcd: put + delete (two raft writes, as a lock cycle on a
+                pooled lease); memory has no server, so no baseline
+  raw cycle     time of one raw cycle (both round trips), HDR histogram
+  raw errors    raw cycles that failed (they count towards the exit status)
+  lock cycle / raw
+                raw cycles/s over lock cycles/s with the same tasks: how many raw
+                cycles one lock cycle costs (the lock groups requests under load and
+                the baseline does not, so with many tasks this can fall below 1)
 The tasks of one workload share one Locker, as the tasks of one service would; its local
 queue lets one waiter per key reach the server. The watchdog is off unless --watchdog, so
 that every backend does the same work. The keys are distlock-bench/0, distlock-bench/1, …
-and distlock-bench/one. Bad input exits 64 and an unreachable server 69 before anything
+and distlock-bench/one. The raw baseline runs on each server before its workloads, once
+per --tasks value, for --duration each (--no-baseline skips it); its tasks use the same
+names, which each backend maps to keys of its own beside the locks (redis
+distlock:{distlock-bench/0}:baseline, etcd distlock.baseline/distlock-bench/0), never a
+lock's keys. Bad input exits 64 and an unreachable server 69 before anything
 is measured; afterwards the exit status is 1 when any operation failed (the count is
 printed), 0 otherwise.";
 
@@ -82,6 +105,10 @@ pub struct BenchArgs {
     #[arg(long)]
     watchdog: bool,
 
+    /// Do not measure the servers' raw round trips (the baseline beside the lock cycle).
+    #[arg(long)]
+    no_baseline: bool,
+
     /// Print one JSON document instead of tables.
     #[arg(long)]
     json: bool,
@@ -105,19 +132,6 @@ struct TaskStats {
     error_samples: Vec<String>,
 }
 
-/// Latencies are recorded in nanoseconds up to an hour, with three significant digits.
-fn histogram() -> Result<Histogram<u64>, CliError> {
-    Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
-        .map_err(|e| CliError::new(INTERNAL, format!("histogram: {e}")))
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// Error messages kept per task for the report.
-const ERROR_SAMPLES: usize = 3;
-
 /// Runs `distlock bench`.
 ///
 /// # Errors
@@ -132,13 +146,15 @@ pub async fn run(args: BenchArgs) -> Result<Exit, CliError> {
     // Connect to every server first, so that a typo in the last URL is not found out
     // after minutes of measuring the first.
     let mut lockers = Vec::with_capacity(targets.len());
+    let mut ttls = Vec::with_capacity(targets.len());
     for target in &targets {
         let locker = target.connect().await?;
-        locker
+        let ttl = locker
             .capabilities()
             .effective_ttl(args.ttl)
             .map_err(|e| target.error(e))?;
         lockers.push(locker);
+        ttls.push(ttl);
     }
     let mut workloads = Vec::new();
     for &keys in &args.keys {
@@ -146,11 +162,40 @@ pub async fn run(args: BenchArgs) -> Result<Exit, CliError> {
             workloads.push(Workload { tasks, keys });
         }
     }
+    // The raw baseline: once per number of tasks, on every server that has one.
+    let mut raw_tasks: Vec<u32> = Vec::new();
+    for &tasks in &args.tasks {
+        if !raw_tasks.contains(&tasks) {
+            raw_tasks.push(tasks);
+        }
+    }
+    let with_baseline: Vec<bool> = lockers
+        .iter()
+        .map(|l| !args.no_baseline && l.backend().baseline().is_some())
+        .collect();
+    let raw_runs = with_baseline.iter().filter(|&&b| b).count() * raw_tasks.len();
 
-    let progress = progress_bar(&args, targets.len() * workloads.len());
+    let runs = targets.len() * workloads.len() + raw_runs;
+    let progress = progress_bar(args.duration, runs);
     let measured = async {
+        let mut servers = Vec::with_capacity(targets.len());
         let mut results = Vec::new();
-        for (target, locker) in targets.iter().zip(&lockers) {
+        for (i, (target, locker)) in targets.iter().zip(&lockers).enumerate() {
+            let baseline = if with_baseline[i] {
+                Some(
+                    measure_baseline(
+                        locker,
+                        target,
+                        ttls[i],
+                        &raw_tasks,
+                        args.duration,
+                        progress.as_ref(),
+                    )
+                    .await?,
+                )
+            } else {
+                None
+            };
             for &workload in &workloads {
                 if let Some(pb) = &progress {
                     pb.set_message(format!(
@@ -159,7 +204,7 @@ pub async fn run(args: BenchArgs) -> Result<Exit, CliError> {
                         describe(workload.tasks, workload.keys)
                     ));
                 }
-                let result = measure(
+                let mut result = measure(
                     locker,
                     target,
                     workload,
@@ -169,16 +214,27 @@ pub async fn run(args: BenchArgs) -> Result<Exit, CliError> {
                     progress.as_ref(),
                 )
                 .await?;
+                result.server = i;
+                result.lock_over_raw = baseline
+                    .as_ref()
+                    .and_then(|b| b.with_tasks(workload.tasks))
+                    .and_then(|run| report::lock_over_raw(run, result.cycles_per_sec));
                 results.push(result);
             }
+            servers.push(Server {
+                url: target.shown(),
+                backend: locker.capabilities().name,
+                baseline,
+            });
         }
-        Ok::<_, CliError>(results)
+        Ok::<_, CliError>((servers, results))
     };
-    let results = tokio::select! {
-        results = measured => results?,
+    let (servers, results) = tokio::select! {
+        measured = measured => measured?,
         _ = tokio::signal::ctrl_c() => {
             // Dropping the workloads aborted their tasks; their guards release in the
-            // background, which shutdown waits for.
+            // background, which shutdown waits for. An aborted raw cycle leaves at most
+            // its raw key, never a lock.
             if let Some(pb) = &progress {
                 pb.finish_and_clear();
             }
@@ -197,43 +253,47 @@ pub async fn run(args: BenchArgs) -> Result<Exit, CliError> {
         hold_ms: millis(args.hold),
         ttl_ms: millis(args.ttl),
         watchdog: args.watchdog,
+        baseline: !args.no_baseline,
     };
     if args.json {
-        print_stdout(&format!("{}\n", report::json(&settings, &results)?));
+        print_stdout(&format!(
+            "{}\n",
+            report::json(&settings, &servers, &results)?
+        ));
     } else {
-        print_stdout(&report::tables(&settings, &results));
+        print_stdout(&report::tables(&settings, &servers, &results));
     }
     let errors: u64 = results.iter().map(|r| r.errors).sum();
     if errors > 0 {
-        let sample = results
-            .iter()
-            .flat_map(|r| r.error_samples.first())
-            .next()
-            .map(|s| format!(" (first: {s})"))
-            .unwrap_or_default();
+        let sample = first_sample(results.iter().map(|r| &r.error_samples));
         eprintln!("distlock: {errors} lock operation(s) failed during the benchmark{sample}");
+    }
+    let raw_errors = report::baseline_errors(&servers);
+    if raw_errors > 0 {
+        let runs = servers
+            .iter()
+            .filter_map(|s| s.baseline.as_ref())
+            .flat_map(|b| &b.runs);
+        let sample = first_sample(runs.map(|run| &run.error_samples));
+        eprintln!("distlock: {raw_errors} raw baseline cycle(s) failed{sample}");
+    }
+    if errors + raw_errors > 0 {
         return Ok(Exit::Code(BENCH_ERRORS));
     }
     Ok(Exit::Code(0))
 }
 
-fn millis(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
+/// ` (first: …)` with the first of the error samples, or nothing.
+fn first_sample<'a>(samples: impl Iterator<Item = &'a Vec<String>>) -> String {
+    samples
+        .flat_map(|s| s.first())
+        .next()
+        .map(|s| format!(" (first: {s})"))
+        .unwrap_or_default()
 }
 
-/// A bar over the whole run's time, on a terminal only.
-fn progress_bar(args: &BenchArgs, runs: usize) -> Option<ProgressBar> {
-    if !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let total = args.duration.as_millis() as u64 * runs as u64;
-    let pb = ProgressBar::new(total);
-    if let Ok(style) =
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {msg}")
-    {
-        pb.set_style(style);
-    }
-    Some(pb)
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 /// Runs one workload on one server.
@@ -270,30 +330,8 @@ async fn measure(
         set.spawn(async move { cycle(locker, key, opts, hold, deadline, stats).await });
     }
 
-    let base = progress.map_or(0, |pb| pb.position());
-    let mut per_task = Vec::with_capacity(workload.tasks as usize);
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    loop {
-        tokio::select! {
-            joined = set.join_next() => match joined {
-                Some(Ok(stats)) => per_task.push(stats),
-                Some(Err(e)) => {
-                    return Err(CliError::new(INTERNAL, format!("a benchmark task failed: {e}")))
-                }
-                None => break,
-            },
-            _ = tick.tick(), if progress.is_some() => {
-                if let Some(pb) = progress {
-                    let done = started.elapsed().min(duration).as_millis() as u64;
-                    pb.set_position(base + done);
-                }
-            }
-        }
-    }
+    let per_task = join_tasks(set, started, duration, progress).await?;
     let elapsed = started.elapsed();
-    if let Some(pb) = progress {
-        pb.set_position(base + duration.as_millis() as u64);
-    }
     // Nothing of this workload is left in flight when the next one starts.
     locker.settle().await;
     summarize(target, locker, workload, elapsed, per_task)
@@ -359,10 +397,7 @@ async fn cycle(
 }
 
 fn sample(stats: &mut TaskStats, e: &Error) {
-    let text = e.to_string();
-    if stats.error_samples.len() < ERROR_SAMPLES && !stats.error_samples.contains(&text) {
-        stats.error_samples.push(text);
-    }
+    keep_sample(&mut stats.error_samples, e.to_string());
 }
 
 fn summarize(
@@ -387,9 +422,7 @@ fn summarize(
         acquire_errors += task.acquire_errors;
         release_errors += task.release_errors;
         for s in task.error_samples {
-            if error_samples.len() < ERROR_SAMPLES && !error_samples.contains(&s) {
-                error_samples.push(s);
-            }
+            keep_sample(&mut error_samples, s);
         }
         cycles_per_task.push(task.cycles);
     }
@@ -413,6 +446,8 @@ fn summarize(
         release_errors,
         errors: acquire_errors + release_errors,
         error_samples,
+        lock_over_raw: None,
+        server: 0,
     })
 }
 

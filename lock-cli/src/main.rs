@@ -1,10 +1,12 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod baseline;
 mod bench;
 mod common;
 mod exit;
 mod job;
+mod progress;
 mod report;
 mod run;
 mod status;

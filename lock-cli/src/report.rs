@@ -22,6 +22,8 @@ pub struct Settings {
     pub ttl_ms: f64,
     /// Whether held locks were renewed.
     pub watchdog: bool,
+    /// Whether the servers' raw round trips were measured (`--no-baseline` turns it off).
+    pub baseline: bool,
 }
 
 /// A latency distribution in nanoseconds.
@@ -39,6 +41,25 @@ pub struct Latency {
     pub max_ns: u64,
     /// Mean.
     pub mean_ns: f64,
+}
+
+/// Latencies are recorded in nanoseconds up to an hour, with three significant digits.
+///
+/// # Errors
+/// The bounds are refused (a bug).
+pub fn histogram() -> Result<Histogram<u64>, CliError> {
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+        .map_err(|e| CliError::new(INTERNAL, format!("histogram: {e}")))
+}
+
+/// Error messages kept per task and per result for the report.
+pub const ERROR_SAMPLES: usize = 3;
+
+/// Keeps `text` among `samples` unless it is there already or there are enough.
+pub fn keep_sample(samples: &mut Vec<String>, text: String) {
+    if samples.len() < ERROR_SAMPLES && !samples.contains(&text) {
+        samples.push(text);
+    }
 }
 
 impl From<&Histogram<u64>> for Latency {
@@ -95,14 +116,79 @@ pub struct WorkloadResult {
     pub errors: u64,
     /// A few distinct error messages.
     pub error_samples: Vec<String>,
+    /// The raw baseline's cycles/s with as many tasks on the same server divided by this
+    /// workload's: how many raw cycles one lock cycle costs. Null without a baseline, or
+    /// when either completed no cycle.
+    pub lock_over_raw: Option<f64>,
+    /// Which of the run's servers (in `--url` order) this was measured on.
+    #[serde(skip)]
+    pub server: usize,
+}
+
+/// One server of the run (one `--url`), and its raw baseline.
+#[derive(Clone, Debug, Serialize)]
+pub struct Server {
+    /// The server's URL, password hidden.
+    pub url: String,
+    /// The backend's name.
+    pub backend: &'static str,
+    /// The server's own round trips without the lock protocol; `None` for a backend
+    /// without a server (memory) or with `--no-baseline`.
+    pub baseline: Option<RawBaseline>,
+}
+
+/// A server's raw baseline ([`distlock::Baseline`]): cycles of its own plain operations
+/// (a write and a delete) on the lock's connection settings, with no lock protocol.
+#[derive(Clone, Debug, Serialize)]
+pub struct RawBaseline {
+    /// What one raw cycle sends, as the backend says (`"SET NX PX + DEL"`).
+    pub measured: &'static str,
+    /// One run per number of tasks (those of `--tasks`).
+    pub runs: Vec<RawRun>,
+}
+
+impl RawBaseline {
+    /// The run with `tasks` tasks.
+    pub fn with_tasks(&self, tasks: u32) -> Option<&RawRun> {
+        self.runs.iter().find(|run| run.tasks == tasks)
+    }
+}
+
+/// One run of the raw baseline: `tasks` tasks, each on its own key, repeating raw cycles
+/// for the workloads' duration. Counts add up as a workload's do: `cycle.count` is
+/// `cycles`.
+#[derive(Clone, Debug, Serialize)]
+pub struct RawRun {
+    /// Concurrent tasks.
+    pub tasks: u32,
+    /// Measured wall time, from the start until every task stopped.
+    pub elapsed_s: f64,
+    /// Completed raw cycles.
+    pub cycles: u64,
+    /// `cycles / elapsed_s`.
+    pub cycles_per_sec: f64,
+    /// Time of one raw cycle (both round trips).
+    pub cycle: Latency,
+    /// Failed raw cycles.
+    pub errors: u64,
+    /// A few distinct error messages.
+    pub error_samples: Vec<String>,
+}
+
+/// The ratio [`WorkloadResult::lock_over_raw`] of a workload with `lock_cps` cycles/s
+/// beside a raw run.
+pub fn lock_over_raw(raw: &RawRun, lock_cps: f64) -> Option<f64> {
+    (raw.cycles_per_sec > 0.0 && lock_cps > 0.0).then(|| raw.cycles_per_sec / lock_cps)
 }
 
 #[derive(Serialize)]
 struct Document<'a> {
     settings: &'a Settings,
     measures: Measures,
+    servers: &'a [Server],
     results: &'a [WorkloadResult],
     errors: u64,
+    baseline_errors: u64,
 }
 
 #[derive(Serialize)]
@@ -111,6 +197,8 @@ struct Measures {
     release: &'static str,
     worst_wait: &'static str,
     fairness_jain: &'static str,
+    baseline: &'static str,
+    lock_over_raw: &'static str,
 }
 
 const MEASURES: Measures = Measures {
@@ -118,25 +206,43 @@ const MEASURES: Measures = Measures {
     release: "time of the release call",
     worst_wait: "the longest any task waited for a grant, including a wait still pending when the time was up",
     fairness_jain: "Jain's index over per-task cycle counts: 1 = even, 1/tasks = one task did all",
+    baseline: "the server's own round trips without the lock protocol (a plain write and a delete, on the same connection and timeouts), with as many tasks as each workload, each task on its own key",
+    lock_over_raw: "raw cycles/s over lock cycles/s with the same number of tasks on the same server: how many raw round-trip cycles one lock cycle costs",
 };
+
+/// The sum of the errors of every raw run.
+pub fn baseline_errors(servers: &[Server]) -> u64 {
+    servers
+        .iter()
+        .filter_map(|s| s.baseline.as_ref())
+        .flat_map(|b| &b.runs)
+        .map(|run| run.errors)
+        .sum()
+}
 
 /// The whole run as one JSON document.
 ///
 /// # Errors
 /// Serialization failed (a bug).
-pub fn json(settings: &Settings, results: &[WorkloadResult]) -> Result<String, CliError> {
+pub fn json(
+    settings: &Settings,
+    servers: &[Server],
+    results: &[WorkloadResult],
+) -> Result<String, CliError> {
     let doc = Document {
         settings,
         measures: MEASURES,
+        servers,
         results,
         errors: results.iter().map(|r| r.errors).sum(),
+        baseline_errors: baseline_errors(servers),
     };
     serde_json::to_string_pretty(&doc)
         .map_err(|e| CliError::new(INTERNAL, format!("cannot write JSON: {e}")))
 }
 
 /// One table per workload, one column per server.
-pub fn tables(settings: &Settings, results: &[WorkloadResult]) -> String {
+pub fn tables(settings: &Settings, servers: &[Server], results: &[WorkloadResult]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "distlock bench: {}", describe_settings(settings));
     let mut workloads: Vec<(u32, Keys)> = Vec::new();
@@ -151,18 +257,58 @@ pub fn tables(settings: &Settings, results: &[WorkloadResult]) -> String {
             .filter(|r| r.tasks == tasks && r.keys == keys)
             .collect();
         let _ = writeln!(out, "\n{}", describe(tasks, keys));
-        out.push_str(&table(&columns));
+        out.push_str(&table(servers, &columns));
     }
     let _ = writeln!(
         out,
         "\nacquire: {}.\nrelease: {}.\nworst wait: {}.\nfairness: {}.",
         MEASURES.acquire, MEASURES.release, MEASURES.worst_wait, MEASURES.fairness_jain
     );
+    if servers.iter().any(|s| s.baseline.is_some()) {
+        let _ = writeln!(
+            out,
+            "raw: {}.\nlock cycle / raw: {}.\nraw server round trips:",
+            MEASURES.baseline, MEASURES.lock_over_raw
+        );
+        for server in servers {
+            let measured = server
+                .baseline
+                .as_ref()
+                .map_or("none (no server to measure)", |b| b.measured);
+            let _ = writeln!(out, "  {}: {measured}", server.url);
+        }
+    }
     out
 }
 
-fn table(columns: &[&WorkloadResult]) -> String {
-    let rows: Vec<(&str, Vec<String>)> = vec![
+fn table(servers: &[Server], columns: &[&WorkloadResult]) -> String {
+    // The raw run beside each column: same server, same number of tasks.
+    let raw: Vec<Option<&RawRun>> = columns
+        .iter()
+        .map(|r| {
+            servers
+                .get(r.server)
+                .and_then(|s| s.baseline.as_ref())
+                .and_then(|b| b.with_tasks(r.tasks))
+        })
+        .collect();
+    let with_raw = raw.iter().any(Option::is_some);
+    let raw_cells = |f: &dyn Fn(&RawRun) -> String| -> Vec<String> {
+        raw.iter()
+            .map(|run| run.map_or_else(|| "-".to_owned(), f))
+            .collect()
+    };
+    let raw_lat = |f: fn(&Latency) -> u64| {
+        raw_cells(&|run: &RawRun| {
+            if run.cycle.count == 0 {
+                "-".to_owned()
+            } else {
+                fmt_nanos(f(&run.cycle))
+            }
+        })
+    };
+
+    let mut rows: Vec<(&str, Vec<String>)> = vec![
         ("", columns.iter().map(|r| r.url.clone()).collect()),
         (
             "cycles/s",
@@ -171,6 +317,24 @@ fn table(columns: &[&WorkloadResult]) -> String {
                 .map(|r| format!("{:.0}", r.cycles_per_sec))
                 .collect(),
         ),
+    ];
+    if with_raw {
+        rows.push((
+            "raw cycles/s",
+            raw_cells(&|run: &RawRun| format!("{:.0}", run.cycles_per_sec)),
+        ));
+        rows.push((
+            "lock cycle / raw",
+            columns
+                .iter()
+                .map(|r| match r.lock_over_raw {
+                    Some(ratio) => format!("{ratio:.2}x"),
+                    None => "-".to_owned(),
+                })
+                .collect(),
+        ));
+    }
+    rows.extend([
         (
             "cycles",
             columns.iter().map(|r| r.cycles.to_string()).collect(),
@@ -181,6 +345,12 @@ fn table(columns: &[&WorkloadResult]) -> String {
         ("acquire max", lat(columns, |r| r.acquire.max_ns)),
         ("release p50", lat(columns, |r| r.release.p50_ns)),
         ("release p99", lat(columns, |r| r.release.p99_ns)),
+    ]);
+    if with_raw {
+        rows.push(("raw cycle p50", raw_lat(|l| l.p50_ns)));
+        rows.push(("raw cycle p99", raw_lat(|l| l.p99_ns)));
+    }
+    rows.extend([
         (
             "worst wait",
             columns.iter().map(|r| fmt_nanos(r.worst_wait_ns)).collect(),
@@ -206,7 +376,13 @@ fn table(columns: &[&WorkloadResult]) -> String {
             "errors",
             columns.iter().map(|r| r.errors.to_string()).collect(),
         ),
-    ];
+    ]);
+    if with_raw {
+        rows.push((
+            "raw errors",
+            raw_cells(&|run: &RawRun| run.errors.to_string()),
+        ));
+    }
     let label_width = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns.len())
         .map(|i| {
@@ -250,12 +426,18 @@ pub enum Keys {
     One,
 }
 
+/// `1 task`, `16 tasks`.
+pub fn task_count(tasks: u32) -> String {
+    let task_word = if tasks == 1 { "task" } else { "tasks" };
+    format!("{tasks} {task_word}")
+}
+
 /// The text a workload is announced with in tables.
 pub fn describe(tasks: u32, keys: Keys) -> String {
-    let task_word = if tasks == 1 { "task" } else { "tasks" };
+    let tasks = task_count(tasks);
     match keys {
-        Keys::Distinct => format!("{tasks} {task_word}, each on its own key"),
-        Keys::One => format!("{tasks} {task_word}, all on one key"),
+        Keys::Distinct => format!("{tasks}, each on its own key"),
+        Keys::One => format!("{tasks}, all on one key"),
     }
 }
 
@@ -263,10 +445,11 @@ pub fn describe(tasks: u32, keys: Keys) -> String {
 pub fn describe_settings(settings: &Settings) -> String {
     let d = |ms: f64| fmt_duration(Duration::from_secs_f64(ms / 1e3));
     format!(
-        "{} per workload, hold {}, ttl {}, watchdog {}",
+        "{} per workload, hold {}, ttl {}, watchdog {}, raw baseline {}",
         d(settings.duration_ms),
         d(settings.hold_ms),
         d(settings.ttl_ms),
-        if settings.watchdog { "on" } else { "off" }
+        if settings.watchdog { "on" } else { "off" },
+        if settings.baseline { "on" } else { "off" }
     )
 }

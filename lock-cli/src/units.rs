@@ -2,6 +2,11 @@
 
 use std::time::Duration;
 
+/// Nanoseconds of a duration, saturating (for histograms).
+pub fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// A duration for people: whole milliseconds at most (`1m 30s`, `250ms`, `0s`).
 pub fn fmt_duration(d: Duration) -> String {
     let ms = Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));

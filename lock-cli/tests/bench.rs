@@ -34,6 +34,14 @@ async fn json_counts_add_up() {
     out.expect_code(0);
     assert_eq!(doc["settings"]["duration_ms"], 300.0);
     assert_eq!(doc["settings"]["watchdog"], false);
+    // No server, so no raw baseline.
+    assert_eq!(doc["settings"]["baseline"], true);
+    let servers = doc["servers"].as_array().unwrap();
+    assert_eq!(servers.len(), 1, "{doc}");
+    assert_eq!(servers[0]["url"], "memory://");
+    assert_eq!(servers[0]["backend"], "memory");
+    assert_eq!(servers[0]["baseline"], Value::Null, "{doc}");
+    assert_eq!(u(&doc["baseline_errors"]), 0);
     assert!(doc["measures"]["acquire"]
         .as_str()
         .unwrap()
@@ -56,6 +64,7 @@ async fn json_counts_add_up() {
     for r in results {
         assert_eq!(r["url"], "memory://");
         assert_eq!(r["backend"], "memory");
+        assert_eq!(r["lock_over_raw"], Value::Null, "{r}");
         common::check_bench_counts(r);
         assert_eq!(u(&r["errors"]), 0, "{r}");
         assert!(r["elapsed_s"].as_f64().unwrap() >= 0.3, "{r}");
@@ -63,7 +72,8 @@ async fn json_counts_add_up() {
     assert_eq!(u(&doc["errors"]), 0);
 }
 
-/// Without --json: one table per workload with every row, and what is measured.
+/// Without --json: one table per workload with every row, and what is measured; no raw
+/// rows without a server to measure.
 #[tokio::test]
 async fn tables() {
     let out = finish(
@@ -98,6 +108,9 @@ async fn tables() {
             out.stdout.contains(needle),
             "tables lack {needle:?}: {out:#?}"
         );
+    }
+    for absent in ["raw cycles/s", "lock cycle / raw", "raw server round trips"] {
+        assert!(!out.stdout.contains(absent), "{absent:?}: {out:#?}");
     }
 }
 

@@ -1,6 +1,6 @@
 //! `distlock` against a real `redis-server` (lock-testkit): exclusion between processes,
 //! `--no-wait`, a lock taken away while the command runs, fencing tokens across runs,
-//! `status`, and `bench`.
+//! `status`, and `bench` with its raw baseline.
 #![cfg(feature = "redis")]
 
 mod common;
@@ -325,4 +325,47 @@ async fn bench_redis_beside_memory() {
         .find(|l| l.contains("memory://"))
         .expect("a header row");
     assert!(header.contains(&url), "side by side: {text:#?}");
+}
+
+/// `bench` shows Redis's raw baseline (SET NX PX + DEL) beside the lock cycle, in the
+/// tables and in the JSON document, and leaves no raw key behind; `--no-baseline` skips it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_shows_the_raw_baseline() {
+    let server = RedisServer::start().await;
+    let url = server.url();
+    common::bench_baseline_scenario(&url, "redis", "SET NX PX + DEL").await;
+    let mut redis = server.client().await;
+    let raw_keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*:baseline")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(raw_keys.is_empty(), "left behind: {raw_keys:?}");
+
+    let out = finish(
+        distlock([
+            "bench",
+            "--url",
+            &url,
+            "--tasks",
+            "1",
+            "--keys",
+            "distinct",
+            "--duration",
+            "100ms",
+            "--no-baseline",
+            "--json",
+        ]),
+        Duration::from_secs(60),
+    )
+    .await;
+    out.expect_code(0);
+    let doc: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(doc["settings"]["baseline"], false, "{doc}");
+    assert_eq!(
+        doc["servers"][0]["baseline"],
+        serde_json::Value::Null,
+        "{doc}"
+    );
+    assert_eq!(doc["results"][0]["lock_over_raw"], serde_json::Value::Null);
 }

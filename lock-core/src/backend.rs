@@ -1,5 +1,5 @@
 //! The seam between policy and protocol: the [`Backend`] trait and its optional abilities
-//! ([`HandOver`], [`Admin`], [`Immediate`]).
+//! ([`HandOver`], [`Admin`], [`Immediate`], [`Baseline`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -250,6 +250,13 @@ pub trait Backend: Send + Sync + 'static {
     fn immediate(&self) -> Option<&dyn Immediate> {
         None
     }
+
+    /// The server's own round trips without the lock protocol, for benchmarks
+    /// ([`Baseline`]); `None` (the default) when there is no server to measure (the
+    /// in-process backend).
+    fn baseline(&self) -> Option<&dyn Baseline> {
+        None
+    }
 }
 
 /// A backend's one-step hand-over: the lock passes from its holder straight to the next
@@ -381,6 +388,73 @@ pub trait Immediate: Send + Sync {
     fn release(&self, lease: &Lease) -> Result<()>;
 }
 
+/// The server's own round trip on the lock's connection settings, with no lock protocol
+/// around it: what `distlock bench` shows beside the lock cycle, so that what a lock costs
+/// above the network can be read off on one's own servers.
+///
+/// A raw cycle is two round trips, as a lock cycle is (acquire, release): a plain write of
+/// a key and its deletion, on the same connection(s) and within the same timeouts as the
+/// lock's operations, fanned out as they are. Each backend says what it sends in
+/// [`description`](Self::description).
+///
+/// Rules an implementation keeps:
+/// - it never touches a lock: the key it writes is the backend's *raw key* for `key`,
+///   outside everything the lock protocol stores (lock keys, fence counters, tombstones),
+///   so a raw cycle on `key` changes nothing for a holder of, or a waiter on, the lock
+///   `key`, and announces no release;
+/// - every request is bounded by the timeout the lock's requests have, and fails as
+///   they do: the transient [`Error::Unavailable`](crate::Error::Unavailable) when the
+///   server could not be reached or did not answer in time,
+///   [`Error::QuorumNotReached`](crate::Error::QuorumNotReached) (Redlock) when fewer than
+///   a majority of nodes answered, [`Error::Backend`](crate::Error::Backend) for an answer
+///   the server's protocol does not allow;
+/// - a finished cycle leaves nothing behind; a cycle cut off (an error, a dropped future)
+///   leaves at most the raw key, which expires by itself or is overwritten and deleted
+///   by the next raw cycle on the same key (each backend documents which).
+///
+/// It is a measuring stick, not a lock: two raw cycles on one key do not exclude each
+/// other, and neither looks at what the other wrote.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+/// use std::time::{Duration, Instant};
+///
+/// let Some(raw) = locker.backend().baseline() else {
+///     return Ok(()); // no server to measure
+/// };
+/// let ttl = locker.capabilities().effective_ttl(Duration::from_secs(10))?;
+/// let started = Instant::now();
+/// raw.raw_cycle("jobs/nightly", ttl).await?;
+/// println!("{}: {:?}", raw.description(), started.elapsed());
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait Baseline: Send + Sync {
+    /// What one raw cycle sends, in a few words for reports (`"SET NX PX + DEL"`).
+    fn description(&self) -> &'static str;
+
+    /// One raw cycle on the raw key of `key`: the plain write, then its deletion, each
+    /// bounded by the timeout the lock's operations have (for a backend whose timeouts
+    /// follow the TTL, those of a lock of `ttl`). Where the write carries an expiry, it is
+    /// `ttl`.
+    ///
+    /// `Ok` once the deletion was answered; whether the write found the key already there
+    /// is not looked at.
+    ///
+    /// # Errors
+    /// As [`Backend::try_acquire`]: [`Error::Unavailable`](crate::Error::Unavailable)
+    /// (transient), [`Error::QuorumNotReached`](crate::Error::QuorumNotReached) (transient,
+    /// Redlock), [`Error::Backend`](crate::Error::Backend). After an error the raw key may
+    /// be left behind, as after a cancelled call.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave the raw key behind (never a lock); the backend's
+    /// documentation says how it goes away.
+    async fn raw_cycle(&self, key: &str, ttl: Ttl) -> Result<()>;
+}
+
 macro_rules! forward_backend {
     ($ty:ty) => {
         #[async_trait]
@@ -411,6 +485,9 @@ macro_rules! forward_backend {
             }
             fn immediate(&self) -> Option<&dyn Immediate> {
                 (**self).immediate()
+            }
+            fn baseline(&self) -> Option<&dyn Baseline> {
+                (**self).baseline()
             }
         }
     };

@@ -16,7 +16,7 @@ pub mod url;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
-pub use backend::{Admin, Attempt, Backend, HandOver, Holder, Immediate};
+pub use backend::{Admin, Attempt, Backend, Baseline, HandOver, Holder, Immediate};
 pub use capabilities::{Capabilities, ClockDrift, Ttl};
 pub use error::{BoxError, Error, Result};
 pub use lease::{Lease, LockKey, Owner};

@@ -157,6 +157,10 @@ impl Backend for EtcdBackend {
     fn admin(&self) -> Option<&dyn Admin> {
         Some(self)
     }
+
+    fn baseline(&self) -> Option<&dyn lock_core::Baseline> {
+        Some(self)
+    }
 }
 
 #[async_trait]

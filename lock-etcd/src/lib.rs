@@ -4,6 +4,7 @@
 mod acquire;
 mod admin;
 mod backend;
+mod baseline;
 mod batch;
 mod config;
 mod connect;
@@ -20,6 +21,7 @@ mod txn;
 mod watch;
 
 pub use backend::EtcdBackend;
+pub use baseline::BASELINE_CYCLE;
 pub use config::{EtcdBuilder, DEFAULT_PORT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 
 #[doc = include_str!("design.md")]

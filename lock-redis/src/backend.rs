@@ -139,6 +139,10 @@ impl Backend for RedisBackend {
     fn admin(&self) -> Option<&dyn Admin> {
         Some(self)
     }
+
+    fn baseline(&self) -> Option<&dyn lock_core::Baseline> {
+        Some(self)
+    }
 }
 
 #[async_trait]

@@ -41,7 +41,8 @@ use crate::watch::ReleaseWatch;
 /// the TTL as expiry; its fence counter at `<prefix>{<name>}:fence`. The braces are a Redis
 /// Cluster hash tag, so both keys share a slot, and no lock key can equal a counter key (lock
 /// keys end with `}`). Releases are announced on the channel `<prefix>released:<db>` (see
-/// [`watch_releases`](Self::watch_releases)).
+/// [`watch_releases`](Self::watch_releases)). The raw baseline writes and deletes
+/// `<prefix>{<name>}:baseline` ([`raw_cycle`](Self::raw_cycle)), never a lock's keys.
 #[derive(Clone)]
 pub struct RedisNode {
     shared: Arc<Shared>,
@@ -259,7 +260,7 @@ impl RedisNode {
             .map_err(|failure| self.failure(op, failure))
     }
 
-    async fn send(&self, cmd: &Cmd, op: &'static str) -> Result<Value> {
+    pub(crate) async fn send(&self, cmd: &Cmd, op: &'static str) -> Result<Value> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         self.shared
             .link

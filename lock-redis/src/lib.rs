@@ -3,6 +3,7 @@
 
 // Modules, each depending only on those listed after it (config excepted: the builder
 // and what it builds name each other):
+// - baseline: the raw `SET NX PX` + `DEL` cycle of a node and of the backend (`Baseline`);
 // - backend: `RedisBackend`, the `Backend` over one node, with its release notices;
 // - node: the lock operations of `RedisNode` (acquire, hand over, extend, release,
 //   abandon, force-release, inspect, raise a fence), `CAPABILITIES`;
@@ -14,6 +15,7 @@
 // - error: request failures and the errors they become;
 // - scripts: the Lua scripts; watch: the release subscription; config: the builder.
 mod backend;
+mod baseline;
 mod codec;
 mod config;
 mod connection;
@@ -25,6 +27,7 @@ mod scripts;
 mod watch;
 
 pub use backend::RedisBackend;
+pub use baseline::BASELINE_CYCLE;
 pub use config::{database_path, url_database, DEFAULT_PORT};
 pub use config::{RedisBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 pub use handle::RedisNode;

@@ -33,7 +33,7 @@ pub const EXPIRY_PRECISION: Duration = Duration::from_millis(2);
 ///
 #[doc = include_str!("design.md")]
 pub struct RedlockBackend {
-    nodes: Nodes,
+    pub(crate) nodes: Nodes,
     drift_factor: f64,
     fencing: bool,
     caps: Capabilities,
@@ -238,6 +238,10 @@ impl Backend for RedlockBackend {
     }
 
     fn admin(&self) -> Option<&dyn Admin> {
+        Some(self)
+    }
+
+    fn baseline(&self) -> Option<&dyn lock_core::Baseline> {
         Some(self)
     }
 }

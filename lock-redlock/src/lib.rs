@@ -3,6 +3,7 @@
 
 // Modules, each depending only on those listed after it (config excepted: the builder
 // and what it builds name each other):
+// - baseline: the raw cycle (`Baseline`): every node's SET, then every node's DEL;
 // - backend: `RedlockBackend`, the `Backend` over N nodes (capabilities, drift allowance,
 //   listen, abandon, force-release);
 // - acquire, extend, release, inspect: one operation's protocol each;
@@ -12,6 +13,7 @@
 // - error: the backend name, the late-quorum error; config: the builder.
 mod acquire;
 mod backend;
+mod baseline;
 mod config;
 mod error;
 mod extend;
@@ -23,6 +25,7 @@ mod quorum;
 mod release;
 
 pub use backend::{RedlockBackend, EXPIRY_PRECISION, MIN_TTL};
+pub use baseline::BASELINE_CYCLE;
 pub use config::{RedlockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, URL_PARAMS};
 pub use lock_redis::RedisNode;
 pub use nodes::{MAX_NODE_TIMEOUT, MIN_NODE_TIMEOUT, UNTIMED_NODE_TIMEOUT};

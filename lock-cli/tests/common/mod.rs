@@ -318,3 +318,133 @@ pub async fn cross_process_scenario(url: &str, backend: &str) {
     let second: u64 = next.stdout.trim().parse().expect("a fence");
     assert!(second > first, "fences {first} then {second}");
 }
+
+/// Checks the raw baseline of a `bench --json` document on `url`: one entry per server, the
+/// one of `url` with the baseline `measured` in one run per number of `tasks`, each with
+/// cycles, counts that add up and no error; and every workload on that server with its
+/// `lock_over_raw` ratio (raw cycles/s over the workload's).
+pub fn check_bench_baseline(doc: &serde_json::Value, url: &str, measured: &str, tasks: &[u64]) {
+    let servers = doc["servers"].as_array().expect("servers");
+    let server = servers
+        .iter()
+        .find(|s| s["url"] == url)
+        .unwrap_or_else(|| panic!("no server {url}: {doc}"));
+    let baseline = &server["baseline"];
+    assert_eq!(baseline["measured"], measured, "{server}");
+    let runs = baseline["runs"].as_array().expect("runs");
+    let run_tasks: Vec<u64> = runs.iter().map(|r| count(&r["tasks"])).collect();
+    assert_eq!(run_tasks, tasks, "{server}");
+    for run in runs {
+        let cycles = count(&run["cycles"]);
+        assert!(cycles > 0, "{run}");
+        let rate = run["cycles_per_sec"].as_f64().unwrap();
+        assert!(rate > 0.0, "{run}");
+        let elapsed = run["elapsed_s"].as_f64().unwrap();
+        assert!((rate * elapsed - cycles as f64).abs() < 1.0, "{run}");
+        let c = &run["cycle"];
+        assert_eq!(count(&c["count"]), cycles, "{run}");
+        assert!(count(&c["p50_ns"]) > 0, "{run}");
+        assert!(count(&c["p50_ns"]) <= count(&c["p99_ns"]), "{run}");
+        assert_eq!(count(&run["errors"]), 0, "{run}");
+    }
+    assert_eq!(count(&doc["baseline_errors"]), 0, "{doc}");
+    for r in doc["results"].as_array().unwrap() {
+        if r["url"] != url {
+            continue;
+        }
+        let raw = runs
+            .iter()
+            .find(|run| run["tasks"] == r["tasks"])
+            .expect("a raw run with the workload's tasks");
+        let ratio = r["lock_over_raw"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no lock_over_raw: {r}"));
+        let expected =
+            raw["cycles_per_sec"].as_f64().unwrap() / r["cycles_per_sec"].as_f64().unwrap();
+        assert!((ratio - expected).abs() < 1e-9 * expected, "{r}");
+    }
+}
+
+/// `bench` on `url` beside memory://: with `--json` the server's raw baseline is `measured`
+/// (one run per number of tasks, see [`check_bench_baseline`]) and memory's is null; the
+/// tables show the raw rows beside the lock's and name what was measured.
+pub async fn bench_baseline_scenario(url: &str, backend: &str, measured: &str) {
+    let out = finish(
+        distlock([
+            "bench",
+            "--url",
+            "memory://",
+            "--url",
+            url,
+            "--tasks",
+            "1,2",
+            "--keys",
+            "distinct",
+            "--duration",
+            "200ms",
+            "--json",
+        ]),
+        Duration::from_secs(60),
+    )
+    .await;
+    out.expect_code(0);
+    let doc: serde_json::Value = serde_json::from_str(&out.stdout).expect("bench --json");
+    assert_eq!(doc["settings"]["baseline"], true, "{doc}");
+    let servers = doc["servers"].as_array().expect("servers");
+    assert_eq!(servers.len(), 2, "{doc}");
+    assert_eq!(servers[0]["url"], "memory://");
+    assert_eq!(servers[0]["baseline"], serde_json::Value::Null, "{doc}");
+    assert_eq!(servers[1]["backend"], backend, "{doc}");
+    check_bench_baseline(&doc, url, measured, &[1, 2]);
+    for r in doc["results"].as_array().unwrap() {
+        check_bench_counts(r);
+        if r["url"] == "memory://" {
+            assert_eq!(r["lock_over_raw"], serde_json::Value::Null, "{r}");
+        }
+    }
+
+    let text = finish(
+        distlock([
+            "bench",
+            "--url",
+            "memory://",
+            "--url",
+            url,
+            "--tasks",
+            "2",
+            "--keys",
+            "one",
+            "--duration",
+            "200ms",
+        ]),
+        Duration::from_secs(60),
+    )
+    .await;
+    text.expect_code(0);
+    for needle in [
+        "raw baseline on",
+        "raw cycles/s",
+        "lock cycle / raw",
+        "raw cycle p50",
+        "raw cycle p99",
+        "raw errors",
+        "raw server round trips:",
+        &format!("{url}: {measured}"),
+        "memory://: none (no server to measure)",
+    ] {
+        assert!(
+            text.stdout.contains(needle),
+            "tables lack {needle:?}: {text:#?}"
+        );
+    }
+    let ratio = text
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("lock cycle / raw"))
+        .expect("the ratio row");
+    // memory has no baseline, the server has one.
+    assert!(
+        ratio.contains(" - ") && ratio.trim_end().ends_with('x'),
+        "{ratio}"
+    );
+}
