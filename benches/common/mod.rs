@@ -228,13 +228,16 @@ fn rand_u32() -> u32 {
     h.finish() as u32
 }
 
+/// One round of one subject, as [`Named`] runs it.
+pub type Round<'a> = Pin<Box<dyn Future<Output = Sample> + 'a>>;
+
 /// A subject under its report name, type-erased so that subjects of several types share
 /// one round loop.
 pub struct Named<'a> {
     pub name: &'static str,
     /// Whether `DISTLOCK_BENCH_SUBJECTS` (a list of names; all when unset) picked it.
     picked: bool,
-    run: Box<dyn Fn(Workload, Duration) -> Pin<Box<dyn Future<Output = Sample> + 'a>> + 'a>,
+    run: Box<dyn Fn(Workload, Duration) -> Round<'a> + 'a>,
 }
 
 /// `s` as a subject called `name` in the report.
