@@ -59,7 +59,6 @@ impl Watchdog {
         at: Instant,
         hold: Weak<dyn Renewable>,
     ) -> Option<Ticket> {
-        let runtime = tokio::runtime::Handle::try_current().ok()?;
         let (ticket, start, wake) = {
             let mut state = lock(&self.state);
             let ticket = Ticket(at, state.next_id);
@@ -76,7 +75,15 @@ impl Watchdog {
                 watchdog: self.clone(),
                 armed: true,
             };
-            runtime.spawn(self.clone().run(running));
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(self.clone().run(running))),
+                Err(_) => {
+                    // No runtime to run it: the entry goes, and the mark with `running`.
+                    self.cancel(ticket);
+                    drop(running);
+                    return None;
+                }
+            }
         } else if wake {
             self.wake.notify_one();
         }
