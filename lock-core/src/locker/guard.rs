@@ -31,8 +31,10 @@ use crate::lease::Lease;
 ///   [`Locker::shutdown`](crate::Locker::shutdown) and
 ///   [`Locker::settle`](crate::Locker::settle): a renewal in flight finishes first, then
 ///   the release is sent, or the one-step hand-over to the next waiter of the same Locker
-///   when the backend can. Outside a tokio runtime that task cannot start, and the lock
-///   expires at its TTL.
+///   when the backend can. Until that release is answered, the dropped guard stays the
+///   key's local holder: the Locker's next acquisition of the key waits behind it (and is
+///   handed the key at that release) instead of being refused by the server. Outside a
+///   tokio runtime that task cannot start, and the lock expires at its TTL.
 ///
 /// The answer of such a release is not reported (use [`release`](Self::release) for it).
 /// Dropping a guard whose hold [`Locker::shutdown`](crate::Locker::shutdown) already ended

@@ -2,7 +2,8 @@
 //!
 //! The modules depend on each other in one direction only: this one (the public API) on
 //! `acquire` (attempts and the waiting loop), which uses `guard`, which uses `handover`,
-//! `shared`, `queue` and `deadline`; `queue` and `deadline` depend on nothing here.
+//! `shared`, `queue` and `deadline`; `queue`, `deadline` and `watchdog` (the renewal
+//! schedule, which `hold` fills) depend on nothing here.
 
 mod acquire;
 mod deadline;
