@@ -808,6 +808,22 @@ async fn fences_increase_across_node_restarts_from_stale_snapshots() {
             g.release().await.unwrap();
         }
         if round == 0 {
+            // A grant returns at its quorum; the minority node may not have granted yet.
+            // Grant again (bounded) until every node carries a counter, then snapshot.
+            let counter = format!("distlock:{{{key}}}:fence");
+            for _ in 0..50 {
+                let mut all = true;
+                for server in &servers {
+                    all &= raw_exists(server, &counter).await;
+                }
+                if all {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let g = locker.acquire(key, &opts).await.unwrap();
+                fences.push(g.fence());
+                g.release().await.unwrap();
+            }
             for server in &servers {
                 server.save().await;
             }
