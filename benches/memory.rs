@@ -1,6 +1,8 @@
 //! Memory backend against its peer, a `HashMap` of `tokio::sync::Mutex` per key, in the
 //! same run: distlock's guards ended by `release().await` and by drop, on the workloads of
-//! every bench (see `common`). Goal: an uncontended cycle within 2x of the peer's.
+//! every bench (see `common`), and once more with the watchdog off (`ours-nowd`: like for
+//! like with the peer, which neither expires nor renews). Goal: an uncontended cycle within
+//! 2x of the peer's.
 
 mod common;
 
@@ -54,6 +56,8 @@ fn ratios(w: Workload) -> Vec<Ratio> {
         ratio("ours", "mutex-map", goal),
         ratio("ours-drop", "mutex-map", goal),
         ratio("ours-drop", "ours", Some(0.95)),
+        // Like for like with the peer, which neither expires nor renews.
+        ratio("ours-nowd", "mutex-map", goal),
     ]
 }
 
@@ -62,6 +66,7 @@ async fn main() {
     let url = "memory://";
     let release = Distlock::connect(url, End::Release).await;
     let dropped = Distlock::connect(url, End::Drop).await;
+    let unwatched = Distlock::without_watchdog(url, End::Release).await;
     let peer = Arc::new(MutexMap::default());
     let bench = Bench {
         backend: "memory",
@@ -69,6 +74,7 @@ async fn main() {
         subjects: vec![
             named("ours", &release),
             named("ours-drop", &dropped),
+            named("ours-nowd", &unwatched),
             named("mutex-map", &peer),
         ],
         servers: Vec::new(),

@@ -52,8 +52,12 @@ def table(directory):
                 r = cpu.get(subject)
                 return "–" if r is None else f"{r['client_cpu_us']:.1f} + {r['server_cpu_us']:.1f}"
 
+            ours = fmt_ratio(ratio.get(("ours", peer)))
+            unwatched = ratio.get(("ours-nowd", peer))
+            if unwatched is not None:
+                ours += f"; without watchdog {fmt_ratio(unwatched)}"
             rows.append(
-                f"| {backend} (vs {peer}) | {w} | {fmt_ratio(ratio.get(('ours', peer)))} "
+                f"| {backend} (vs {peer}) | {w} | {ours} "
                 f"| {fmt_ratio(ratio.get(('ours-drop', peer)))} "
                 f"| {fmt_ratio(ratio.get(('ours-drop', 'ours')))} "
                 f"| {fmt_ratio(ratio.get(('ours', 'raw')))} | {c('ours')} · {c(peer)} |"

@@ -17,7 +17,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock::{LockGuard, Locker};
+use distlock::{LockGuard, LockOptions, Locker};
 
 /// How long a subject runs per round, and how many rounds there are.
 #[derive(Clone, Copy, Debug)]
@@ -77,6 +77,8 @@ pub enum End {
 pub struct Distlock {
     pub locker: Locker,
     pub end: End,
+    /// Options other than the Locker's defaults, when set (e.g. the watchdog off).
+    pub opts: Option<LockOptions>,
 }
 
 impl Distlock {
@@ -85,14 +87,32 @@ impl Distlock {
         let locker = distlock::connect(url)
             .await
             .unwrap_or_else(|e| panic!("connect {url}: {e}"));
-        Arc::new(Distlock { locker, end })
+        Arc::new(Distlock {
+            locker,
+            end,
+            opts: None,
+        })
+    }
+
+    /// A subject like [`connect`](Self::connect)'s whose guards have no watchdog (like for
+    /// like with a peer that does not renew).
+    pub async fn without_watchdog(url: &str, end: End) -> Arc<Self> {
+        let subject = Arc::into_inner(Self::connect(url, end).await).expect("fresh");
+        let opts = subject.locker.default_options().clone().watchdog(false);
+        Arc::new(Distlock {
+            opts: Some(opts),
+            ..subject
+        })
     }
 }
 
 impl Subject for Distlock {
     type Guard = LockGuard;
     async fn lock(&self, key: Arc<str>) -> LockGuard {
-        self.locker.lock(&key).await.expect("lock")
+        match &self.opts {
+            None => self.locker.lock(&key).await.expect("lock"),
+            Some(opts) => self.locker.acquire(&key, opts).await.expect("acquire"),
+        }
     }
     async fn unlock(&self, guard: LockGuard) {
         match self.end {
