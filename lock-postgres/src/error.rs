@@ -110,6 +110,10 @@ impl fmt::Display for RequestError {
                         Some(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
                             write!(f, "connection refused (is PostgreSQL running there?): {io}")
                         }
+                        Some(io) if self.op == "connect" => write!(
+                            f,
+                            "{e}: {io} (is this a PostgreSQL server, and is it up?)"
+                        ),
                         Some(io) => write!(f, "{e}: {io}"),
                         None if e.is_closed() => write!(
                             f,

@@ -138,18 +138,41 @@ impl PostgresServer {
     /// Kills the server and all its processes with `SIGKILL` and waits until reaped; new
     /// connections are refused afterwards. A no-op when not running.
     pub fn kill(&mut self) {
+        // Every backend process of PostgreSQL calls setsid(): a signal to the postmaster's
+        // group reaches only the postmaster. Freeze it (no new children), kill its
+        // children, then the postmaster itself.
+        self.process.pause();
+        self.signal_children(libc::SIGKILL);
         self.process.kill();
     }
 
     /// Freezes the server and all its processes with `SIGSTOP`: connections stay open but
     /// nothing is answered. A no-op when not running.
     pub fn pause(&self) {
+        // The postmaster first, so that it forks no child after the look at its children.
         self.process.pause();
+        self.signal_children(libc::SIGSTOP);
     }
 
     /// Continues a paused server with `SIGCONT`. A no-op when not running.
     pub fn resume(&self) {
+        self.signal_children(libc::SIGCONT);
         self.process.resume();
+    }
+
+    /// Sends `signal` to every child of the postmaster (each in a session of its own, so
+    /// out of reach of a signal to the postmaster's group).
+    fn signal_children(&self, signal: libc::c_int) {
+        let Some(parent) = self.process.pid() else {
+            return;
+        };
+        for pid in children(parent) {
+            // SAFETY: plain kill(2); `pid` was a child of our own postmaster a moment ago,
+            // and a child not reaped by it (it is stopped or alive) keeps its pid.
+            unsafe {
+                libc::kill(pid as libc::pid_t, signal);
+            }
+        }
     }
 
     /// Kills the server if it is running (also when paused) and starts it again on the
@@ -160,7 +183,7 @@ impl PostgresServer {
     ///
     /// If the server does not come back; the message includes its log.
     pub async fn restart(&mut self) {
-        self.process.kill();
+        self.kill();
         let port = self.port;
         for attempt in 1..=START_ATTEMPTS {
             self.process
@@ -202,8 +225,26 @@ impl PostgresServer {
 
 impl Drop for PostgresServer {
     fn drop(&mut self) {
-        self.process.kill();
+        self.kill();
     }
+}
+
+/// The processes whose parent is `parent` (from `/proc/<pid>/stat`).
+fn children(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+            let after = &stat[stat.rfind(')')? + 1..];
+            let ppid: u32 = after.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
 }
 
 /// The `bin` directory of the newest PostgreSQL under `/usr/lib/postgresql`, or the one of
