@@ -150,7 +150,9 @@ mod tests {
                     assert!(!shown.contains("hunter2"), "{shown}");
                     assert!(reason.starts_with("unknown scheme `"), "{reason}");
                     assert!(
-                        reason.ends_with("(expected memory, redis, rediss, redlock, etcd, postgres, postgresql)"),
+                        reason.ends_with(
+                            "(expected memory, redis, rediss, redlock, etcd, postgres, postgresql)"
+                        ),
                         "{reason}"
                     );
                 }

@@ -52,8 +52,11 @@ async fn conformance_through_arc_dyn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_through_connect() {
     let server = PostgresServer::start().await;
-    let url = postgres_url(server.addr(), "schema=locks&table=connected")
-        .replacen("postgres://", "postgresql://", 1);
+    let url = postgres_url(server.addr(), "schema=locks&table=connected").replacen(
+        "postgres://",
+        "postgresql://",
+        1,
+    );
     common::conformance_through_connect(&url, |caps| {
         assert_eq!(caps.name, "postgres");
         assert!(caps.monotonic_fencing && caps.release_notices && caps.cross_process);
@@ -105,7 +108,8 @@ async fn fault_rules() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_strictly_increase_across_a_restart_and_a_kill() {
     let mut server = PostgresServer::start().await;
-    let locker = Locker::new(backend(&postgres_url(server.addr(), "table=fences&timeout=1s")).await);
+    let locker =
+        Locker::new(backend(&postgres_url(server.addr(), "table=fences&timeout=1s")).await);
     let k = key("fences");
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(5))
@@ -138,7 +142,10 @@ async fn fences_strictly_increase_across_a_restart_and_a_kill() {
     server.restart().await;
     let other = Locker::new(backend(&postgres_url(server.addr(), "table=fences")).await);
     assert!(
-        matches!(other.acquire(&k, &LockOptions::new().skip()).await, Err(Error::Locked { .. })),
+        matches!(
+            other.acquire(&k, &LockOptions::new().skip()).await,
+            Err(Error::Locked { .. })
+        ),
         "the lock survives the crash"
     );
     held.release().await.unwrap();
@@ -155,7 +162,10 @@ async fn expiry_is_measured_on_the_database_clock() {
     let backend = backend(&postgres_url(server.addr(), "table=skew")).await;
     let raw = server.client().await;
     let k = key("skew");
-    let ttl = backend.capabilities().effective_ttl(Duration::from_secs(2)).unwrap();
+    let ttl = backend
+        .capabilities()
+        .effective_ttl(Duration::from_secs(2))
+        .unwrap();
     let before: f64 = raw
         .query_one("SELECT extract(epoch from clock_timestamp())::float8", &[])
         .await
@@ -186,7 +196,10 @@ async fn expiry_is_measured_on_the_database_clock() {
     match backend.try_acquire(&k, Owner::random(), ttl).await.unwrap() {
         Attempt::Taken {
             expires_in: Some(left),
-        } => assert!(left <= Duration::from_secs(2) && left > Duration::from_secs(1), "{left:?}"),
+        } => assert!(
+            left <= Duration::from_secs(2) && left > Duration::from_secs(1),
+            "{left:?}"
+        ),
         other => panic!("expected Taken with the time left, got {other:?}"),
     }
 }
@@ -281,7 +294,10 @@ async fn invalid_table_names_are_refused_before_any_sql() {
         }
     }
     assert!(matches!(
-        PostgresBackend::builder("127.0.0.1:1").table("x'y").build().await,
+        PostgresBackend::builder("127.0.0.1:1")
+            .table("x'y")
+            .build()
+            .await,
         Err(Error::InvalidUrl { .. })
     ));
 }
@@ -308,10 +324,20 @@ async fn keys_with_any_bytes_are_locked_as_given() {
     for k in &keys {
         let guard = a.acquire(k, &LockOptions::new().skip()).await.unwrap();
         assert!(
-            matches!(b.acquire(k, &LockOptions::new().skip()).await, Err(Error::Locked { .. })),
+            matches!(
+                b.acquire(k, &LockOptions::new().skip()).await,
+                Err(Error::Locked { .. })
+            ),
             "{k:?} is excluded"
         );
-        let holder = a.backend().admin().unwrap().inspect(k).await.unwrap().unwrap();
+        let holder = a
+            .backend()
+            .admin()
+            .unwrap()
+            .inspect(k)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(holder.fence, Some(guard.fence()));
         guard.release().await.unwrap();
         b.acquire(k, &LockOptions::new().skip())
@@ -360,6 +386,9 @@ async fn a_waiter_in_another_process_is_woken_by_notify() {
     held.release().await.unwrap();
     let (granted, guard) = waiter.await.unwrap();
     let after = granted.duration_since(released);
-    assert!(after < Duration::from_millis(500), "woken {after:?} after the release");
+    assert!(
+        after < Duration::from_millis(500),
+        "woken {after:?} after the release"
+    );
     guard.release().await.unwrap();
 }

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lock_core::{
-    Admin, Attempt, Backend, Baseline, Capabilities, ClockDrift, HandOver, Holder, Lease,
-    LockUrl, Owner, ReleaseListener, ReleaseNotices, Result, Ttl,
+    Admin, Attempt, Backend, Baseline, Capabilities, ClockDrift, HandOver, Holder, Lease, LockUrl,
+    Owner, ReleaseListener, ReleaseNotices, Result, Ttl,
 };
 use tokio_postgres::Row;
 

@@ -107,10 +107,7 @@ impl PostgresBuilder {
         };
         let database = url.path.strip_prefix('/').unwrap_or(&url.path);
         if database.contains('/') {
-            return Err(url.invalid(format!(
-                "the path names one database, not `{}`",
-                url.path
-            )));
+            return Err(url.invalid(format!("the path names one database, not `{}`", url.path)));
         }
         url.check_params(URL_PARAMS)?;
         let mut builder = PostgresBuilder {
@@ -198,7 +195,9 @@ impl PostgresBuilder {
         }
         let refuse = |reason: String| Error::invalid_url(&self.redacted(), reason);
         if self.timeout.is_zero() {
-            return Err(refuse("parameter `timeout` must be greater than zero".into()));
+            return Err(refuse(
+                "parameter `timeout` must be greater than zero".into(),
+            ));
         }
         Names::new(&self.schema, &self.table).map_err(refuse)
     }
@@ -351,8 +350,8 @@ mod tests {
 
     #[test]
     fn urls_are_read_and_written_back() {
-        let b = url("postgresql://app:s3cret@db:6543/locks?table=t1&schema=s1&timeout=500ms")
-            .unwrap();
+        let b =
+            url("postgresql://app:s3cret@db:6543/locks?table=t1&schema=s1&timeout=500ms").unwrap();
         assert_eq!(b.table_name(), ("s1", "t1"));
         assert_eq!(b.operation_timeout(), Duration::from_millis(500));
         let again = url(&b.url().unwrap()).unwrap();
@@ -397,6 +396,9 @@ mod tests {
     fn long_names_get_a_hashed_channel() {
         let names = Names::new(&"s".repeat(40), &"t".repeat(40)).unwrap();
         assert!(names.channel.len() <= MAX_IDENTIFIER_LEN);
-        assert_eq!(Names::new("public", "x").unwrap().channel, "distlock.public.x");
+        assert_eq!(
+            Names::new("public", "x").unwrap().channel,
+            "distlock.public.x"
+        );
     }
 }

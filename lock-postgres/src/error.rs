@@ -99,7 +99,9 @@ impl fmt::Display for RequestError {
                     } else if *code == SqlState::INVALID_CATALOG_NAME {
                         f.write_str("no such database: ")?;
                     } else if *code == SqlState::INSUFFICIENT_PRIVILEGE {
-                        f.write_str("permission denied (the role needs to create or use the lease table): ")?;
+                        f.write_str(
+                            "permission denied (the role needs to create or use the lease table): ",
+                        )?;
                     }
                     write!(f, "{} (SQLSTATE {})", db.message(), code.code())
                 }

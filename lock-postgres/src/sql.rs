@@ -101,10 +101,11 @@ impl Sql {
                 ttl = ms(3),
             ),
             raw_del: format!("DELETE FROM {} WHERE key = $1::bytea", raw_table(names)),
-            exists: "SELECT to_regclass($1::text) IS NOT NULL AND to_regclass($2::text) IS NOT NULL \
+            exists:
+                "SELECT to_regclass($1::text) IS NOT NULL AND to_regclass($2::text) IS NOT NULL \
                      AND to_regclass($3::text) IS NOT NULL, \
                      EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $4::text)"
-                .to_owned(),
+                    .to_owned(),
             create: vec![
                 // One creator at a time: concurrent `CREATE … IF NOT EXISTS` can still
                 // collide in the catalog.

@@ -217,8 +217,14 @@ impl PostgresServer {
     pub async fn client(&self) -> tokio_postgres::Client {
         match tokio::time::timeout(Duration::from_secs(10), connect(self.port)).await {
             Ok(Ok(client)) => client,
-            Ok(Err(e)) => panic!("lock-testkit: cannot connect to postgres at {}: {e}", self.addr()),
-            Err(_) => panic!("lock-testkit: connecting to postgres at {} timed out", self.addr()),
+            Ok(Err(e)) => panic!(
+                "lock-testkit: cannot connect to postgres at {}: {e}",
+                self.addr()
+            ),
+            Err(_) => panic!(
+                "lock-testkit: connecting to postgres at {} timed out",
+                self.addr()
+            ),
         }
     }
 }
@@ -370,8 +376,5 @@ async fn connect(port: u16) -> Result<tokio_postgres::Client, tokio_postgres::Er
 /// Whether the server answers `SELECT 1` on a fresh connection within a second.
 async fn probe(port: u16) -> bool {
     let query = async { connect(port).await?.simple_query("SELECT 1").await };
-    matches!(
-        tokio::time::timeout(PROBE_TIMEOUT, query).await,
-        Ok(Ok(_))
-    )
+    matches!(tokio::time::timeout(PROBE_TIMEOUT, query).await, Ok(Ok(_)))
 }
