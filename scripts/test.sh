@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every check and test of distlock on a fresh Debian machine: installs the real
-# servers the tests start (redis-server, etcd) and protoc (etcd-client's build) when they
+# servers the tests start (redis-server, etcd, postgresql) and protoc (etcd-client's build) when they
 # are missing, then the module-cycle check, fmt, clippy, tests (all features) and docs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +10,9 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# PostgreSQL's binaries live under /usr/lib/postgresql/<version>/bin, not on PATH.
+ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null 2>&1 \
+  || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "==> installing ${missing[*]}"
   sudo=""

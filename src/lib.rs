@@ -9,6 +9,7 @@
 //! | `redis://[user:pass@]host[:port][/db][?prefix=…&timeout=…]`, `rediss://…` | `redis` | one Redis |
 //! | `redlock://host:port,host:port,…[?drift=…]` | `redlock` | Redlock quorum over N Redis nodes |
 //! | `etcd://host:port[,host:port…][?prefix=…&timeout=…]` | `etcd` | etcd leases |
+//! | `postgres://[user:pass@]host[:port][/db][?table=…&schema=…&timeout=…]`, `postgresql://…` | `postgres` | a PostgreSQL lease table |
 //!
 //! A URL whose backend is not compiled in is [`Error::FeatureDisabled`], naming the feature.
 //!
@@ -29,6 +30,8 @@ pub use lock_core::*;
 pub use lock_etcd as etcd;
 #[cfg(feature = "memory")]
 pub use lock_memory::MemoryBackend;
+#[cfg(feature = "postgres")]
+pub use lock_postgres as postgres;
 #[cfg(feature = "redis")]
 pub use lock_redis as redis;
 #[cfg(feature = "redlock")]
@@ -48,6 +51,8 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("rediss", "redis"),
     ("redlock", "redlock"),
     ("etcd", "etcd"),
+    ("postgres", "postgres"),
+    ("postgresql", "postgres"),
 ];
 
 /// Builds a ready [`Locker`] from a lock-server URL.
@@ -72,6 +77,10 @@ pub async fn connect(url: &str) -> Result<Locker> {
         )),
         #[cfg(feature = "etcd")]
         "etcd" => Ok(Locker::new(lock_etcd::EtcdBackend::connect(&url).await?)),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Locker::new(
+            lock_postgres::PostgresBackend::connect(&url).await?,
+        )),
         other => Err(not_compiled(&url, other)),
     }
 }
@@ -141,7 +150,9 @@ mod tests {
                     assert!(!shown.contains("hunter2"), "{shown}");
                     assert!(reason.starts_with("unknown scheme `"), "{reason}");
                     assert!(
-                        reason.ends_with("(expected memory, redis, rediss, redlock, etcd)"),
+                        reason.ends_with(
+                            "(expected memory, redis, rediss, redlock, etcd, postgres, postgresql)"
+                        ),
                         "{reason}"
                     );
                 }
@@ -160,6 +171,8 @@ mod tests {
             ("rediss", "redis"),
             ("redlock", "redlock"),
             ("etcd", "etcd"),
+            ("postgres", "postgres"),
+            ("postgresql", "postgres"),
         ] {
             match not_compiled(&url, scheme) {
                 Error::FeatureDisabled {
@@ -182,6 +195,7 @@ mod tests {
                 "redis" => cfg!(feature = "redis"),
                 "redlock" => cfg!(feature = "redlock"),
                 "etcd" => cfg!(feature = "etcd"),
+                "postgres" => cfg!(feature = "postgres"),
                 other => panic!("unknown feature {other}"),
             };
             if compiled {

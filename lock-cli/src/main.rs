@@ -25,6 +25,7 @@ Lock servers (--url, else $DISTLOCK_URL, else memory://):
   redis://[USER:PASS@]HOST:PORT[/DB]   one Redis server (rediss:// over TLS)
   redlock://HOST:PORT,HOST:PORT,...    Redlock over independent Redis nodes
   etcd://HOST:PORT[,HOST:PORT...]      an etcd cluster
+  postgres://USER:PASS@HOST:PORT/DB    a PostgreSQL lease table (?table=, ?schema=)
 Durations are written like 500ms, 30s, 5m or 1h 30m.
 
 Examples:

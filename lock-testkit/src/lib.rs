@@ -5,12 +5,14 @@ mod binary;
 mod etcd;
 mod http;
 mod ports;
+mod postgres;
 mod process;
 mod proxy;
 mod redis;
 
 pub use crate::binary::find_binary;
 pub use crate::etcd::{EtcdCluster, EtcdServer};
+pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};
 pub use crate::proxy::{FaultProxy, ProxyMode};
 pub use crate::redis::{RedisNodes, RedisOptions, RedisServer};

@@ -155,6 +155,8 @@ pub struct ManagedProcess {
     program: PathBuf,
     args: Vec<OsString>,
     log_path: PathBuf,
+    /// The user and group ids to run as (`None`: as this process).
+    user: Option<(u32, u32)>,
     state: Mutex<State>,
 }
 
@@ -179,6 +181,36 @@ impl ManagedProcess {
             program: program.into(),
             args: args.into_iter().map(Into::into).collect(),
             log_path: log_path.into(),
+            user: None,
+            state: Mutex::new(State {
+                child: None,
+                log_start: 0,
+            }),
+        };
+        process.respawn()?;
+        Ok(process)
+    }
+
+    /// Like [`spawn`](Self::spawn), but runs the program as the user and group ids `user`
+    /// (`setgid`, `setuid`, no supplementary groups) when given: for servers that refuse
+    /// to run as root. The death signal is set after the switch, so it still holds.
+    ///
+    /// # Errors
+    ///
+    /// Like [`spawn`](Self::spawn).
+    pub fn spawn_as(
+        name: impl Into<String>,
+        program: impl Into<PathBuf>,
+        args: impl IntoIterator<Item = impl Into<OsString>>,
+        log_path: impl Into<PathBuf>,
+        user: Option<(u32, u32)>,
+    ) -> io::Result<ManagedProcess> {
+        let process = ManagedProcess {
+            name: name.into(),
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            log_path: log_path.into(),
+            user,
             state: Mutex::new(State {
                 child: None,
                 log_start: 0,
@@ -208,6 +240,11 @@ impl ManagedProcess {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
+        if let Some((uid, gid)) = self.user {
+            // std switches ids (and drops supplementary groups) before the pre-exec hook
+            // that sets the death signal, which a change of ids would clear.
+            command.uid(uid).gid(gid);
+        }
         let child = spawn_child(command)?;
         state.child = Some(child);
         state.log_start = log_start;

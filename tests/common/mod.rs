@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use distlock::conformance::{run_all, BoxFuture, Faults, Target};
 use distlock::{Backend, Capabilities, LockOptions, Locker, Owner};
-use lock_testkit::{EtcdServer, FaultProxy, ProxyMode, RedisServer};
+use lock_testkit::{EtcdServer, FaultProxy, PostgresServer, ProxyMode, RedisServer};
 use tokio::sync::Mutex;
 
 /// Slack for "returns within its deadline" bounds.
@@ -72,6 +72,25 @@ pub async fn etcd_backend(endpoints: &[String], params: &str) -> distlock::etcd:
     distlock::etcd::EtcdBackend::connect(&distlock::LockUrl::parse(&url).expect("valid URL"))
         .await
         .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+}
+
+/// A PostgreSQL backend for `url`.
+#[cfg(feature = "postgres")]
+pub async fn postgres_backend(url: &str) -> distlock::postgres::PostgresBackend {
+    distlock::postgres::PostgresBackend::connect(&distlock::LockUrl::parse(url).expect("valid URL"))
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+}
+
+/// `postgres://` to `addr` as the test kit's superuser, with `params` as its query.
+pub fn postgres_url(addr: SocketAddr, params: &str) -> String {
+    with_query(
+        format!(
+            "postgres://postgres:{}@{addr}/postgres",
+            lock_testkit::POSTGRES_PASSWORD
+        ),
+        params,
+    )
 }
 
 fn with_query(mut url: String, params: &str) -> String {
@@ -263,6 +282,34 @@ impl Server for EtcdServer {
     }
     fn revive(&mut self) -> impl Future<Output = ()> + Send + '_ {
         EtcdServer::restart(self)
+    }
+}
+
+impl Server for PostgresServer {
+    fn addr(&self) -> SocketAddr {
+        PostgresServer::addr(self)
+    }
+    fn keeps_locks(&self) -> bool {
+        true
+    }
+    async fn has_lock_state(&self) -> bool {
+        true
+    }
+    async fn before_restart(&self) {}
+    fn kill(&mut self) {
+        PostgresServer::kill(self)
+    }
+    fn pause(&self) {
+        PostgresServer::pause(self)
+    }
+    fn resume(&self) {
+        PostgresServer::resume(self)
+    }
+    fn restart(&mut self) -> impl Future<Output = ()> + Send + '_ {
+        PostgresServer::restart(self)
+    }
+    fn revive(&mut self) -> impl Future<Output = ()> + Send + '_ {
+        PostgresServer::restart(self)
     }
 }
 

@@ -1,0 +1,359 @@
+//! [`PostgresBackend`]: the [`Backend`] over one lease table, with release notices from one
+//! `LISTEN` connection.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::{
+    Admin, Attempt, Backend, Baseline, Capabilities, ClockDrift, HandOver, Holder, Lease, LockUrl,
+    Owner, ReleaseListener, ReleaseNotices, Result, Ttl,
+};
+use tokio_postgres::Row;
+
+use crate::config::PostgresBuilder;
+use crate::connection::Connection;
+use crate::error::{Failure, NAME};
+use crate::watch::ReleaseWatch;
+
+/// What the PostgreSQL backend promises: TTLs from 10 ms to 30 days in 1 ms steps
+/// (`timestamptz` keeps microseconds), fences from a sequence (strictly increasing),
+/// release notices by `NOTIFY`, no clock-drift allowance (one clock: the database's).
+pub const CAPABILITIES: Capabilities = Capabilities {
+    name: NAME,
+    min_ttl: Duration::from_millis(10),
+    ttl_granularity: Duration::from_millis(1),
+    max_ttl: Duration::from_secs(30 * 24 * 3600),
+    monotonic_fencing: true,
+    release_notices: true,
+    cross_process: true,
+    clock_drift: ClockDrift::NONE,
+};
+
+/// What one raw cycle sends ([`Baseline::description`]).
+pub const BASELINE_CYCLE: &str = "INSERT ON CONFLICT DO NOTHING + DELETE";
+
+/// Locks in one PostgreSQL lease table: a [`Backend`] with hand-over, admin and a raw
+/// baseline, and release notices from one `LISTEN` connection.
+///
+/// Build it with [`PostgresBackend::connect`] from a URL or [`PostgresBackend::builder`],
+/// then hand it to a [`Locker`](lock_core::Locker). `Debug` hides the password.
+///
+#[doc = include_str!("design.md")]
+pub struct PostgresBackend {
+    connection: Connection,
+    notices: Arc<ReleaseNotices>,
+    /// The release subscription, started by the first `listen`.
+    watch: OnceLock<ReleaseWatch>,
+}
+
+impl std::fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("addr", &self.connection.addr)
+            .field("table", &self.connection.names.table)
+            .field("listened_keys", &self.notices.listened_keys())
+            .field("listening", &self.watch.get().is_some())
+            .finish()
+    }
+}
+
+impl PostgresBackend {
+    /// A builder for the server at `addr` (`host` or `host:port`); see [`PostgresBuilder`].
+    pub fn builder(addr: impl Into<String>) -> PostgresBuilder {
+        PostgresBuilder::new(addr)
+    }
+
+    /// Connects to the database a `postgres://` or `postgresql://` URL names, creates the
+    /// lease table if missing (this is what `distlock::connect` calls).
+    ///
+    /// # Errors
+    /// As [`PostgresBuilder::from_url`] and [`PostgresBuilder::build`].
+    pub async fn connect(url: &LockUrl) -> Result<PostgresBackend> {
+        PostgresBuilder::from_url(url)?.build().await
+    }
+
+    /// The quoted `"schema"."table"` of the lease table.
+    pub fn table(&self) -> &str {
+        &self.connection.names.table
+    }
+
+    /// The channel releases are announced on (`LISTEN "…"`).
+    pub fn channel(&self) -> &str {
+        &self.connection.names.channel
+    }
+
+    async fn query(
+        &self,
+        op: &'static str,
+        pick: fn(&crate::connection::Statements) -> &tokio_postgres::Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        self.connection
+            .query(op, pick, params)
+            .await
+            .map_err(|e| e.into_error())
+    }
+
+    fn bad_reply(&self, op: &'static str, what: impl std::fmt::Display) -> lock_core::Error {
+        self.connection
+            .error(op, Failure::Reply(format!("unexpected reply: {what}")))
+            .into_error()
+    }
+
+    /// Reads column `i` of `row`, or says the reply was not what the statement returns.
+    fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+        &self,
+        op: &'static str,
+        row: &'a Row,
+        i: usize,
+    ) -> Result<T> {
+        row.try_get(i).map_err(|e| self.bad_reply(op, e))
+    }
+
+    fn fence(&self, op: &'static str, value: i64) -> Result<u64> {
+        u64::try_from(value).map_err(|_| self.bad_reply(op, format!("fence {value}")))
+    }
+
+    /// Runs a deletion answering `(live, notified)` rows; whether a live lock was deleted.
+    async fn delete(
+        &self,
+        op: &'static str,
+        pick: fn(&crate::connection::Statements) -> &tokio_postgres::Statement,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        key: &str,
+    ) -> Result<Option<bool>> {
+        let rows = self.query(op, pick, params).await?;
+        match rows.as_slice() {
+            [] => Ok(None),
+            [row] => {
+                // Our own waiters learn it here, without the round trip through NOTIFY.
+                self.notices.notify(key);
+                Ok(Some(self.get(op, row, 0)?))
+            }
+            more => Err(self.bad_reply(op, format!("{} rows", more.len()))),
+        }
+    }
+}
+
+fn ttl_ms(ttl: Ttl) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[async_trait]
+impl Backend for PostgresBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &CAPABILITIES
+    }
+
+    /// One `INSERT … ON CONFLICT … DO UPDATE`: inserts the key, or takes over an expired
+    /// row, with the next fence of the sequence; a live holder's row is left as it was and
+    /// its time left answered.
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
+        const OP: &str = "acquire";
+        let sent = Instant::now();
+        let rows = self
+            .query(
+                OP,
+                |s| &s.acquire,
+                &[&key.as_bytes(), &owner.to_string(), &ttl_ms(ttl)],
+            )
+            .await?;
+        let [row] = rows.as_slice() else {
+            return Err(self.bad_reply(OP, format!("{} rows", rows.len())));
+        };
+        if self.get(OP, row, 0)? {
+            Ok(Attempt::Granted {
+                fence: self.fence(OP, self.get(OP, row, 1)?)?,
+                valid_until: CAPABILITIES.validity(sent, ttl.get()),
+            })
+        } else {
+            let left: i64 = self.get(OP, row, 2)?;
+            Ok(Attempt::Taken {
+                expires_in: Some(Duration::from_millis(left.max(0) as u64)),
+            })
+        }
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
+        let sent = Instant::now();
+        let rows = self
+            .query(
+                "extend",
+                |s| &s.extend,
+                &[
+                    &lease.key().as_bytes(),
+                    &lease.owner().to_string(),
+                    &ttl_ms(ttl),
+                ],
+            )
+            .await?;
+        if rows.is_empty() {
+            Err(lease.not_held())
+        } else {
+            Ok(CAPABILITIES.validity(sent, ttl.get()))
+        }
+    }
+
+    /// Deletes the row if it holds the lease's owner (announcing it by `NOTIFY` when
+    /// someone waits); a row of ours that already expired is deleted too, but reported as
+    /// not held.
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let key = lease.key();
+        let released = self
+            .delete(
+                "release",
+                |s| &s.release,
+                &[
+                    &key.as_bytes(),
+                    &lease.owner().to_string(),
+                    &self.connection.names.channel,
+                ],
+                key,
+            )
+            .await?;
+        match released {
+            Some(true) => Ok(()),
+            _ => Err(lease.not_held()),
+        }
+    }
+
+    fn listen(&self, key: &str) -> Option<ReleaseListener> {
+        // Registered before the subscription starts: its first `notify_all` covers the gap.
+        let listener = self.notices.listen(key);
+        if self.watch.get().is_none() {
+            let watch = ReleaseWatch::start(
+                self.connection.client_config().clone(),
+                self.connection.names.channel.clone(),
+                self.connection.timeout,
+                self.notices.clone(),
+            );
+            if let Some(watch) = watch {
+                // A concurrent first `listen` may win the race; the loser's watch is dropped.
+                let _ = self.watch.set(watch);
+            }
+        }
+        Some(listener)
+    }
+
+    fn hand_over(&self) -> Option<&dyn HandOver> {
+        Some(self)
+    }
+
+    fn admin(&self) -> Option<&dyn Admin> {
+        Some(self)
+    }
+
+    fn baseline(&self) -> Option<&dyn Baseline> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl HandOver for PostgresBackend {
+    /// One conditional `UPDATE`: the row passes from `from` to `to` with the next fence,
+    /// only while it holds `from` unexpired; never free in between, so nothing is announced.
+    async fn hand_over(&self, from: &Lease, to: Owner, ttl: Ttl) -> Result<Attempt> {
+        const OP: &str = "hand over";
+        let sent = Instant::now();
+        let rows = self
+            .query(
+                OP,
+                |s| &s.hand_over,
+                &[
+                    &from.key().as_bytes(),
+                    &from.owner().to_string(),
+                    &ttl_ms(ttl),
+                    &to.to_string(),
+                ],
+            )
+            .await?;
+        match rows.as_slice() {
+            [] => Ok(Attempt::Taken { expires_in: None }),
+            [row] => Ok(Attempt::Granted {
+                fence: self.fence(OP, self.get(OP, row, 0)?)?,
+                valid_until: CAPABILITIES.validity(sent, ttl.get()),
+            }),
+            more => Err(self.bad_reply(OP, format!("{} rows", more.len()))),
+        }
+    }
+}
+
+#[async_trait]
+impl Admin for PostgresBackend {
+    /// The owner, fence and time left of the key's unexpired row.
+    async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
+        const OP: &str = "inspect";
+        let rows = self.query(OP, |s| &s.inspect, &[&key.as_bytes()]).await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let owner: String = self.get(OP, row, 0)?;
+        let left: i64 = self.get(OP, row, 2)?;
+        Ok(Some(Holder {
+            owner: Owner::parse(&owner),
+            fence: Some(self.fence(OP, self.get(OP, row, 1)?)?),
+            expires_in: Some(Duration::from_millis(left.max(0) as u64)),
+        }))
+    }
+
+    async fn force_release(&self, key: &str) -> Result<bool> {
+        let deleted = self
+            .delete(
+                "force release",
+                |s| &s.force_release,
+                &[&key.as_bytes(), &self.connection.names.channel],
+                key,
+            )
+            .await?;
+        Ok(deleted == Some(true))
+    }
+}
+
+/// An insert into the unlogged `<table>_raw` beside the lease table, then its deletion: the
+/// database's own write and delete round trips, without the lease protocol (no sequence,
+/// no notice, WAL-free). A cycle cut off leaves the raw row, deleted by the next cycle on
+/// the key.
+#[async_trait]
+impl Baseline for PostgresBackend {
+    fn description(&self) -> &'static str {
+        BASELINE_CYCLE
+    }
+
+    async fn raw_cycle(&self, key: &str, ttl: Ttl) -> Result<()> {
+        let value = "0".repeat(32);
+        self.query(
+            "baseline insert",
+            |s| &s.raw_set,
+            &[&key.as_bytes(), &value, &ttl_ms(ttl)],
+        )
+        .await?;
+        self.query("baseline delete", |s| &s.raw_del, &[&key.as_bytes()])
+            .await?;
+        Ok(())
+    }
+}
+
+impl PostgresBuilder {
+    /// Checks the configuration (the table's name before any SQL is built), connects,
+    /// creates the schema, the lease table and its sequence when missing, and returns the
+    /// backend.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`](lock_core::Error::InvalidUrl) for a malformed address, a zero
+    /// timeout or a table or schema name that is not a plain identifier;
+    /// [`Error::Unavailable`](lock_core::Error::Unavailable) when the server cannot be
+    /// reached within the timeout; [`Error::Backend`](lock_core::Error::Backend) when it
+    /// refuses the credentials or the database, the role may not create or use the table,
+    /// or the peer does not speak the PostgreSQL protocol.
+    pub async fn build(self) -> Result<PostgresBackend> {
+        let names = self.check()?;
+        let connection = Connection::new(&self, names);
+        connection.check().await.map_err(|e| e.into_error())?;
+        Ok(PostgresBackend {
+            connection,
+            notices: Arc::new(ReleaseNotices::new()),
+            watch: OnceLock::new(),
+        })
+    }
+}

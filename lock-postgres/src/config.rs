@@ -1,0 +1,404 @@
+//! Where the database is and how to talk to it: [`PostgresBuilder`], and the identifier
+//! rules for the lease table's name ([`Names`]).
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::url::{format_duration, Host, HostPort, UserInfo};
+use lock_core::{Error, LockUrl, Result};
+
+/// The port of a PostgreSQL server when an address or URL names none.
+pub const DEFAULT_PORT: u16 = 5432;
+/// The lease table used when none is given.
+pub const DEFAULT_TABLE: &str = "distlock_leases";
+/// The schema of the lease table when none is given.
+pub const DEFAULT_SCHEMA: &str = "public";
+/// The per-operation timeout used when none is given.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The URL parameters a `postgres://` or `postgresql://` URL may carry.
+pub const URL_PARAMS: &[&str] = &["table", "schema", "timeout"];
+/// The longest identifier PostgreSQL keeps (`NAMEDATALEN - 1` bytes); longer ones would be
+/// cut silently, so they are refused.
+pub const MAX_IDENTIFIER_LEN: usize = 63;
+
+/// Typed configuration of one PostgreSQL database, and the way to connect to it.
+///
+/// Built from an address with [`PostgresBackend::builder`](crate::PostgresBackend::builder)
+/// (or [`PostgresBuilder::new`]) and setters, or from a URL with
+/// [`PostgresBuilder::from_url`]; nothing is checked or contacted until
+/// [`build`](Self::build).
+///
+/// `Debug` shows the configuration as a URL with the password replaced by `***`.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo() -> lock_core::Result<()> {
+/// use std::time::Duration;
+/// use lock_postgres::PostgresBackend;
+///
+/// let backend = PostgresBackend::builder("127.0.0.1:5432")
+///     .username("app")
+///     .password("s3cret")
+///     .database("app")
+///     .schema("locks")
+///     .table("leases")
+///     .timeout(Duration::from_millis(500))
+///     .build()
+///     .await?;
+/// let locker = lock_core::Locker::new(backend);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct PostgresBuilder {
+    /// The parsed `host:port`, or the reason `addr` could not be parsed (reported by `build`).
+    addr: std::result::Result<HostPort, (String, String)>,
+    username: Option<String>,
+    password: Option<String>,
+    database: Option<String>,
+    schema: String,
+    table: String,
+    timeout: Duration,
+}
+
+impl PostgresBuilder {
+    /// A configuration for the server at `addr` (`host`, `host:port`, `[v6]:port`; the
+    /// default port is 5432), user `postgres` without a password, the user's database,
+    /// table `public.distlock_leases` and a 2 s operation timeout. A malformed `addr` is
+    /// reported by `build` as [`Error::InvalidUrl`].
+    pub fn new(addr: impl Into<String>) -> Self {
+        let addr = addr.into();
+        PostgresBuilder {
+            addr: HostPort::parse(&addr, DEFAULT_PORT).map_err(|reason| (addr, reason)),
+            username: None,
+            password: None,
+            database: None,
+            schema: DEFAULT_SCHEMA.to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// The configuration a `postgres://` or `postgresql://` URL describes:
+    /// `postgres[ql]://[user[:password]@]host[:port][/database][?table=…&schema=…&timeout=…]`,
+    /// default port 5432, the user's own database unless the path names one.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for another scheme, no host or several, a path with more than
+    /// a database name, an unknown parameter, a `table` or `schema` that is not a plain
+    /// identifier (see [`table`](Self::table)), or a `timeout` that is not a positive
+    /// duration such as `500ms` or `2s`.
+    pub fn from_url(url: &LockUrl) -> Result<Self> {
+        if !matches!(url.scheme.as_str(), "postgres" | "postgresql") {
+            return Err(url.invalid(format!(
+                "the PostgreSQL backend takes postgres:// or postgresql:// URLs, not {}://",
+                url.scheme
+            )));
+        }
+        let host = match url.hosts.as_slice() {
+            [host] => host.with_default_port(DEFAULT_PORT),
+            [] => return Err(url.invalid(format!("{}:// needs a host", url.scheme))),
+            _ => {
+                return Err(url.invalid(format!(
+                    "{}:// names one host (several are not supported)",
+                    url.scheme
+                )))
+            }
+        };
+        let database = url.path.strip_prefix('/').unwrap_or(&url.path);
+        if database.contains('/') {
+            return Err(url.invalid(format!("the path names one database, not `{}`", url.path)));
+        }
+        url.check_params(URL_PARAMS)?;
+        let mut builder = PostgresBuilder {
+            addr: Ok(host),
+            username: url.username().filter(|u| !u.is_empty()).map(str::to_owned),
+            password: url.password().map(str::to_owned),
+            database: (!database.is_empty()).then(|| database.to_owned()),
+            schema: url.param("schema").unwrap_or(DEFAULT_SCHEMA).to_owned(),
+            table: url.param("table").unwrap_or(DEFAULT_TABLE).to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+        };
+        if let Some(timeout) = url.duration_param("timeout")? {
+            builder.timeout = timeout;
+        }
+        builder.check()?;
+        Ok(builder)
+    }
+
+    /// The role to log in as; default `postgres`.
+    pub fn username(mut self, username: impl Into<String>) -> Self {
+        self.username = Some(username.into());
+        self
+    }
+
+    /// The role's password (any method the server asks for: SCRAM, MD5, cleartext).
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// The database to connect to; default: the one named like the user.
+    pub fn database(mut self, database: impl Into<String>) -> Self {
+        self.database = Some(database.into());
+        self
+    }
+
+    /// The schema of the lease table; default `public`. Created when missing.
+    ///
+    /// Like [`table`](Self::table), a plain identifier: an ASCII letter or `_`, then ASCII
+    /// letters, digits or `_`, at most 63 bytes; checked before any SQL is built.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The lease table; default `distlock_leases`. Created (with its fence sequence
+    /// `<table>_fence`) when missing.
+    ///
+    /// A plain identifier (an ASCII letter or `_`, then ASCII letters, digits or `_`, at most
+    /// 59 bytes so that the sequence's name fits too), checked by `build` before any SQL is
+    /// built: names are spliced into statements (quoted), so nothing else is let through.
+    pub fn table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// The bound on every operation, connecting included; default 2 s. When it passes the
+    /// operation fails with the transient [`Error::Unavailable`].
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The configured operation timeout.
+    pub fn operation_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The configured schema and table, as given.
+    pub fn table_name(&self) -> (&str, &str) {
+        (&self.schema, &self.table)
+    }
+
+    /// The configuration as a URL that [`from_url`](Self::from_url) turns back into it
+    /// (password included; see `Debug` for a redacted form). `None` when the address given to
+    /// [`new`](Self::new) is malformed.
+    pub fn url(&self) -> Option<String> {
+        self.to_lock_url().map(|url| url.to_string())
+    }
+
+    /// Validates everything `build` needs, before any I/O and before any SQL is built.
+    pub(crate) fn check(&self) -> Result<Names> {
+        if let Err((addr, reason)) = &self.addr {
+            return Err(Error::invalid_url(addr, reason.clone()));
+        }
+        let refuse = |reason: String| Error::invalid_url(&self.redacted(), reason);
+        if self.timeout.is_zero() {
+            return Err(refuse(
+                "parameter `timeout` must be greater than zero".into(),
+            ));
+        }
+        Names::new(&self.schema, &self.table).map_err(refuse)
+    }
+
+    pub(crate) fn host_port(&self) -> &HostPort {
+        match &self.addr {
+            Ok(addr) => addr,
+            Err(_) => unreachable!("check() refuses a malformed address"),
+        }
+    }
+
+    pub(crate) fn client_config(&self) -> tokio_postgres::Config {
+        let addr = self.host_port();
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host(&addr.host)
+            .port(addr.port)
+            .user(self.username.as_deref().unwrap_or("postgres"))
+            .application_name("distlock")
+            .connect_timeout(self.timeout);
+        if let Some(password) = &self.password {
+            config.password(password);
+        }
+        if let Some(database) = &self.database {
+            config.dbname(database);
+        }
+        config
+    }
+
+    /// The URL with the password hidden, for messages and `Debug`.
+    pub(crate) fn redacted(&self) -> String {
+        match self.to_lock_url() {
+            Some(url) => url.redacted(),
+            None => match &self.addr {
+                Err((addr, _)) => format!("<invalid address {addr:?}>"),
+                Ok(_) => unreachable!("to_lock_url only fails on a bad address"),
+            },
+        }
+    }
+
+    fn to_lock_url(&self) -> Option<LockUrl> {
+        let host = self.addr.as_ref().ok()?;
+        let mut params = Vec::new();
+        if self.schema != DEFAULT_SCHEMA {
+            params.push(("schema".to_owned(), self.schema.clone()));
+        }
+        if self.table != DEFAULT_TABLE {
+            params.push(("table".to_owned(), self.table.clone()));
+        }
+        if self.timeout != DEFAULT_TIMEOUT {
+            params.push(("timeout".to_owned(), format_duration(self.timeout)));
+        }
+        Some(LockUrl {
+            scheme: "postgres".to_owned(),
+            userinfo: UserInfo::from_parts(self.username.as_deref(), self.password.as_deref()),
+            hosts: vec![Host::from(host.clone())],
+            path: self
+                .database
+                .as_ref()
+                .map_or_else(String::new, |db| format!("/{db}")),
+            params,
+        })
+    }
+}
+
+impl fmt::Debug for PostgresBuilder {
+    /// `PostgresBuilder("postgres://user:***@host:port/db?…")`: the password never appears.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("PostgresBuilder")
+            .field(&format_args!("{}", self.redacted()))
+            .finish()
+    }
+}
+
+/// The validated, quoted names the statements are built from: only [`Names::new`] makes
+/// them, after [`check_identifier`] accepted both parts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Names {
+    /// `"schema"`.
+    pub(crate) schema: String,
+    /// `"schema"."table"`.
+    pub(crate) table: String,
+    /// `"schema"."table_fence"`, the fence sequence.
+    pub(crate) sequence: String,
+    /// The unquoted schema and table (for catalog look-ups, as parameters).
+    pub(crate) raw_schema: String,
+    pub(crate) raw_table: String,
+    /// The release channel (`LISTEN` identifier and `pg_notify` argument).
+    pub(crate) channel: String,
+}
+
+impl Names {
+    fn new(schema: &str, table: &str) -> std::result::Result<Names, String> {
+        check_identifier("schema", schema, MAX_IDENTIFIER_LEN)?;
+        // Room for the sequence's `_fence`.
+        check_identifier("table", table, MAX_IDENTIFIER_LEN - 6)?;
+        let mut channel = format!("distlock.{schema}.{table}");
+        if channel.len() > MAX_IDENTIFIER_LEN {
+            channel = format!("distlock.{:016x}", fnv1a(channel.as_bytes()));
+        }
+        Ok(Names {
+            schema: format!("\"{schema}\""),
+            table: format!("\"{schema}\".\"{table}\""),
+            sequence: format!("\"{schema}\".\"{table}_fence\""),
+            raw_schema: schema.to_owned(),
+            raw_table: table.to_owned(),
+            channel,
+        })
+    }
+}
+
+/// Accepts a plain SQL identifier: an ASCII letter or `_`, then ASCII letters, digits or
+/// `_`, at most `max` bytes. Everything else (quotes, dots, spaces, `;`, non-ASCII) is
+/// refused, so a configured name can never change a statement's meaning.
+///
+/// # Errors
+/// The reason, naming `what` (`table`, `schema`).
+pub fn check_identifier(what: &str, name: &str, max: usize) -> std::result::Result<(), String> {
+    let mut chars = name.chars();
+    let plain = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !plain {
+        return Err(format!(
+            "{what} {name:?} is not a plain identifier (an ASCII letter or `_`, then letters, digits or `_`)"
+        ));
+    }
+    if name.len() > max {
+        return Err(format!("{what} {name:?} is longer than {max} bytes"));
+    }
+    Ok(())
+}
+
+/// FNV-1a: a stable hash for channel names too long to spell out (the same in every
+/// process and version, unlike the standard library's hasher).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(s: &str) -> Result<PostgresBuilder> {
+        PostgresBuilder::from_url(&LockUrl::parse(s)?)
+    }
+
+    #[test]
+    fn urls_are_read_and_written_back() {
+        let b =
+            url("postgresql://app:s3cret@db:6543/locks?table=t1&schema=s1&timeout=500ms").unwrap();
+        assert_eq!(b.table_name(), ("s1", "t1"));
+        assert_eq!(b.operation_timeout(), Duration::from_millis(500));
+        let again = url(&b.url().unwrap()).unwrap();
+        assert_eq!(again, b);
+        let shown = format!("{b:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("app:***@db:6543/locks"), "{shown}");
+        let b = url("postgres://h").unwrap();
+        assert_eq!(b.host_port().port, DEFAULT_PORT);
+        assert_eq!(b.table_name(), (DEFAULT_SCHEMA, DEFAULT_TABLE));
+    }
+
+    #[test]
+    fn bad_urls_and_names_are_refused_before_any_sql() {
+        for bad in [
+            "redis://h",
+            "postgres://",
+            "postgres://a,b",
+            "postgres://h/db/x",
+            "postgres://h?prefix=x",
+            "postgres://h?timeout=0s",
+            "postgres://h?table=a;drop%20table%20x",
+            "postgres://h?table=%22quoted%22",
+            "postgres://h?table=1abc",
+            "postgres://h?table=",
+            "postgres://h?schema=a.b",
+            "postgres://h?table=t%C3%A9",
+        ] {
+            assert!(
+                matches!(url(bad), Err(Error::InvalidUrl { .. })),
+                "{bad} should be refused"
+            );
+        }
+        let long = "a".repeat(58);
+        assert!(url(&format!("postgres://h?table={long}")).is_err());
+        assert!(url(&format!("postgres://h?table={}", &long[..57])).is_ok());
+        assert!(PostgresBuilder::new("h").table("x y").check().is_err());
+        assert!(PostgresBuilder::new("h:0").check().is_err());
+    }
+
+    #[test]
+    fn long_names_get_a_hashed_channel() {
+        let names = Names::new(&"s".repeat(40), &"t".repeat(40)).unwrap();
+        assert!(names.channel.len() <= MAX_IDENTIFIER_LEN);
+        assert_eq!(
+            Names::new("public", "x").unwrap().channel,
+            "distlock.public.x"
+        );
+    }
+}

@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+// Modules, each depending only on those listed after it (config excepted: the builder
+// and what it builds name each other):
+// - backend: `PostgresBackend`, the `Backend`, `HandOver`, `Admin` and `Baseline`;
+// - watch: the `LISTEN` connection feeding the release notices;
+// - connection: the lock connection, its prepared statements, reconnection, timeouts;
+// - sql: the statements' text, built from validated names;
+// - error: request failures and the errors they become; config: the builder and names.
+mod backend;
+mod config;
+mod connection;
+mod error;
+mod sql;
+mod watch;
+
+pub use backend::{PostgresBackend, BASELINE_CYCLE, CAPABILITIES};
+pub use config::{check_identifier, PostgresBuilder, MAX_IDENTIFIER_LEN};
+pub use config::{DEFAULT_PORT, DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TIMEOUT, URL_PARAMS};
+pub use error::NAME;

@@ -1,0 +1,133 @@
+//! The statements, one per operation, built from the validated [`Names`] (the only text
+//! spliced into them; keys, owners and TTLs are always parameters).
+//!
+//! Parameters: `$1` the key (`bytea`, so a key may hold any bytes, NUL included), `$2` the
+//! owner token (32 hex digits), `$3` the TTL in milliseconds or the release channel.
+//! Time is the database's: `clock_timestamp()`, read once per statement where a decision
+//! and an expiry must agree.
+
+use crate::config::Names;
+
+/// The text of every statement of one lease table.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(crate) acquire: String,
+    pub(crate) extend: String,
+    pub(crate) release: String,
+    pub(crate) hand_over: String,
+    pub(crate) inspect: String,
+    pub(crate) force_release: String,
+    pub(crate) raw_set: String,
+    pub(crate) raw_del: String,
+    pub(crate) exists: String,
+    /// Run in one transaction when something is missing (the schema first, when missing).
+    pub(crate) create: Vec<String>,
+    pub(crate) create_schema: String,
+}
+
+/// `… * interval '1 millisecond'` of the TTL parameter `$n`.
+fn ms(n: u8) -> String {
+    format!("${n}::bigint * interval '1 millisecond'")
+}
+
+/// Milliseconds left from `now` until `expires_at`, rounded up, never negative.
+const LEFT: &str =
+    "GREATEST(0, CEIL(EXTRACT(EPOCH FROM (expires_at - (SELECT t FROM now))) * 1000))::bigint";
+
+impl Sql {
+    pub(crate) fn new(names: &Names) -> Sql {
+        let Names {
+            schema,
+            table,
+            sequence,
+            ..
+        } = names;
+        // A quoted, validated name inside a string literal: it holds no `'`.
+        let next = format!("nextval('{sequence}')");
+        let now = "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t)";
+        let expired = "l.expires_at <= (SELECT t FROM now)";
+        Sql {
+            // Insert, or take over an expired row; a live holder's row is kept as it was
+            // but marked awaited (its release then announces itself), and its time left
+            // returned. One statement, whatever the row's state, so the answer always comes
+            // from the row as the statement saw it (not from an older snapshot).
+            acquire: format!(
+                "{now} INSERT INTO {table} AS l (key, owner, fence, expires_at, awaited) \
+                 SELECT $1::bytea, $2::text, {next}, now.t + {ttl}, false FROM now \
+                 ON CONFLICT (key) DO UPDATE SET \
+                 owner = CASE WHEN {expired} THEN EXCLUDED.owner ELSE l.owner END, \
+                 fence = CASE WHEN {expired} THEN EXCLUDED.fence ELSE l.fence END, \
+                 expires_at = CASE WHEN {expired} THEN EXCLUDED.expires_at ELSE l.expires_at END, \
+                 awaited = NOT ({expired}) \
+                 RETURNING owner = $2::text, fence, {LEFT}",
+                ttl = ms(3),
+            ),
+            extend: format!(
+                "UPDATE {table} SET expires_at = clock_timestamp() + {ttl} \
+                 WHERE key = $1::bytea AND owner = $2::text AND expires_at > clock_timestamp() \
+                 RETURNING fence",
+                ttl = ms(3),
+            ),
+            // Deletes the owner's row even when expired (nobody else holds it then), but only
+            // a live one counts as released. Announces only what someone waits for.
+            release: format!(
+                "WITH d AS (DELETE FROM {table} WHERE key = $1::bytea AND owner = $2::text \
+                 RETURNING key, awaited, expires_at > clock_timestamp() AS live), \
+                 n AS (SELECT pg_notify($3::text, encode(key, 'hex')) FROM d WHERE awaited) \
+                 SELECT live, (SELECT count(*) FROM n) FROM d"
+            ),
+            hand_over: format!(
+                "{now} UPDATE {table} AS l SET owner = $4::text, fence = {next}, \
+                 expires_at = (SELECT t FROM now) + {ttl} \
+                 WHERE key = $1::bytea AND owner = $2::text AND NOT ({expired}) \
+                 RETURNING fence",
+                ttl = ms(3),
+            ),
+            inspect: format!(
+                "{now} SELECT owner, fence, {LEFT} FROM {table} \
+                 WHERE key = $1::bytea AND expires_at > (SELECT t FROM now)"
+            ),
+            force_release: format!(
+                "WITH d AS (DELETE FROM {table} WHERE key = $1::bytea \
+                 RETURNING key, expires_at > clock_timestamp() AS live), \
+                 n AS (SELECT pg_notify($2::text, encode(key, 'hex')) FROM d) \
+                 SELECT live, (SELECT count(*) FROM n) FROM d"
+            ),
+            raw_set: format!(
+                "INSERT INTO {raw} (key, value, expires_at) \
+                 VALUES ($1::bytea, $2::text, clock_timestamp() + {ttl}) \
+                 ON CONFLICT (key) DO NOTHING",
+                raw = raw_table(names),
+                ttl = ms(3),
+            ),
+            raw_del: format!("DELETE FROM {} WHERE key = $1::bytea", raw_table(names)),
+            exists:
+                "SELECT to_regclass($1::text) IS NOT NULL AND to_regclass($2::text) IS NOT NULL \
+                     AND to_regclass($3::text) IS NOT NULL, \
+                     EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $4::text)"
+                    .to_owned(),
+            create: vec![
+                // One creator at a time: concurrent `CREATE … IF NOT EXISTS` can still
+                // collide in the catalog.
+                "SELECT pg_advisory_xact_lock(7366120948823310921)".to_owned(),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {table} (\
+                     key bytea PRIMARY KEY, owner text NOT NULL, fence bigint NOT NULL, \
+                     expires_at timestamptz NOT NULL, awaited boolean NOT NULL DEFAULT false)"
+                ),
+                format!("CREATE SEQUENCE IF NOT EXISTS {sequence}"),
+                format!(
+                    "CREATE UNLOGGED TABLE IF NOT EXISTS {raw} (\
+                     key bytea PRIMARY KEY, value text NOT NULL, expires_at timestamptz NOT NULL)",
+                    raw = raw_table(names)
+                ),
+            ],
+            create_schema: format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
+        }
+    }
+}
+
+/// `"schema"."table_raw"`: the raw baseline's table, beside the lease table.
+pub(crate) fn raw_table(names: &Names) -> String {
+    format!("\"{}\".\"{}_raw\"", names.raw_schema, names.raw_table)
+}

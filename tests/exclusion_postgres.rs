@@ -1,0 +1,102 @@
+//! The randomized exclusion checker on one real PostgreSQL server: three Lockers, each over
+//! its own backend instance connected through its own [`FaultProxy`], and three fault
+//! rounds after the normal one: the server paused (SIGSTOP) past the longest TTL, killed
+//! (`kill -9`) and restarted (crash recovery keeps every committed lock and the fence
+//! sequence), and one Locker's network blackholed past twice the longest TTL. No fault is
+//! allowed any violation. `DISTLOCK_SOAK_SECS` runs it longer, `DISTLOCK_CHECK_SEED`
+//! replays a seed.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Fault};
+use distlock::postgres::PostgresBackend;
+use distlock::{Admin, Locker};
+use lock_testkit::{FaultProxy, PostgresServer, ProxyMode};
+use tokio::sync::Mutex;
+
+/// The longest TTL the checker draws here.
+const TTL_MAX: Duration = Duration::from_millis(600);
+
+async fn backend(addr: std::net::SocketAddr) -> PostgresBackend {
+    common::postgres_backend(&common::postgres_url(addr, "table=exclusion&timeout=500ms")).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_postgres() {
+    let server = Arc::new(Mutex::new(PostgresServer::start().await));
+    let addr = server.lock().await.addr();
+    let mut proxies = Vec::new();
+    let mut lockers = Vec::new();
+    for _ in 0..3 {
+        let proxy = FaultProxy::start(addr).await;
+        lockers.push(Locker::new(backend(proxy.addr()).await));
+        proxies.push(Arc::new(proxy));
+    }
+    let probe_backend = Arc::new(backend(addr).await);
+    let config = ExclusionConfig::from_env().ttl_range(Duration::from_millis(100), TTL_MAX);
+    let past_ttl = TTL_MAX + Duration::from_millis(500);
+
+    let pause = {
+        let server = server.clone();
+        Fault::new("server paused (SIGSTOP) past the longest TTL", move || {
+            let server = server.clone();
+            async move {
+                server.lock().await.pause();
+                tokio::time::sleep(past_ttl).await;
+                server.lock().await.resume();
+            }
+        })
+    };
+    let crash = {
+        let server = server.clone();
+        Fault::new("server killed (SIGKILL) and restarted", move || {
+            let server = server.clone();
+            async move {
+                let mut server = server.lock().await;
+                server.kill();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                server.restart().await;
+            }
+        })
+    };
+    let blackhole = {
+        let proxy = proxies[0].clone();
+        Fault::new(
+            "L0's network blackholed past twice the longest TTL",
+            move || {
+                let proxy = proxy.clone();
+                async move {
+                    proxy.set_mode(ProxyMode::Blackhole);
+                    tokio::time::sleep(TTL_MAX * 2 + Duration::from_millis(500)).await;
+                    proxy.set_mode(ProxyMode::Pass);
+                }
+            },
+        )
+    };
+    let report = Exclusion::new(lockers)
+        .config(config)
+        .fault(pause)
+        .fault(crash)
+        .fault(blackhole)
+        .keys_left(move |names| {
+            let backend = probe_backend.clone();
+            async move {
+                let mut left = Vec::new();
+                for name in names {
+                    match backend.inspect(&name).await {
+                        Ok(None) => {}
+                        Ok(Some(holder)) => left.push(format!("{name} ({holder:?})")),
+                        Err(e) => left.push(format!("{name} (inspect failed: {e})")),
+                    }
+                }
+                left
+            }
+        })
+        .run()
+        .await;
+    drop(proxies);
+    report.assert_clean();
+}
