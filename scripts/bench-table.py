@@ -12,8 +12,14 @@ import json
 import os
 import sys
 
-BACKENDS = ["memory", "redis", "redlock", "etcd"]
-PEER = {"memory": "mutex-map", "redis": "rslock", "redlock": "rslock", "etcd": "lock-rpc"}
+BACKENDS = ["memory", "redis", "redlock", "etcd", "postgres"]
+PEER = {
+    "memory": "mutex-map",
+    "redis": "rslock",
+    "redlock": "rslock",
+    "etcd": "lock-rpc",
+    "postgres": "advisory",
+}
 START, END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
 
 

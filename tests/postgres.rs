@@ -204,6 +204,48 @@ async fn expiry_is_measured_on_the_database_clock() {
     }
 }
 
+/// The same owner asking again while it holds the key (a request re-sent after a lost
+/// reply) is granted again with the same fence and a FRESH expiry, counted from the new
+/// statement: the guard's validity is counted from before that request, so the row must
+/// not keep an older, earlier expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asking_again_as_the_holder_renews_the_expiry() {
+    let server = PostgresServer::start().await;
+    let backend = backend(&postgres_url(server.addr(), "table=again")).await;
+    let raw = server.client().await;
+    let k = key("again");
+    let owner = Owner::random();
+    let ttl = backend
+        .capabilities()
+        .effective_ttl(Duration::from_secs(3))
+        .unwrap();
+    let expiry = || async {
+        let row = raw
+            .query_one(
+                "SELECT extract(epoch from expires_at)::float8 FROM again WHERE key = $1",
+                &[&k.as_bytes()],
+            )
+            .await
+            .unwrap();
+        row.get::<_, f64>(0)
+    };
+    let Attempt::Granted { fence, .. } = backend.try_acquire(&k, owner, ttl).await.unwrap() else {
+        panic!("a free key is granted")
+    };
+    let first = expiry().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let Attempt::Granted { fence: again, .. } = backend.try_acquire(&k, owner, ttl).await.unwrap()
+    else {
+        panic!("the holder asking again is granted")
+    };
+    assert_eq!(again, fence, "the same grant, the same fence");
+    let second = expiry().await;
+    assert!(
+        second >= first + 0.4,
+        "the expiry moved with the new request: {first} -> {second}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Bad input
 // ---------------------------------------------------------------------------------------

@@ -49,7 +49,9 @@ impl Sql {
         Sql {
             // Insert, or take over an expired row; a live holder's row is kept as it was
             // but marked awaited (its release then announces itself), and its time left
-            // returned. One statement, whatever the row's state, so the answer always comes
+            // returned. The holder itself asking again (a request re-sent after a lost
+            // reply) keeps its fence and gets a fresh expiry, counted from this statement,
+            // as its guard's validity is counted from before it. One statement, whatever the row's state, so the answer always comes
             // from the row as the statement saw it (not from an older snapshot).
             acquire: format!(
                 "{now} INSERT INTO {table} AS l (key, owner, fence, expires_at, awaited) \
@@ -57,8 +59,10 @@ impl Sql {
                  ON CONFLICT (key) DO UPDATE SET \
                  owner = CASE WHEN {expired} THEN EXCLUDED.owner ELSE l.owner END, \
                  fence = CASE WHEN {expired} THEN EXCLUDED.fence ELSE l.fence END, \
-                 expires_at = CASE WHEN {expired} THEN EXCLUDED.expires_at ELSE l.expires_at END, \
-                 awaited = NOT ({expired}) \
+                 expires_at = CASE WHEN {expired} OR l.owner = EXCLUDED.owner \
+                 THEN EXCLUDED.expires_at ELSE l.expires_at END, \
+                 awaited = CASE WHEN {expired} THEN false \
+                 WHEN l.owner = EXCLUDED.owner THEN l.awaited ELSE true END \
                  RETURNING owner = $2::text, fence, {LEFT}",
                 ttl = ms(3),
             ),

@@ -1,0 +1,148 @@
+//! PostgreSQL backend against its peers on one `postgres` started by lock-testkit, in the
+//! same run: the pattern users write by hand, a `pg_try_advisory_lock` /
+//! `pg_advisory_unlock` pair on one connection per task (no TTL, no fencing, no notices:
+//! a waiter polls every millisecond), and the raw protocol (an insert-if-absent and a
+//! delete on a plain table: two statements, no lease logic), on the workloads of every bench
+//! (see `common`), distlock's guards ended by `release().await` and by drop. Server CPU is
+//! the postmaster's and its backends'.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{named, ratio, Bench, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS};
+use lock_testkit::PostgresServer;
+use tokio_postgres::Client;
+
+/// Connections of the hand-written peer: one per task, as its users keep them.
+const PEER_CONNECTIONS: usize = 64;
+
+/// `pg_try_advisory_lock(hashtext(key))` until it answers true, then `pg_advisory_unlock`,
+/// each task on a connection of its own (session locks belong to their connection).
+struct Advisory {
+    free: Mutex<Vec<Client>>,
+}
+
+impl Subject for Advisory {
+    type Guard = (Client, Arc<str>);
+    async fn lock(&self, key: Arc<str>) -> (Client, Arc<str>) {
+        let client = self
+            .free
+            .lock()
+            .unwrap()
+            .pop()
+            .expect("a connection per task");
+        loop {
+            let row = client
+                .query_one("SELECT pg_try_advisory_lock(hashtext($1))", &[&&*key])
+                .await
+                .expect("pg_try_advisory_lock");
+            if row.get::<_, bool>(0) {
+                return (client, key);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    async fn unlock(&self, (client, key): (Client, Arc<str>)) {
+        client
+            .query_one("SELECT pg_advisory_unlock(hashtext($1))", &[&&*key])
+            .await
+            .expect("pg_advisory_unlock");
+        self.free.lock().unwrap().push(client);
+    }
+}
+
+/// The raw protocol: insert the key if absent (one statement), then delete it.
+struct RawTable {
+    client: Client,
+}
+
+impl Subject for RawTable {
+    type Guard = Arc<str>;
+    async fn lock(&self, key: Arc<str>) -> Arc<str> {
+        loop {
+            let inserted = self
+                .client
+                .execute(
+                    "INSERT INTO bench_raw (key) VALUES ($1) ON CONFLICT (key) DO NOTHING",
+                    &[&&*key],
+                )
+                .await
+                .expect("raw insert");
+            if inserted == 1 {
+                return key;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    async fn unlock(&self, key: Arc<str>) {
+        self.client
+            .execute("DELETE FROM bench_raw WHERE key = $1", &[&&*key])
+            .await
+            .expect("raw delete");
+    }
+}
+
+fn ratios(w: Workload) -> Vec<Ratio> {
+    let (goal, drop_goal) = match w {
+        Workload::Lone => (Some(0.9), Some(0.95)),
+        Workload::Distinct(_) => (Some(1.0), Some(0.95)),
+        Workload::OneKey(..) => (None, None),
+    };
+    vec![
+        ratio("ours", "advisory", goal),
+        ratio("ours-drop", "advisory", goal),
+        ratio("ours-drop", "ours", drop_goal),
+        ratio("ours", "raw", None),
+    ]
+}
+
+/// The postmaster and every process it forked (one backend per connection).
+fn server_pids(server: &PostgresServer) -> Vec<u32> {
+    let Some(pid) = server.pid() else {
+        return Vec::new();
+    };
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    std::iter::once(pid)
+        .chain(children.split_whitespace().filter_map(|p| p.parse().ok()))
+        .collect()
+}
+
+#[tokio::main]
+async fn main() {
+    let server = PostgresServer::start().await;
+    let url = server.url();
+    let release = Distlock::connect(&url, End::Release).await;
+    let dropped = Distlock::connect(&url, End::Drop).await;
+    let mut peers = Vec::new();
+    for _ in 0..PEER_CONNECTIONS {
+        peers.push(server.client().await);
+    }
+    let peer = Arc::new(Advisory {
+        free: Mutex::new(peers),
+    });
+    let client = server.client().await;
+    client
+        .batch_execute("CREATE UNLOGGED TABLE IF NOT EXISTS bench_raw (key text PRIMARY KEY)")
+        .await
+        .expect("raw table");
+    let raw = Arc::new(RawTable { client });
+    let bench = Bench {
+        backend: "postgres",
+        peers: "pg_try_advisory_lock + pg_advisory_unlock (a connection per task) and a raw insert + delete, one postgres",
+        subjects: vec![
+            named("ours", &release),
+            named("ours-drop", &dropped),
+            named("advisory", &peer),
+            named("raw", &raw),
+        ],
+        // Every connection is open by now, so every backend process is counted.
+        servers: server_pids(&server),
+        raw: Some("raw"),
+        settings: Settings::from_args(),
+    };
+    let measured = bench.run(&WORKLOADS).await;
+    bench.report(&measured, ratios);
+}
