@@ -13,49 +13,79 @@ use std::time::Duration;
 
 use common::{named, ratio, Bench, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS};
 use lock_testkit::PostgresServer;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Statement};
 
 /// Connections of the hand-written peer: one per task, as its users keep them.
 const PEER_CONNECTIONS: usize = 64;
 
 /// `pg_try_advisory_lock(hashtext(key))` until it answers true, then `pg_advisory_unlock`,
-/// each task on a connection of its own (session locks belong to their connection).
+/// each task on a connection of its own (session locks belong to their connection), with
+/// both statements prepared once per connection.
 struct Advisory {
-    free: Mutex<Vec<Client>>,
+    free: Mutex<Vec<Session>>,
+}
+
+struct Session {
+    client: Client,
+    lock: Statement,
+    unlock: Statement,
+}
+
+impl Session {
+    async fn new(client: Client) -> Session {
+        let lock = client
+            .prepare("SELECT pg_try_advisory_lock(hashtext($1))")
+            .await
+            .expect("prepare");
+        let unlock = client
+            .prepare("SELECT pg_advisory_unlock(hashtext($1))")
+            .await
+            .expect("prepare");
+        Session {
+            client,
+            lock,
+            unlock,
+        }
+    }
 }
 
 impl Subject for Advisory {
-    type Guard = (Client, Arc<str>);
-    async fn lock(&self, key: Arc<str>) -> (Client, Arc<str>) {
-        let client = self
+    type Guard = (Session, Arc<str>);
+    async fn lock(&self, key: Arc<str>) -> (Session, Arc<str>) {
+        let session = self
             .free
             .lock()
             .unwrap()
             .pop()
             .expect("a connection per task");
         loop {
-            let row = client
-                .query_one("SELECT pg_try_advisory_lock(hashtext($1))", &[&&*key])
+            let row = session
+                .client
+                .query_one(&session.lock, &[&&*key])
                 .await
                 .expect("pg_try_advisory_lock");
             if row.get::<_, bool>(0) {
-                return (client, key);
+                return (session, key);
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
-    async fn unlock(&self, (client, key): (Client, Arc<str>)) {
-        client
-            .query_one("SELECT pg_advisory_unlock(hashtext($1))", &[&&*key])
+    async fn unlock(&self, (session, key): (Session, Arc<str>)) {
+        session
+            .client
+            .query_one(&session.unlock, &[&&*key])
             .await
             .expect("pg_advisory_unlock");
-        self.free.lock().unwrap().push(client);
+        self.free.lock().unwrap().push(session);
     }
 }
 
-/// The raw protocol: insert the key if absent (one statement), then delete it.
+/// The raw protocol: insert the key if absent (one statement), then delete it, both
+/// prepared once.
 struct RawTable {
     client: Client,
+    insert: Statement,
+    delete: Statement,
 }
 
 impl Subject for RawTable {
@@ -64,10 +94,7 @@ impl Subject for RawTable {
         loop {
             let inserted = self
                 .client
-                .execute(
-                    "INSERT INTO bench_raw (key) VALUES ($1) ON CONFLICT (key) DO NOTHING",
-                    &[&&*key],
-                )
+                .execute(&self.insert, &[&&*key])
                 .await
                 .expect("raw insert");
             if inserted == 1 {
@@ -78,7 +105,7 @@ impl Subject for RawTable {
     }
     async fn unlock(&self, key: Arc<str>) {
         self.client
-            .execute("DELETE FROM bench_raw WHERE key = $1", &[&&*key])
+            .execute(&self.delete, &[&&*key])
             .await
             .expect("raw delete");
     }
@@ -118,7 +145,7 @@ async fn main() {
     let dropped = Distlock::connect(&url, End::Drop).await;
     let mut peers = Vec::new();
     for _ in 0..PEER_CONNECTIONS {
-        peers.push(server.client().await);
+        peers.push(Session::new(server.client().await).await);
     }
     let peer = Arc::new(Advisory {
         free: Mutex::new(peers),
@@ -128,7 +155,19 @@ async fn main() {
         .batch_execute("CREATE UNLOGGED TABLE IF NOT EXISTS bench_raw (key text PRIMARY KEY)")
         .await
         .expect("raw table");
-    let raw = Arc::new(RawTable { client });
+    let insert = client
+        .prepare("INSERT INTO bench_raw (key) VALUES ($1) ON CONFLICT (key) DO NOTHING")
+        .await
+        .expect("prepare");
+    let delete = client
+        .prepare("DELETE FROM bench_raw WHERE key = $1")
+        .await
+        .expect("prepare");
+    let raw = Arc::new(RawTable {
+        client,
+        insert,
+        delete,
+    });
     let bench = Bench {
         backend: "postgres",
         peers: "pg_try_advisory_lock + pg_advisory_unlock (a connection per task) and a raw insert + delete, one postgres",
