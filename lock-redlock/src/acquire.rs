@@ -171,16 +171,9 @@ async fn write_back(
         async move { node.raise_fence(&key, fence, ttl).await }
     });
     // Raised (or already at least `fence`) on `need` of the targets, or out of reach.
-    let mut tally: Tally = Tally::new(targets.len(), need, Stop::Unreachable);
-    while let Some((i, reply)) = replies.next().await {
-        match reply {
-            Ok(_) => tally.yes(i, ()),
-            Err(e) => tally.fail(i, e),
-        }
-        if tally.decided() {
-            break;
-        }
-    }
+    let tally = Tally::new(targets.len(), need, Stop::Unreachable)
+        .count_successes(&mut replies)
+        .await;
     if tally.reached() {
         Ok(())
     } else {

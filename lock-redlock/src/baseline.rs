@@ -52,16 +52,9 @@ pub(crate) async fn raw_cycle(nodes: &Nodes, key: &str, ttl: Ttl) -> Result<()> 
 /// Waits until a majority of `replies` succeeded (`Ok`) or no majority can any more (the
 /// quorum error).
 async fn to_majority(nodes: &Nodes, replies: &mut Fanout<()>) -> Result<()> {
-    let mut tally: Tally = Tally::new(nodes.members.len(), nodes.quorum, Stop::Unreachable);
-    while let Some((i, reply)) = replies.next().await {
-        match reply {
-            Ok(()) => tally.yes(i, ()),
-            Err(e) => tally.fail(i, e),
-        }
-        if tally.decided() {
-            break;
-        }
-    }
+    let tally = Tally::new(nodes.members.len(), nodes.quorum, Stop::Unreachable)
+        .count_successes(replies)
+        .await;
     if tally.reached() {
         Ok(())
     } else {

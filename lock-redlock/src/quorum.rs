@@ -3,6 +3,8 @@
 
 use lock_core::{Error, Result};
 
+use crate::fanout::Fanout;
+
 /// The quorum of `nodes` nodes: a strict majority, `nodes / 2 + 1`.
 pub fn quorum(nodes: usize) -> usize {
     nodes / 2 + 1
@@ -87,6 +89,24 @@ impl<Y, N> Tally<Y, N> {
 }
 
 impl Tally {
+    /// Counts `replies` (each `Ok` a yes, each error a failure) until the tally is decided
+    /// or every node answered; the replies not taken stay in `replies`.
+    pub(crate) async fn count_successes<T: Send + 'static>(
+        mut self,
+        replies: &mut Fanout<T>,
+    ) -> Self {
+        while let Some((i, reply)) = replies.next().await {
+            match reply {
+                Ok(_) => self.yes(i, ()),
+                Err(e) => self.fail(i, e),
+            }
+            if self.decided() {
+                break;
+            }
+        }
+        self
+    }
+
     /// Adds node `i`'s answer to a yes/no request.
     pub(crate) fn add(&mut self, i: usize, reply: Result<bool>) {
         match reply {
