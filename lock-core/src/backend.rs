@@ -257,6 +257,13 @@ pub trait Backend: Send + Sync + 'static {
     fn baseline(&self) -> Option<&dyn Baseline> {
         None
     }
+
+    /// The history of scheduled runs kept in this server, for the scheduler
+    /// ([`RunRecords`](crate::records::RunRecords)); `None` (the default) when the backend
+    /// keeps none.
+    fn run_records(&self) -> Option<&dyn crate::records::RunRecords> {
+        None
+    }
 }
 
 /// A backend's one-step hand-over: the lock passes from its holder straight to the next
@@ -488,6 +495,9 @@ macro_rules! forward_backend {
             }
             fn baseline(&self) -> Option<&dyn Baseline> {
                 (**self).baseline()
+            }
+            fn run_records(&self) -> Option<&dyn crate::records::RunRecords> {
+                (**self).run_records()
             }
         }
     };

@@ -9,6 +9,7 @@ mod lease;
 mod locker;
 mod notices;
 mod options;
+pub mod records;
 mod registry;
 pub mod sync;
 pub mod url;

@@ -3,6 +3,7 @@
 
 mod coarse;
 mod config;
+mod records;
 
 use lock_core::sync::lock;
 use std::hash::BuildHasher;
@@ -64,6 +65,8 @@ pub struct MemoryBackend {
     notices: ReleaseNotices,
     /// Answers "expired yet?" on release without a precise clock reading.
     clock: coarse::CoarseClock,
+    /// The scheduler's run history, kept beside the locks.
+    history: records::History,
 }
 
 impl Default for MemoryBackend {
@@ -97,6 +100,7 @@ impl MemoryBackend {
             hasher: foldhash::fast::RandomState::default(),
             notices: ReleaseNotices::new(),
             clock: coarse::CoarseClock::new(),
+            history: records::History::default(),
         }
     }
 
@@ -168,6 +172,10 @@ impl Backend for MemoryBackend {
 
     fn immediate(&self) -> Option<&dyn Immediate> {
         Some(self)
+    }
+
+    fn run_records(&self) -> Option<&dyn lock_core::records::RunRecords> {
+        Some(&self.history)
     }
 }
 

@@ -30,6 +30,7 @@ mod basic;
 pub mod exclusion;
 mod faults;
 mod jobs;
+mod records;
 mod safety;
 mod target;
 mod waiting;
@@ -37,6 +38,7 @@ mod waiting;
 pub use basic::*;
 pub use faults::*;
 pub use jobs::*;
+pub use records::*;
 pub use safety::*;
 pub use target::{queued_holder, queued_holder_and_waiter, spawn_acquire, Target};
 pub use waiting::*;
@@ -67,5 +69,6 @@ pub async fn run_all(t: &Target) {
         tasks_never_overlap,
         shutdown_releases_every_held_lock,
         invalid_input_is_refused,
+        run_records_keep_the_newest,
     );
 }
