@@ -46,3 +46,25 @@ async fn redlock_bench_baseline() {
     )
     .await;
 }
+
+/// PostgreSQL: exclusion between two `distlock` processes, status and fences through the
+/// command.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres() {
+    let server = lock_testkit::PostgresServer::start().await;
+    common::cross_process_scenario(&server.url(), "postgres").await;
+}
+
+/// PostgreSQL: `bench` measures the raw baseline (insert + delete) beside the lock cycle.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_bench_baseline() {
+    let server = lock_testkit::PostgresServer::start().await;
+    common::bench_baseline_scenario(
+        &server.url(),
+        "postgres",
+        "INSERT ON CONFLICT DO NOTHING + DELETE",
+    )
+    .await;
+}

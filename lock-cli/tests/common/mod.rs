@@ -325,9 +325,11 @@ pub async fn cross_process_scenario(url: &str, backend: &str) {
 /// `lock_over_raw` ratio (raw cycles/s over the workload's).
 pub fn check_bench_baseline(doc: &serde_json::Value, url: &str, measured: &str, tasks: &[u64]) {
     let servers = doc["servers"].as_array().expect("servers");
+    // Reports show URLs with the password hidden.
+    let shown = distlock::url::redact(url);
     let server = servers
         .iter()
-        .find(|s| s["url"] == url)
+        .find(|s| s["url"] == shown.as_str())
         .unwrap_or_else(|| panic!("no server {url}: {doc}"));
     let baseline = &server["baseline"];
     assert_eq!(baseline["measured"], measured, "{server}");
@@ -429,7 +431,7 @@ pub async fn bench_baseline_scenario(url: &str, backend: &str, measured: &str) {
         "raw cycle p99",
         "raw errors",
         "raw server round trips:",
-        &format!("{url}: {measured}"),
+        &format!("{}: {measured}", distlock::url::redact(url)),
         "memory://: none (no server to measure)",
     ] {
         assert!(
