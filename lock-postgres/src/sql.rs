@@ -5,6 +5,16 @@
 //! owner token (32 hex digits), `$3` the TTL in milliseconds or the release channel.
 //! Time is the database's: `clock_timestamp()`, read once per statement where a decision
 //! and an expiry must agree.
+//!
+//! Fences are drawn in grant order per key: a statement that may grant (acquire,
+//! hand-over) first takes the key's transaction-scoped advisory lock, then reads the time
+//! and draws `nextval`, and keeps the lock until it commits. Without it, a statement held
+//! up between drawing its fence and writing its row (a descheduled backend) could find the
+//! key free again after a later grant with a higher fence came and went, and be granted
+//! with its lower one (test `a_fence_drawn_before_a_later_grant_is_never_granted_after_it`).
+//! The lock is in the two-key advisory space, under a class number derived from the table
+//! (so it never meets a user's one-key `pg_advisory_lock`), keyed by `hashtext` of the key;
+//! two keys with one hash only wait for each other.
 
 use crate::config::Names;
 
@@ -45,6 +55,14 @@ impl Sql {
         // A quoted, validated name inside a string literal: it holds no `'`.
         let next = format!("nextval('{sequence}')");
         let now = "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t)";
+        // The key's advisory lock, then the time (taken after any wait for the lock); the
+        // statement's `nextval` comes after both, as it reads `now`.
+        let class = crate::config::fnv1a(table.as_bytes()) as u32 as i32;
+        let locked_now = format!(
+            "WITH lk AS MATERIALIZED (SELECT pg_advisory_xact_lock({class}, \
+             hashtext(encode($1::bytea, 'hex')))), \
+             now AS MATERIALIZED (SELECT clock_timestamp() AS t FROM lk)"
+        );
         let expired = "l.expires_at <= (SELECT t FROM now)";
         Sql {
             // Insert, or take over an expired row; a live holder's row is kept as it was
@@ -54,7 +72,7 @@ impl Sql {
             // as its guard's validity is counted from before it. One statement, whatever the row's state, so the answer always comes
             // from the row as the statement saw it (not from an older snapshot).
             acquire: format!(
-                "{now} INSERT INTO {table} AS l (key, owner, fence, expires_at, awaited) \
+                "{locked_now} INSERT INTO {table} AS l (key, owner, fence, expires_at, awaited) \
                  SELECT $1::bytea, $2::text, {next}, now.t + {ttl}, false FROM now \
                  ON CONFLICT (key) DO UPDATE SET \
                  owner = CASE WHEN {expired} THEN EXCLUDED.owner ELSE l.owner END, \
@@ -81,7 +99,7 @@ impl Sql {
                  SELECT live, (SELECT count(*) FROM n) FROM d"
             ),
             hand_over: format!(
-                "{now} UPDATE {table} AS l SET owner = $4::text, fence = {next}, \
+                "{locked_now} UPDATE {table} AS l SET owner = $4::text, fence = {next}, \
                  expires_at = (SELECT t FROM now) + {ttl} \
                  WHERE key = $1::bytea AND owner = $2::text AND NOT ({expired}) \
                  RETURNING fence",
