@@ -16,8 +16,10 @@ use crate::sql::Sql;
 /// The prepared statements of one connection.
 pub(crate) struct Statements {
     pub(crate) acquire: Statement,
+    pub(crate) acquire_many: Statement,
     pub(crate) extend: Statement,
     pub(crate) release: Statement,
+    pub(crate) release_many: Statement,
     pub(crate) hand_over: Statement,
     pub(crate) inspect: Statement,
     pub(crate) force_release: Statement,
@@ -204,8 +206,10 @@ impl Connection {
             let sql = &self.sql;
             let statements = Statements {
                 acquire: client.prepare(&sql.acquire).await?,
+                acquire_many: client.prepare(&sql.acquire_many).await?,
                 extend: client.prepare(&sql.extend).await?,
                 release: client.prepare(&sql.release).await?,
+                release_many: client.prepare(&sql.release_many).await?,
                 hand_over: client.prepare(&sql.hand_over).await?,
                 inspect: client.prepare(&sql.inspect).await?,
                 force_release: client.prepare(&sql.force_release).await?,
