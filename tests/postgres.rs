@@ -283,11 +283,12 @@ async fn a_fence_drawn_before_a_later_grant_is_never_granted_after_it() {
     );
 }
 
-/// Acquisitions and releases that arrive together go as grouped statements (far fewer
-/// transactions than requests), and each request gets the answer its own statement would
-/// have had: a live foreign holder refuses (and is marked awaited), an expired row is taken
-/// over with a new, higher fence, the holder asking again keeps its fence, a free key is
-/// granted; a release of a key not held is `NotHeld` and leaves the holder's row, and a
+/// Acquisitions, hand-overs and releases that arrive together go as grouped statements
+/// (far fewer transactions than requests), and each request gets the answer its own
+/// statement would have had: a live foreign holder refuses (and is marked awaited), an
+/// expired row is taken over with a new, higher fence, the holder asking again keeps its
+/// fence, a free key is granted; a hand-over passes only what is still ours, with a higher
+/// fence; a release of a key not held is `NotHeld` and leaves the holder's row, and a
 /// grouped release announces itself by `NOTIFY` to a waiter in another process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grouped_statements_answer_each_request_as_alone() {
@@ -337,8 +338,13 @@ async fn grouped_statements_answer_each_request_as_alone() {
         "40 acquisitions sent together took {writes} transactions: not grouped"
     );
     let mut granted = Vec::new();
+    let mut fences = vec![0; keys.len()];
     for (i, answer) in answers.into_iter().enumerate() {
-        match (i, answer.unwrap()) {
+        let answer = answer.unwrap();
+        if let Attempt::Granted { fence, .. } = answer {
+            fences[i] = fence;
+        }
+        match (i, answer) {
             (0..=4, Attempt::Taken { expires_in }) => {
                 let left = expires_in.expect("the holder's time left");
                 assert!(
@@ -379,6 +385,36 @@ async fn grouped_statements_answer_each_request_as_alone() {
         assert_eq!(owner, expected.to_string(), "key {i}");
         assert_eq!(awaited, i < 5, "key {i}: only the refused rows are awaited");
     }
+
+    // Hand-overs sent together: every key still ours passes to `next` with a higher
+    // fence; the other owner's keys stay theirs.
+    let next = Owner::random();
+    let protocol = one.hand_over().expect("postgres hands over");
+    let leases: Vec<distlock::Lease> = keys
+        .iter()
+        .zip(&fences)
+        .map(|(k, fence)| distlock::Lease::new(k.as_str(), me, *fence, Instant::now()))
+        .collect();
+    let before = xid().await;
+    let answers =
+        futures::future::join_all(leases.iter().map(|l| protocol.hand_over(l, next, ttl))).await;
+    let writes = xid().await - before - 1;
+    assert!(
+        writes <= 12,
+        "40 hand-overs sent together took {writes} transactions: not grouped"
+    );
+    for (i, answer) in answers.into_iter().enumerate() {
+        match (i, answer.unwrap()) {
+            (0..=4, Attempt::Taken { .. }) => {}
+            (5.., Attempt::Granted { fence, .. }) => assert!(
+                fence > fences[i],
+                "key {i}: handed over with fence {fence} after {}",
+                fences[i]
+            ),
+            (i, answer) => panic!("hand-over of key {i}: {answer:?}"),
+        }
+    }
+    let me = next;
 
     // A waiter in another process on a key released in the group.
     let watched = keys[20].clone();

@@ -182,7 +182,7 @@ impl Backend for PostgresBackend {
             Answer::Acquired { left, .. } => Ok(Attempt::Taken {
                 expires_in: Some(Duration::from_millis(left.max(0) as u64)),
             }),
-            Answer::Released { .. } => Err(self.bad_reply(OP, "a release's answer")),
+            _ => Err(self.bad_reply(OP, "another operation's answer")),
         }
     }
 
@@ -217,9 +217,7 @@ impl Backend for PostgresBackend {
         };
         let live = match self.send(request).await? {
             Answer::Released { live } => live,
-            Answer::Acquired { .. } => {
-                return Err(self.bad_reply("release", "an acquisition's answer"))
-            }
+            _ => return Err(self.bad_reply("release", "another operation's answer")),
         };
         if live.is_some() {
             // Our own waiters learn it here, without the round trip through NOTIFY.
@@ -269,25 +267,19 @@ impl HandOver for PostgresBackend {
     async fn hand_over(&self, from: &Lease, to: Owner, ttl: Ttl) -> Result<Attempt> {
         const OP: &str = "hand over";
         let sent = Instant::now();
-        let rows = self
-            .query(
-                OP,
-                |s| &s.hand_over,
-                &[
-                    &from.key().as_bytes(),
-                    &from.owner().to_string(),
-                    &ttl_ms(ttl),
-                    &to.to_string(),
-                ],
-            )
-            .await?;
-        match rows.as_slice() {
-            [] => Ok(Attempt::Taken { expires_in: None }),
-            [row] => Ok(Attempt::Granted {
-                fence: self.fence(OP, self.get(OP, row, 0)?)?,
+        let request = Request::HandOver {
+            key: from.key().as_bytes().to_vec(),
+            owner: from.owner().to_string(),
+            next: to.to_string(),
+            ttl_ms: ttl_ms(ttl),
+        };
+        match self.send(request).await? {
+            Answer::HandedOver { fence: None } => Ok(Attempt::Taken { expires_in: None }),
+            Answer::HandedOver { fence: Some(fence) } => Ok(Attempt::Granted {
+                fence: self.fence(OP, fence)?,
                 valid_until: CAPABILITIES.validity(sent, ttl.get()),
             }),
-            more => Err(self.bad_reply(OP, format!("{} rows", more.len()))),
+            _ => Err(self.bad_reply(OP, "another operation's answer")),
         }
     }
 }

@@ -1,10 +1,11 @@
-//! Group commit of acquisitions and releases.
+//! Group commit of acquisitions, releases and hand-overs.
 //!
 //! Every statement costs the server a transaction (its commit record, the executor's set-up,
 //! the round trip) on top of its work per row, and the lock connection is served by one
-//! server process. So acquisitions, and releases, that arrive while
-//! [`MAX_IN_FLIGHT`](lock_core::group::MAX_IN_FLIGHT) statements are on their way queue
-//! and go together as ONE statement over arrays (`unnest`), one transaction, each row
+//! server process. So acquisitions, releases and hand-overs (each kind apart) that arrive
+//! while
+//! [`MAX_IN_FLIGHT`](lock_core::group::MAX_IN_FLIGHT) statements are on their way
+//! queue and go together as ONE statement over arrays (`unnest`), one transaction, each row
 //! getting the answer its own statement would have had. A request arriving when the way is
 //! free goes alone at once, as its single statement, so a lone caller waits for nothing.
 //!
@@ -34,6 +35,13 @@ pub(crate) enum Request {
     },
     /// Release `key` if it holds `owner`.
     Release { key: Vec<u8>, owner: String },
+    /// Pass `key` from `owner` to `next` for `ttl_ms`, if it still holds `owner` unexpired.
+    HandOver {
+        key: Vec<u8>,
+        owner: String,
+        next: String,
+        ttl_ms: i64,
+    },
 }
 
 /// A request's answer, as its own statement would have given it.
@@ -47,6 +55,8 @@ pub(crate) enum Answer {
     },
     /// The release: `None` when no row held the owner, else whether it was still live.
     Released { live: Option<bool> },
+    /// The hand-over: the new fence, or `None` when the row no longer held the owner.
+    HandedOver { fence: Option<i64> },
 }
 
 /// The acquisitions and releases of one backend, sent alone or grouped.
@@ -68,9 +78,7 @@ impl Statements {
         batcher: &Arc<Batcher>,
         request: Request,
     ) -> Result<Answer, RequestError> {
-        let key = match &request {
-            Request::Acquire { key, .. } | Request::Release { key, .. } => GroupKey::of(key),
-        };
+        let key = GroupKey::of(request.key());
         let patience = batcher.sender().connection.timeout;
         batcher.send(key, request, patience).await
     }
@@ -110,6 +118,64 @@ impl Statements {
             }),
             more => Err(self.bad_reply(OP, format!("{} rows", more.len()))),
         }
+    }
+
+    async fn hand_over_one(
+        &self,
+        key: &[u8],
+        owner: &str,
+        next: &str,
+        ttl_ms: i64,
+    ) -> Result<Answer, RequestError> {
+        const OP: &str = "hand over";
+        let rows = self
+            .connection
+            .query(OP, |s| &s.hand_over, &[&key, &owner, &ttl_ms, &next])
+            .await?;
+        match rows.as_slice() {
+            [] => Ok(Answer::HandedOver { fence: None }),
+            [row] => Ok(Answer::HandedOver {
+                fence: Some(self.get(OP, row, 0)?),
+            }),
+            more => Err(self.bad_reply(OP, format!("{} rows", more.len()))),
+        }
+    }
+
+    /// One statement for every hand-over of the group: one answer per request, in order.
+    async fn hand_over_group(&self, requests: &[Request]) -> Vec<Result<Answer, RequestError>> {
+        const OP: &str = "hand over (grouped)";
+        let (mut keys, mut owners, mut ttls, mut nexts) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for request in requests {
+            if let Request::HandOver {
+                key,
+                owner,
+                next,
+                ttl_ms,
+            } = request
+            {
+                keys.push(key.as_slice());
+                owners.push(owner.as_str());
+                ttls.push(*ttl_ms);
+                nexts.push(next.as_str());
+            }
+        }
+        let rows = self
+            .connection
+            .query(OP, |s| &s.hand_over_many, &[&keys, &owners, &ttls, &nexts])
+            .await;
+        self.answers(
+            OP,
+            requests,
+            rows,
+            |this, row| {
+                Ok(Answer::HandedOver {
+                    fence: Some(this.get(OP, row, 1)?),
+                })
+            },
+            // No row: the key no longer held the owner.
+            |_| Some(Answer::HandedOver { fence: None }),
+        )
     }
 
     /// One statement for every acquisition of the group: one answer per request, in order.
@@ -256,7 +322,9 @@ impl Statements {
 impl Request {
     fn key(&self) -> &[u8] {
         match self {
-            Request::Acquire { key, .. } | Request::Release { key, .. } => key,
+            Request::Acquire { key, .. }
+            | Request::Release { key, .. }
+            | Request::HandOver { key, .. } => key,
         }
     }
 }
@@ -276,6 +344,12 @@ impl GroupSend for Statements {
         match request {
             Request::Acquire { key, owner, ttl_ms } => self.acquire_one(&key, &owner, ttl_ms).await,
             Request::Release { key, owner } => self.release_one(&key, &owner).await,
+            Request::HandOver {
+                key,
+                owner,
+                next,
+                ttl_ms,
+            } => self.hand_over_one(&key, &owner, &next, ttl_ms).await,
         }
     }
 
@@ -287,6 +361,7 @@ impl GroupSend for Statements {
         match requests.first() {
             Some(Request::Acquire { .. }) => self.acquire_group(&requests).await,
             Some(Request::Release { .. }) => self.release_group(&requests).await,
+            Some(Request::HandOver { .. }) => self.hand_over_group(&requests).await,
             None => Vec::new(),
         }
     }
@@ -296,10 +371,6 @@ impl GroupSend for Statements {
     }
 
     fn groups_with(&self, first: &Request, other: &Request) -> bool {
-        matches!(
-            (first, other),
-            (Request::Acquire { .. }, Request::Acquire { .. })
-                | (Request::Release { .. }, Request::Release { .. })
-        )
+        std::mem::discriminant(first) == std::mem::discriminant(other)
     }
 }

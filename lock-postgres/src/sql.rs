@@ -29,6 +29,9 @@ pub(crate) struct Sql {
     /// `release` for many keys at once: `$1` keys, `$2` owners, as arrays; `$3` the channel.
     pub(crate) release_many: String,
     pub(crate) hand_over: String,
+    /// `hand_over` for many keys at once: `$1` keys, `$2` owners, `$3` TTLs, `$4` the next
+    /// owners, as arrays.
+    pub(crate) hand_over_many: String,
     pub(crate) inspect: String,
     pub(crate) force_release: String,
     pub(crate) raw_set: String,
@@ -144,6 +147,16 @@ impl Sql {
                  WHERE key = $1::bytea AND owner = $2::text AND NOT ({expired}) \
                  RETURNING fence",
                 ttl = ms(3),
+            ),
+            hand_over_many: format!(
+                "WITH req AS (SELECT * FROM unnest($1::bytea[], $2::text[], $3::bigint[], \
+                 $4::text[]) AS r(key, owner, ttl, next)), {group_locks}, \
+                 now AS MATERIALIZED (SELECT clock_timestamp() AS t FROM \
+                 (SELECT count(*) FROM lk) c) \
+                 UPDATE {table} AS l SET owner = r.next, fence = {next}, \
+                 expires_at = (SELECT t FROM now) + r.ttl * interval '1 millisecond' \
+                 FROM req r WHERE l.key = r.key AND l.owner = r.owner AND NOT ({expired}) \
+                 RETURNING l.key, l.fence"
             ),
             inspect: format!(
                 "{now} SELECT owner, fence, {LEFT} FROM {table} \
