@@ -204,19 +204,36 @@ impl Connection {
                 }
             }
             self.create_table(&client).await?;
+            // Prepared together: the connection pipelines them, one round trip in all
+            // (a reconnection after an outage fits in one operation timeout).
             let sql = &self.sql;
+            let (acquire, acquire_many, extend, release, release_many) = futures::try_join!(
+                client.prepare(&sql.acquire),
+                client.prepare(&sql.acquire_many),
+                client.prepare(&sql.extend),
+                client.prepare(&sql.release),
+                client.prepare(&sql.release_many),
+            )?;
+            let (hand_over, hand_over_many, inspect, force_release, raw_set, raw_del) = futures::try_join!(
+                client.prepare(&sql.hand_over),
+                client.prepare(&sql.hand_over_many),
+                client.prepare(&sql.inspect),
+                client.prepare(&sql.force_release),
+                client.prepare(&sql.raw_set),
+                client.prepare(&sql.raw_del),
+            )?;
             let statements = Statements {
-                acquire: client.prepare(&sql.acquire).await?,
-                acquire_many: client.prepare(&sql.acquire_many).await?,
-                extend: client.prepare(&sql.extend).await?,
-                release: client.prepare(&sql.release).await?,
-                release_many: client.prepare(&sql.release_many).await?,
-                hand_over: client.prepare(&sql.hand_over).await?,
-                hand_over_many: client.prepare(&sql.hand_over_many).await?,
-                inspect: client.prepare(&sql.inspect).await?,
-                force_release: client.prepare(&sql.force_release).await?,
-                raw_set: client.prepare(&sql.raw_set).await?,
-                raw_del: client.prepare(&sql.raw_del).await?,
+                acquire,
+                acquire_many,
+                extend,
+                release,
+                release_many,
+                hand_over,
+                hand_over_many,
+                inspect,
+                force_release,
+                raw_set,
+                raw_del,
             };
             Ok::<_, tokio_postgres::Error>((backend, statements))
         };
