@@ -77,7 +77,9 @@ impl Control {
         if self.stopping() {
             return;
         }
-        loops.spawn(job_loop(inner.clone(), self.clone(), job));
+        // The first fire time is the first after now, not after the task's first poll.
+        let after = inner.clock.now();
+        loops.spawn(job_loop(inner.clone(), self.clone(), job, after));
     }
 
     /// Starts the task of one fire time (not after a stop).
@@ -240,7 +242,7 @@ fn instant_of(z: &Zoned) -> SystemTime {
 }
 
 /// Fires `job` at each of its fire times until the scheduler stops.
-async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>) {
+async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after: SystemTime) {
     let zone = job.zone.clone().unwrap_or_else(|| inner.zone.clone());
     let mut stop = control.state.stop.subscribe();
     if let Some(records) = inner.locker.backend().run_records() {
@@ -249,7 +251,6 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>) {
             observe::last_success(&job.name, last.ended_at);
         }
     }
-    let mut after = inner.clock.now();
     loop {
         let Some(fire) = job.schedule.next_after(after, &zone) else {
             tracing::warn!(job = job.name, "the schedule has no fire time left");
@@ -481,7 +482,8 @@ fn run_fire(
                 if inner.clock.now() < until {
                     tokio::select! {
                         biased;
-                        _ = cut.wait_for(|cut| *cut) => {}
+                        // A shutdown ends the hold at once (see `Running::shutdown`).
+                        _ = stop.wait_for(|stopping| *stopping) => {}
                         _ = guard.lost() => {}
                         _ = inner.clock.sleep_until(until) => {}
                     }
