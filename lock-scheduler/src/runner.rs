@@ -275,8 +275,12 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
 }
 
 /// Records `first` and the fire times after it that are past their lateness bound at
-/// `now` as missed (at most `keep` records: the lock server would keep no more), and
-/// returns the last fire time so handled.
+/// `now` as missed, and returns the instant to look for the next fire time after.
+///
+/// At most `keep` records are written (the lock server would keep no more): when more
+/// fire times passed, the last record says so and the fire times up to `now − lateness`
+/// are skipped without a record each (a one-second schedule after a week's suspension
+/// would otherwise be half a million records).
 async fn record_missed(
     inner: &Inner,
     job: &Job,
@@ -284,21 +288,25 @@ async fn record_missed(
     first: Zoned,
     now: SystemTime,
 ) -> SystemTime {
+    const LATE: &str =
+        "the scheduler was late by more than the lateness bound (suspended or overloaded)";
+    let past_bound = |fire: &Zoned| {
+        let at = instant_of(fire);
+        now > at + Plan::new(job, zone, at).lateness
+    };
     let mut fire = first;
     let mut count = 0usize;
     loop {
         let at = instant_of(&fire);
         count += 1;
-        let next = job.schedule.next_after(at, zone).filter(|next| {
-            now > instant_of(next) + Plan::new(job, zone, instant_of(next)).lateness
-        });
-        let detail = match (&next, count >= inner.keep) {
-            (Some(_), true) => {
-                "the scheduler was late by more than the lateness bound (suspended or \
-                 overloaded); the later fire times until now were missed too, not \
-                 recorded one by one"
-            }
-            _ => "the scheduler was late by more than the lateness bound (suspended or overloaded)",
+        let next = job.schedule.next_after(at, zone).filter(past_bound);
+        let cut_short = next.is_some() && count >= inner.keep;
+        let detail = if cut_short {
+            format!(
+                "{LATE}; the later fire times until now were missed too, not recorded one by one"
+            )
+        } else {
+            LATE.to_owned()
         };
         let record = RunRecord {
             job: job.name.clone(),
@@ -308,28 +316,14 @@ async fn record_missed(
             ended_at: now,
             outcome: RunOutcome::Missed,
             fence: None,
-            detail: Some(detail.to_owned()),
+            detail: Some(detail),
         };
         observe::finish(inner, &record, None).await;
         match next {
-            Some(next) if count < inner.keep => fire = next,
+            Some(next) if !cut_short => fire = next,
             Some(_) => {
-                // Go on from the newest fire time past its bound, without a record each.
-                let mut last = at;
-                let mut probe = at;
-                while let Some(next) = job.schedule.next_after(probe, zone) {
-                    let t = instant_of(&next);
-                    if now > t + Plan::new(job, zone, t).lateness {
-                        last = t;
-                        probe = t;
-                    } else {
-                        break;
-                    }
-                    if last >= now {
-                        break;
-                    }
-                }
-                return last;
+                let lateness = Plan::new(job, zone, at).lateness;
+                return now.checked_sub(lateness).unwrap_or(at).max(at);
             }
             None => return at,
         }

@@ -605,3 +605,71 @@ async fn jobs_added_after_the_start_fire() {
     assert_eq!(record.outcome, RunOutcome::Ok);
     running.shutdown(GRACE).await;
 }
+
+/// After a suspension longer than `keep` fire times, at most `keep` Missed records are
+/// written, the last saying the rest were not recorded one by one, and the schedule goes
+/// on from now.
+#[tokio::test]
+async fn a_long_suspension_writes_at_most_keep_missed_records() {
+    let clock = ManualClock::new(secs(1_000_000));
+    let scheduler = Scheduler::builder(Locker::new(lock_memory::MemoryBackend::new()))
+        .replica("a")
+        .clock(clock.clone())
+        .keep(3)
+        .build()
+        .unwrap();
+    let runs = Runs::default();
+    scheduler
+        .add(noting(
+            Job::every("tiny", Duration::from_secs(1)).unwrap(),
+            &runs,
+        ))
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    clock.set(secs(1_000_100));
+    let last = record_for(&scheduler, "tiny", secs(1_000_003), "a").await;
+    assert_eq!(last.outcome, RunOutcome::Missed);
+    assert!(last.detail.unwrap().contains("not recorded one by one"));
+    // The fire time due now runs; none between the third and it.
+    let now = record_for(&scheduler, "tiny", secs(1_000_100), "a").await;
+    assert_eq!(now.outcome, RunOutcome::Ok);
+    assert_eq!(runs.get(), [("a".to_owned(), secs(1_000_100))]);
+    let kept = records(&scheduler, "tiny").await;
+    assert_eq!(
+        kept.iter()
+            .map(|r| (r.scheduled_at, r.outcome))
+            .collect::<Vec<_>>(),
+        [
+            (secs(1_000_100), RunOutcome::Ok),
+            (secs(1_000_003), RunOutcome::Missed),
+            (secs(1_000_002), RunOutcome::Missed),
+        ]
+    );
+    running.shutdown(GRACE).await;
+}
+
+/// `clock_offset` builds a scheduler whose clock reads the system clock shifted (for
+/// simulations of a replica whose clock is off).
+#[test]
+fn a_clock_offset_shifts_the_system_clock() {
+    let locker = Locker::new(lock_memory::MemoryBackend::new());
+    let behind = Scheduler::builder(locker)
+        .clock_offset(SignedDuration::from_secs(-3600))
+        .build()
+        .unwrap();
+    let lag = SystemTime::now().duration_since(behind.now()).unwrap();
+    assert!(
+        lag >= Duration::from_secs(3599) && lag <= Duration::from_secs(3601),
+        "{lag:?}"
+    );
+}
+
+/// The default replica id is `hostname-pid`.
+#[test]
+fn the_default_replica_is_hostname_pid() {
+    let locker = Locker::new(lock_memory::MemoryBackend::new());
+    let scheduler = Scheduler::builder(locker).build().unwrap();
+    let id = scheduler.replica();
+    assert!(id.ends_with(&format!("-{}", std::process::id())), "{id}");
+    assert!(id.len() > format!("-{}", std::process::id()).len(), "{id}");
+}
