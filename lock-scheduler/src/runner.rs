@@ -251,6 +251,7 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
             observe::last_success(&job.name, last.ended_at);
         }
     }
+    record_missed_while_down(&inner, &job, &zone, after).await;
     loop {
         let Some(fire) = job.schedule.next_after(after, &zone) else {
             tracing::warn!(job = job.name, "the schedule has no fire time left");
@@ -265,13 +266,54 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
         let plan = Plan::new(&job, &zone, at);
         let now = inner.clock.now();
         if now > at + plan.lateness {
-            after = record_missed(&inner, &job, &zone, fire, now).await;
+            after = record_missed(&inner, &job, &zone, fire, now, LATE).await;
             continue;
         }
         let task = run_fire(inner.clone(), control.clone(), job.clone(), fire, plan);
         control.spawn_run(task);
         after = at;
     }
+}
+
+/// Why a fire time found due too late is missed.
+const LATE: &str =
+    "the scheduler was late by more than the lateness bound (suspended or overloaded)";
+
+/// Why a fire time passed while no replica was running is missed.
+const DOWN: &str = "no replica ran it: the scheduler was not running";
+
+/// At the start: records as missed the fire times after the newest one in the job's
+/// history that are already past their lateness bound, when nobody holds the job's lock.
+///
+/// A fire time whose run is still going (or holding) has no record yet but its lock is
+/// held, so it is not taken for missed; the check reads the lock without taking it, so it
+/// never makes another replica's fire time skip. Replicas starting together after an
+/// outage may each record the same fire times (each records what it saw). Needs a backend
+/// that keeps records and can inspect a lock; the newest record is the high-water mark,
+/// so a job never recorded has nothing missed.
+async fn record_missed_while_down(inner: &Inner, job: &Job, zone: &TimeZone, started: SystemTime) {
+    let backend = inner.locker.backend();
+    let (Some(records), Some(admin)) = (backend.run_records(), backend.admin()) else {
+        return;
+    };
+    // Records are appended as runs end, not in fire-time order: take the latest fire time.
+    let Ok(recent) = records.recent(&job.name, 16).await else {
+        return;
+    };
+    let Some(newest) = recent.iter().map(|r| r.scheduled_at).max() else {
+        return;
+    };
+    let Some(first) = job.schedule.next_after(newest, zone) else {
+        return;
+    };
+    let at = instant_of(&first);
+    if started <= at + Plan::new(job, zone, at).lateness {
+        return;
+    }
+    if !matches!(admin.inspect(&job.name).await, Ok(None)) {
+        return;
+    }
+    record_missed(inner, job, zone, first, started, DOWN).await;
 }
 
 /// Records `first` and the fire times after it that are past their lateness bound at
@@ -287,9 +329,8 @@ async fn record_missed(
     zone: &TimeZone,
     first: Zoned,
     now: SystemTime,
+    why: &str,
 ) -> SystemTime {
-    const LATE: &str =
-        "the scheduler was late by more than the lateness bound (suspended or overloaded)";
     let past_bound = |fire: &Zoned| {
         let at = instant_of(fire);
         now > at + Plan::new(job, zone, at).lateness
@@ -303,10 +344,10 @@ async fn record_missed(
         let cut_short = next.is_some() && count >= inner.keep;
         let detail = if cut_short {
             format!(
-                "{LATE}; the later fire times until now were missed too, not recorded one by one"
+                "{why}; the later fire times until now were missed too, not recorded one by one"
             )
         } else {
-            LATE.to_owned()
+            why.to_owned()
         };
         let record = RunRecord {
             job: job.name.clone(),
@@ -441,7 +482,11 @@ fn run_fire(
             shutting_down: control.state.stop.subscribe(),
         };
         let task = job.task.as_ref().expect("checked by Scheduler::add");
-        let run = AssertUnwindSafe(task(ctx)).catch_unwind();
+        // A panic is the job's failure, whether the task panics when called or when polled.
+        let run = match std::panic::catch_unwind(AssertUnwindSafe(|| task(ctx))) {
+            Ok(future) => AssertUnwindSafe(future).catch_unwind().boxed(),
+            Err(panic) => futures::future::ready(Err(panic)).boxed(),
+        };
         let mut cut = control.state.cut.subscribe();
         let hard_timeout = async {
             match deadline {
@@ -506,5 +551,86 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
         s
     } else {
         "(not a string)"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lock_core::BoxError;
+
+    fn plan(job: Job) -> Plan {
+        let job = job.run(|_ctx| async { Ok::<_, BoxError>(()) });
+        Plan::new(
+            &job,
+            &TimeZone::UTC,
+            // A fire time on every period used here (a whole hour).
+            SystemTime::UNIX_EPOCH + Duration::from_secs(3600 * 300_000),
+        )
+    }
+
+    fn every(period: Duration) -> Job {
+        Job::every("j", period).unwrap()
+    }
+
+    /// The defaults follow the gap: at_least half of it (at most a minute), lateness half
+    /// of at_least (at least 500 ms), TTL half the gap between 1 s and 30 s.
+    #[test]
+    fn defaults_follow_the_gap() {
+        let p = plan(every(Duration::from_secs(10)));
+        assert_eq!(
+            (p.at_least, p.lateness, p.ttl),
+            (
+                Duration::from_secs(5),
+                Duration::from_millis(2500),
+                Duration::from_secs(5)
+            )
+        );
+        let p = plan(every(Duration::from_secs(3600)));
+        assert_eq!(
+            (p.at_least, p.lateness, p.ttl),
+            (
+                Duration::from_secs(60),
+                Duration::from_secs(30),
+                Duration::from_secs(30)
+            )
+        );
+        let p = plan(every(Duration::from_secs(1)));
+        assert_eq!(
+            (p.at_least, p.lateness, p.ttl),
+            (
+                Duration::from_millis(500),
+                Duration::from_millis(500),
+                Duration::from_secs(1)
+            )
+        );
+    }
+
+    /// A cron gap is measured from the fire time to the next one.
+    #[test]
+    fn cron_gaps_are_measured_per_fire_time() {
+        let p = plan(Job::cron("j", "*/2 * * * * *").unwrap());
+        assert_eq!(p.at_least, Duration::from_secs(1));
+        assert_eq!(p.lateness, Duration::from_millis(500));
+    }
+
+    /// An at_least set by hand is kept, but never past nine tenths of the gap, so it never
+    /// blocks the next fire time.
+    #[test]
+    fn at_least_never_reaches_the_next_fire_time() {
+        let minute = Duration::from_secs(60);
+        let p = plan(every(minute).at_least(Duration::from_secs(50)));
+        assert_eq!(p.at_least, Duration::from_secs(50));
+        let p = plan(every(minute).at_least(Duration::from_secs(120)));
+        assert_eq!(p.at_least, Duration::from_secs(54));
+        let p = plan(
+            every(minute)
+                .lateness(Duration::from_secs(7))
+                .ttl(Duration::from_secs(9)),
+        );
+        assert_eq!(
+            (p.lateness, p.ttl),
+            (Duration::from_secs(7), Duration::from_secs(9))
+        );
     }
 }
