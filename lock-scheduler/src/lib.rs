@@ -1,0 +1,25 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod clock;
+mod error;
+mod history;
+mod job;
+mod observe;
+mod runner;
+mod schedule;
+mod scheduler;
+
+pub use clock::{Clock, ManualClock, OffsetClock, Sleep, SystemClock, MAX_SLEEP_STEP};
+pub use error::{Error, Result};
+pub use history::per_fire_time;
+pub use job::{Job, JobContext, OnBusy};
+pub use observe::metric_names;
+pub use schedule::Schedule;
+pub use scheduler::{
+    default_replica, Running, Scheduler, SchedulerBuilder, ShutdownReport, DEFAULT_KEEP,
+};
+
+pub use jiff;
+pub use lock_core::records::{RunOutcome, RunRecord};
+pub use lock_core::BoxError;
