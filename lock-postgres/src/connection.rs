@@ -26,6 +26,9 @@ pub(crate) struct Statements {
     pub(crate) force_release: Statement,
     pub(crate) raw_set: Statement,
     pub(crate) raw_del: Statement,
+    pub(crate) append_run: Statement,
+    pub(crate) recent_runs: Statement,
+    pub(crate) last_success: Statement,
 }
 
 /// One open connection.
@@ -222,6 +225,11 @@ impl Connection {
                 client.prepare(&sql.raw_set),
                 client.prepare(&sql.raw_del),
             )?;
+            let (append_run, recent_runs, last_success) = futures::try_join!(
+                client.prepare(&sql.append_run),
+                client.prepare(&sql.recent_runs),
+                client.prepare(&sql.last_success),
+            )?;
             let statements = Statements {
                 acquire,
                 acquire_many,
@@ -234,6 +242,9 @@ impl Connection {
                 force_release,
                 raw_set,
                 raw_del,
+                append_run,
+                recent_runs,
+                last_success,
             };
             Ok::<_, tokio_postgres::Error>((backend, statements))
         };
@@ -251,8 +262,8 @@ impl Connection {
         }
     }
 
-    /// Creates the schema, the lease table, its sequence and the raw baseline's table, when
-    /// one is missing.
+    /// Creates the schema, the lease table, its sequence, the raw baseline's table and the
+    /// run records' table, when one is missing.
     async fn create_table(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
         let names = &self.names;
         let row = client
@@ -263,6 +274,7 @@ impl Connection {
                     &names.sequence,
                     &crate::sql::raw_table(names),
                     &names.raw_schema,
+                    &names.runs,
                 ],
             )
             .await?;

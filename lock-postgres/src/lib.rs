@@ -3,6 +3,7 @@
 
 // Modules, each depending only on those listed after it (config excepted: the builder
 // and what it builds name each other):
+// - records: the run records (`RunRecords`) in `<table>_runs`;
 // - backend: `PostgresBackend`, the `Backend`, `HandOver`, `Admin` and `Baseline`;
 // - watch: the `LISTEN` connection feeding the release notices;
 // - batch: the group commit of acquisitions and releases (single or array statements);
@@ -14,6 +15,7 @@ mod batch;
 mod config;
 mod connection;
 mod error;
+mod records;
 mod sql;
 mod watch;
 

@@ -200,7 +200,7 @@ pub struct Sleeper {
 impl Sleeper {
     /// Starts it and returns once the command runs (so the lock is held).
     pub async fn start(url: &str, key: &str, extra: &[&str]) -> Sleeper {
-        Self::start_with(url, key, extra, |args| distlock(args)).await
+        Self::start_with(url, key, extra, distlock).await
     }
 
     /// As [`start`](Self::start), with the `distlock` command made by `command` from its
