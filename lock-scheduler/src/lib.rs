@@ -9,6 +9,7 @@ mod observe;
 mod runner;
 mod schedule;
 mod scheduler;
+mod state;
 
 pub use clock::{Clock, ManualClock, OffsetClock, Sleep, SystemClock, MAX_SLEEP_STEP};
 pub use error::{Error, Result};
@@ -16,9 +17,8 @@ pub use history::per_fire_time;
 pub use job::{Job, JobContext, OnBusy};
 pub use observe::metric_names;
 pub use schedule::Schedule;
-pub use scheduler::{
-    default_replica, Running, Scheduler, SchedulerBuilder, ShutdownReport, DEFAULT_KEEP,
-};
+pub use scheduler::{default_replica, Running, Scheduler, SchedulerBuilder, DEFAULT_KEEP};
+pub use state::ShutdownReport;
 
 pub use jiff;
 pub use lock_core::records::{RunOutcome, RunRecord};

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_core::records::{RunOutcome, RunRecord};
 
-use crate::scheduler::Inner;
+use crate::state::Inner;
 
 /// The names of the metrics the scheduler emits through the [`metrics`] facade; install a
 /// recorder (a Prometheus exporter, …) to collect them.

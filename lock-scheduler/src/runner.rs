@@ -19,7 +19,7 @@ use tracing::Instrument;
 use crate::error::{Error, Result};
 use crate::job::{Job, JobContext, OnBusy};
 use crate::observe;
-use crate::scheduler::{Inner, Running, Scheduler, ShutdownReport};
+use crate::state::{Control, ControlState, Ended, Inner, ShutdownReport};
 
 /// The longest default `at_least` hold.
 const MAX_DEFAULT_AT_LEAST: Duration = Duration::from_secs(60);
@@ -30,30 +30,6 @@ const MIN_DEFAULT_TTL: Duration = Duration::from_secs(1);
 const MAX_DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// The gap assumed after a fire time with no next one.
 const LAST_GAP: Duration = Duration::from_secs(24 * 3600);
-
-/// The state of a started scheduler, shared by its tasks.
-#[derive(Clone)]
-pub(crate) struct Control {
-    state: Arc<ControlState>,
-}
-
-struct ControlState {
-    /// Stop firing (also what [`JobContext::shutting_down`] waits for).
-    stop: watch::Sender<bool>,
-    /// Cancel the runs still going (the grace period ended).
-    cut: watch::Sender<bool>,
-    /// The timer tasks, one per job.
-    loops: Mutex<JoinSet<()>>,
-    /// The tasks of fire times, each ending with its record.
-    runs: Mutex<JoinSet<Ended>>,
-}
-
-/// How a fire-time task ended.
-struct Ended {
-    record: RunRecord,
-    /// When the run ended (monotonic), for runs that started.
-    ran_until: Option<Instant>,
-}
 
 impl Control {
     fn new() -> Control {
@@ -121,8 +97,8 @@ pub(crate) fn check(inner: &Inner, job: Job) -> Result<Job> {
     Ok(job)
 }
 
-pub(crate) fn start(scheduler: &Scheduler) -> Result<Running> {
-    let inner = &scheduler.inner;
+/// Starts the timer tasks of every job; a scheduler starts once.
+pub(crate) fn start(inner: &Arc<Inner>) -> Result<()> {
     {
         // Jobs, then the started state, as `Scheduler::add` takes them: a job added
         // meanwhile is started once, by one of the two.
@@ -139,26 +115,23 @@ pub(crate) fn start(scheduler: &Scheduler) -> Result<Running> {
         }
         tracing::info!(replica = %inner.replica, jobs = jobs.len(), "scheduler started");
     }
-    Ok(Running {
-        scheduler: scheduler.clone(),
-        stopped: false,
-    })
+    Ok(())
 }
 
-fn control_of(scheduler: &Scheduler) -> Option<Control> {
-    lock(&scheduler.inner.started).clone()
+fn control_of(inner: &Inner) -> Option<Control> {
+    lock(&inner.started).clone()
 }
 
-pub(crate) async fn shutdown(mut running: Running, grace: Duration) -> ShutdownReport {
-    let Some(control) = control_of(&running.scheduler) else {
-        running.stopped = true;
+/// Stops `inner`'s scheduler gracefully (see `Running::shutdown`).
+pub(crate) async fn shutdown(inner: &Inner, grace: Duration) -> ShutdownReport {
+    let Some(control) = control_of(inner) else {
         return ShutdownReport::default();
     };
     // From here a dropped future is a dropped handle: `Drop` aborts what is left.
     let began = Instant::now();
     let deadline = tokio::time::Instant::now() + grace;
     control.state.stop.send_replace(true);
-    tracing::info!(replica = %running.scheduler.inner.replica, ?grace, "scheduler shutting down");
+    tracing::info!(replica = %inner.replica, ?grace, "scheduler shutting down");
     // The timer tasks end at once; after them no fire time can start.
     let mut loops = std::mem::take(&mut *lock(&control.state.loops));
     while loops.join_next().await.is_some() {}
@@ -187,7 +160,6 @@ pub(crate) async fn shutdown(mut running: Running, grace: Duration) -> ShutdownR
             }
         }
     }
-    running.stopped = true;
     tracing::info!(
         finished = report.finished.len(),
         cut = report.cut.len(),
@@ -196,8 +168,9 @@ pub(crate) async fn shutdown(mut running: Running, grace: Duration) -> ShutdownR
     report
 }
 
-pub(crate) fn abort(scheduler: &Scheduler) {
-    if let Some(control) = control_of(scheduler) {
+/// Stops `inner`'s scheduler at once (a dropped `Running`).
+pub(crate) fn abort(inner: &Inner) {
+    if let Some(control) = control_of(inner) {
         control.state.stop.send_replace(true);
         control.state.cut.send_replace(true);
         drop(std::mem::take(&mut *lock(&control.state.loops)));

@@ -15,6 +15,7 @@ use crate::clock::{Clock, OffsetClock, SystemClock};
 use crate::error::{Error, Result};
 use crate::job::Job;
 use crate::schedule::zone_named;
+use crate::state::{Inner, ShutdownReport};
 
 /// How many records per job the lock server keeps by default (see
 /// [`SchedulerBuilder::keep`]).
@@ -75,16 +76,6 @@ pub const DEFAULT_KEEP: usize = 100;
 #[derive(Clone)]
 pub struct Scheduler {
     pub(crate) inner: Arc<Inner>,
-}
-
-pub(crate) struct Inner {
-    pub(crate) locker: Locker,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) replica: Arc<str>,
-    pub(crate) zone: TimeZone,
-    pub(crate) keep: usize,
-    pub(crate) jobs: Mutex<BTreeMap<String, Arc<Job>>>,
-    pub(crate) started: Mutex<Option<crate::runner::Control>>,
 }
 
 impl std::fmt::Debug for Scheduler {
@@ -253,7 +244,11 @@ impl Scheduler {
     /// # Errors
     /// [`Error::AlreadyStarted`] when called a second time.
     pub fn start(&self) -> Result<Running> {
-        crate::runner::start(self)
+        crate::runner::start(&self.inner)?;
+        Ok(Running {
+            scheduler: self.clone(),
+            stopped: false,
+        })
     }
 
     /// The replica id written in this scheduler's records.
@@ -360,17 +355,6 @@ impl std::fmt::Debug for Running {
     }
 }
 
-/// What a graceful [`shutdown`](Running::shutdown) did with the runs under way.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ShutdownReport {
-    /// Runs under way when the shutdown began that ended within the grace period, as
-    /// recorded (any outcome but `Cut`).
-    pub finished: Vec<RunRecord>,
-    /// Runs still going when the grace period ended: cancelled, recorded
-    /// [`Cut`](crate::RunOutcome::Cut).
-    pub cut: Vec<RunRecord>,
-}
-
 impl Running {
     /// The scheduler this handle runs (for its reads: [`Scheduler::recent`], …).
     pub fn scheduler(&self) -> &Scheduler {
@@ -391,15 +375,17 @@ impl Running {
     /// Dropping the future stops the scheduler as dropping [`Running`] does: what was not
     /// finished yet is cancelled without a record, and the locks are released in the
     /// background.
-    pub async fn shutdown(self, grace: Duration) -> ShutdownReport {
-        crate::runner::shutdown(self, grace).await
+    pub async fn shutdown(mut self, grace: Duration) -> ShutdownReport {
+        let report = crate::runner::shutdown(&self.scheduler.inner, grace).await;
+        self.stopped = true;
+        report
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
         if !self.stopped {
-            crate::runner::abort(&self.scheduler);
+            crate::runner::abort(&self.scheduler.inner);
         }
     }
 }

@@ -1,0 +1,63 @@
+//! The state the scheduler's handle, its runner and its observers share: the scheduler
+//! itself ([`Inner`]), the control of a started one ([`Control`]), and what a graceful
+//! shutdown reports. Below every other module of the crate but the leaves (job, clock):
+//! the public API (`scheduler`) and the tasks (`runner`) both build on it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use jiff::tz::TimeZone;
+use lock_core::records::RunRecord;
+use lock_core::Locker;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::clock::Clock;
+use crate::job::Job;
+
+/// A scheduler's configuration and jobs, shared by its handle and its tasks.
+pub(crate) struct Inner {
+    pub(crate) locker: Locker,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) replica: Arc<str>,
+    pub(crate) zone: TimeZone,
+    pub(crate) keep: usize,
+    pub(crate) jobs: Mutex<BTreeMap<String, Arc<Job>>>,
+    pub(crate) started: Mutex<Option<Control>>,
+}
+
+/// The state of a started scheduler, shared by its tasks.
+#[derive(Clone)]
+pub(crate) struct Control {
+    pub(crate) state: Arc<ControlState>,
+}
+
+pub(crate) struct ControlState {
+    /// Stop firing (also what [`JobContext::shutting_down`] waits for).
+    pub(crate) stop: watch::Sender<bool>,
+    /// Cancel the runs still going (the grace period ended).
+    pub(crate) cut: watch::Sender<bool>,
+    /// The timer tasks, one per job.
+    pub(crate) loops: Mutex<JoinSet<()>>,
+    /// The tasks of fire times, each ending with its record.
+    pub(crate) runs: Mutex<JoinSet<Ended>>,
+}
+
+/// How a fire-time task ended.
+pub(crate) struct Ended {
+    pub(crate) record: RunRecord,
+    /// When the run ended (monotonic), for runs that started.
+    pub(crate) ran_until: Option<Instant>,
+}
+
+/// What a graceful [`shutdown`](Running::shutdown) did with the runs under way.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Runs under way when the shutdown began that ended within the grace period, as
+    /// recorded (any outcome but `Cut`).
+    pub finished: Vec<RunRecord>,
+    /// Runs still going when the grace period ended: cancelled, recorded
+    /// [`Cut`](crate::RunOutcome::Cut).
+    pub cut: Vec<RunRecord>,
+}
