@@ -2,6 +2,7 @@
 //! distlock forwards to it.
 
 use std::ffi::OsString;
+use std::future::Future;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
@@ -124,11 +125,25 @@ impl Job {
         grace: Duration,
         signals: &mut Signals,
     ) -> Result<ExitStatus, CliError> {
+        self.stop_unless(first, grace, signals.recv()).await
+    }
+
+    /// Like [`stop`](Self::stop), with SIGKILL at once when `hurry` completes before the
+    /// grace has passed (a further signal, a shutdown running out of time).
+    ///
+    /// # Errors
+    /// Waiting failed.
+    pub async fn stop_unless<F: Future>(
+        &mut self,
+        first: i32,
+        grace: Duration,
+        hurry: F,
+    ) -> Result<ExitStatus, CliError> {
         self.signal(first);
         let exited = tokio::select! {
             status = self.child.wait() => Some(status),
             _ = tokio::time::sleep(grace) => None,
-            _ = signals.recv() => None,
+            _ = hurry => None,
         };
         let status = match exited {
             Some(status) => status.map_err(|e| {
