@@ -36,6 +36,8 @@ pub use lock_postgres as postgres;
 pub use lock_redis as redis;
 #[cfg(feature = "redlock")]
 pub use lock_redlock as redlock;
+#[cfg(feature = "scheduler")]
+pub use lock_scheduler as scheduler;
 
 /// The environment variable [`from_env`] reads.
 pub const URL_ENV: &str = "DISTLOCK_URL";

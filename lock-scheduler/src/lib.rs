@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+mod clock;
+mod error;
+mod job;
+mod runner;
+mod schedule;
+mod scheduler;
+
+pub use clock::{Clock, ManualClock, OffsetClock, Sleep, SystemClock, MAX_SLEEP_STEP};
+pub use error::{Error, Result};
+pub use job::{Job, JobContext, OnBusy};
+pub use schedule::Schedule;
+pub use scheduler::{
+    default_replica, Running, Scheduler, SchedulerBuilder, ShutdownReport, DEFAULT_KEEP,
+};
+
+pub use jiff;
+pub use lock_core::records::{RunOutcome, RunRecord};
+pub use lock_core::BoxError;

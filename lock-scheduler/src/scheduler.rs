@@ -1,0 +1,401 @@
+//! The scheduler: [`Scheduler`], built by [`SchedulerBuilder`], started into a [`Running`]
+//! handle whose [`shutdown`](Running::shutdown) returns a [`ShutdownReport`].
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use jiff::tz::TimeZone;
+use jiff::SignedDuration;
+use lock_core::records::{RunRecord, RunRecords};
+use lock_core::sync::lock;
+use lock_core::Locker;
+
+use crate::clock::{Clock, OffsetClock, SystemClock};
+use crate::error::{Error, Result};
+use crate::job::Job;
+use crate::schedule::zone_named;
+
+/// How many records per job the lock server keeps by default (see
+/// [`SchedulerBuilder::keep`]).
+pub const DEFAULT_KEEP: usize = 100;
+
+/// Fires jobs on a [`Locker`]: each fire time of a job runs on at most one replica, under
+/// the job's lock.
+///
+/// For each fire time of each job, the scheduler
+/// 1. takes the lock named after the job, with one attempt ([`OnBusy::Skip`](crate::OnBusy))
+///    or a bounded wait; a lock held elsewhere is
+///    [`SkippedBusy`](crate::RunOutcome::SkippedBusy);
+/// 2. runs the task with a [`JobContext`](crate::JobContext) (the fire time, the fence),
+///    while the guard's watchdog renews the lock; it cancels the task when the lock is
+///    lost ([`LockLost`](crate::RunOutcome::LockLost)) or the hard timeout passes
+///    ([`TimedOut`](crate::RunOutcome::TimedOut));
+/// 3. records the outcome ([`RunRecord`]) in the lock server where the backend keeps
+///    records, and in metrics and tracing everywhere;
+/// 4. keeps the lock until `fire time + at_least` on its clock (without the task's
+///    future), then releases it.
+///
+/// A fire time found due later than its lateness bound is
+/// [`Missed`](crate::RunOutcome::Missed). Runs go on concurrently with the timer, so a run
+/// still going at the next fire time makes that one
+/// [`SkippedBusy`](crate::RunOutcome::SkippedBusy) (no overlap) rather than delaying it.
+///
+/// Every replica records what it saw: the winner of a fire time records how its run
+/// ended, each other replica records that fire time `SkippedBusy`. A fire time with only
+/// `SkippedBusy` records did not run anywhere.
+///
+/// A `Scheduler` is cheap to clone (clones share jobs and state).
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn demo(locker: lock_core::Locker) -> Result<(), lock_scheduler::Error> {
+/// use std::time::Duration;
+/// use lock_scheduler::{BoxError, Job, Scheduler};
+///
+/// let scheduler = Scheduler::builder(locker).replica("web-1").time_zone("UTC").build()?;
+/// scheduler.add(
+///     Job::cron("report", "0 */5 * * * *")?
+///         .time_zone("Europe/Berlin")?
+///         .timeout(Duration::from_secs(120))
+///         .run(|ctx| async move {
+///             println!("report for {} with fence {}", ctx.scheduled_local(), ctx.fence());
+///             Ok::<_, BoxError>(())
+///         }),
+/// )?;
+/// let running = scheduler.start()?;
+/// // ... until SIGTERM ...
+/// let report = running.shutdown(Duration::from_secs(20)).await;
+/// for run in &report.cut {
+///     eprintln!("cut: {} scheduled at {:?}", run.job, run.scheduled_at);
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Scheduler {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) locker: Locker,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) replica: Arc<str>,
+    pub(crate) zone: TimeZone,
+    pub(crate) keep: usize,
+    pub(crate) jobs: Mutex<BTreeMap<String, Arc<Job>>>,
+    pub(crate) started: Mutex<Option<crate::runner::Control>>,
+}
+
+impl std::fmt::Debug for Scheduler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scheduler")
+            .field("replica", &self.inner.replica)
+            .field("zone", &self.inner.zone.iana_name())
+            .field("jobs", &self.jobs())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Scheduler`]; start with [`Scheduler::builder`].
+#[must_use]
+pub struct SchedulerBuilder {
+    locker: Locker,
+    replica: Option<String>,
+    zone: ZoneChoice,
+    clock: Option<Arc<dyn Clock>>,
+    keep: usize,
+}
+
+enum ZoneChoice {
+    Named(String),
+    Given(TimeZone),
+}
+
+impl std::fmt::Debug for SchedulerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedulerBuilder")
+            .field("replica", &self.replica)
+            .field("keep", &self.keep)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SchedulerBuilder {
+    /// The replica's id, written in every record it makes (default: `hostname-pid`).
+    pub fn replica(mut self, replica: impl Into<String>) -> Self {
+        self.replica = Some(replica.into());
+        self
+    }
+
+    /// The default time zone of jobs that set none (default `UTC`, never the host's zone
+    /// unless asked for: `local` names it). Checked by [`build`](Self::build).
+    pub fn time_zone(mut self, name: impl Into<String>) -> Self {
+        self.zone = ZoneChoice::Named(name.into());
+        self
+    }
+
+    /// The default time zone of jobs that set none.
+    pub fn zone(mut self, zone: TimeZone) -> Self {
+        self.zone = ZoneChoice::Given(zone);
+        self
+    }
+
+    /// The wall clock the schedule is read on (default [`SystemClock`]); a
+    /// [`ManualClock`](crate::ManualClock) for tests.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Reads the schedule on the system clock shifted by `offset` (negative: behind), as
+    /// a replica whose clock is that far off would. For tests and simulations only.
+    pub fn clock_offset(self, offset: SignedDuration) -> Self {
+        self.clock(OffsetClock::new(offset))
+    }
+
+    /// How many records per job the lock server keeps (default [`DEFAULT_KEEP`]); older
+    /// ones are removed as new ones are written. The last success is kept apart, however
+    /// old.
+    pub fn keep(mut self, records: usize) -> Self {
+        self.keep = records.max(1);
+        self
+    }
+
+    /// The scheduler.
+    ///
+    /// # Errors
+    /// [`Error::UnknownTimeZone`] for a default zone not in the time zone database.
+    pub fn build(self) -> Result<Scheduler> {
+        let zone = match self.zone {
+            ZoneChoice::Named(name) => zone_named(None, &name)?,
+            ZoneChoice::Given(zone) => zone,
+        };
+        Ok(Scheduler {
+            inner: Arc::new(Inner {
+                locker: self.locker,
+                clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock)),
+                replica: self.replica.unwrap_or_else(default_replica).into(),
+                zone,
+                keep: self.keep,
+                jobs: Mutex::new(BTreeMap::new()),
+                started: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+/// `hostname-pid`, the default replica id.
+pub fn default_replica() -> String {
+    format!("{}-{}", hostname(), std::process::id())
+}
+
+fn hostname() -> String {
+    #[cfg(unix)]
+    {
+        let mut buf = [0u8; 256];
+        // SAFETY: the buffer is valid for its whole length, and gethostname writes at
+        // most that many bytes.
+        let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+        if rc == 0 {
+            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+            if let Ok(name) = std::str::from_utf8(&buf[..end]) {
+                if !name.is_empty() {
+                    return name.to_owned();
+                }
+            }
+        }
+    }
+    std::env::var("HOSTNAME").unwrap_or_else(|_| "host".to_owned())
+}
+
+impl Scheduler {
+    /// A builder over `locker`: replica `hostname-pid`, default zone `UTC`, the system
+    /// clock, [`DEFAULT_KEEP`] records per job.
+    pub fn builder(locker: Locker) -> SchedulerBuilder {
+        SchedulerBuilder {
+            locker,
+            replica: None,
+            zone: ZoneChoice::Named("UTC".to_owned()),
+            clock: None,
+            keep: DEFAULT_KEEP,
+        }
+    }
+
+    /// Registers `job`. On a started scheduler, the job's first fire time is the first one
+    /// after now.
+    ///
+    /// # Errors
+    /// [`Error::NoTask`] for a job without [`Job::run`]; [`Error::DuplicateJob`] for a name
+    /// already registered; [`Error::NeverFires`] for a schedule with no fire time after
+    /// now; [`Error::InvalidOption`] for a zero timeout or a TTL the backend refuses.
+    pub fn add(&self, job: Job) -> Result<()> {
+        let job = crate::runner::check(&self.inner, job)?;
+        let mut jobs = lock(&self.inner.jobs);
+        if jobs.contains_key(&job.name) {
+            return Err(Error::DuplicateJob { job: job.name });
+        }
+        let job = Arc::new(job);
+        jobs.insert(job.name.clone(), job.clone());
+        if let Some(control) = lock(&self.inner.started).as_ref() {
+            control.spawn_job(&self.inner, job);
+        }
+        Ok(())
+    }
+
+    /// Starts firing every registered job (and those added later), from the first fire
+    /// time after now: fire times before the start are not this replica's to run.
+    ///
+    /// Needs a tokio runtime (the jobs run on tasks of the current one).
+    ///
+    /// # Errors
+    /// [`Error::AlreadyStarted`] when called a second time.
+    pub fn start(&self) -> Result<Running> {
+        crate::runner::start(self)
+    }
+
+    /// The replica id written in this scheduler's records.
+    pub fn replica(&self) -> &str {
+        &self.inner.replica
+    }
+
+    /// The default time zone of jobs that set none.
+    pub fn time_zone(&self) -> &TimeZone {
+        &self.inner.zone
+    }
+
+    /// The Locker the jobs lock on.
+    pub fn locker(&self) -> &Locker {
+        &self.inner.locker
+    }
+
+    /// Now, on the scheduler's clock.
+    pub fn now(&self) -> SystemTime {
+        self.inner.clock.now()
+    }
+
+    /// The names of the registered jobs, sorted.
+    pub fn jobs(&self) -> Vec<String> {
+        lock(&self.inner.jobs).keys().cloned().collect()
+    }
+
+    /// The registered job named `job`.
+    pub fn job(&self, job: &str) -> Option<Job> {
+        lock(&self.inner.jobs).get(job).map(|j| (**j).clone())
+    }
+
+    /// The job's next fire time after now (on the scheduler's clock), in its time zone.
+    ///
+    /// # Errors
+    /// [`Error::UnknownJob`]; [`Error::NeverFires`] when the schedule has no fire time left.
+    pub fn next_fire(&self, job: &str) -> Result<jiff::Zoned> {
+        let found = lock(&self.inner.jobs).get(job).cloned();
+        let job = found.ok_or_else(|| Error::UnknownJob {
+            job: job.to_owned(),
+        })?;
+        let zone = job.zone.as_ref().unwrap_or(&self.inner.zone);
+        job.schedule
+            .next_after(self.inner.clock.now(), zone)
+            .ok_or_else(|| Error::NeverFires {
+                job: job.name.clone(),
+            })
+    }
+
+    /// The job's newest records in the lock server, newest first, at most `limit`, from
+    /// every replica. `job` need not be registered here.
+    ///
+    /// # Errors
+    /// [`Error::RecordsNotKept`] when the backend keeps no records; [`Error::Lock`] when
+    /// the server failed.
+    ///
+    /// # Cancel safety
+    /// A read: dropping it leaves nothing behind.
+    pub async fn recent(&self, job: &str, limit: usize) -> Result<Vec<RunRecord>> {
+        Ok(self.records()?.recent(job, limit).await?)
+    }
+
+    /// The job's last successful run recorded in the lock server, by any replica, however
+    /// old; `None` if it never succeeded.
+    ///
+    /// # Errors
+    /// As [`recent`](Self::recent).
+    ///
+    /// # Cancel safety
+    /// A read: dropping it leaves nothing behind.
+    pub async fn last_success(&self, job: &str) -> Result<Option<RunRecord>> {
+        Ok(self.records()?.last_success(job).await?)
+    }
+
+    fn records(&self) -> Result<&dyn RunRecords> {
+        self.inner
+            .locker
+            .backend()
+            .run_records()
+            .ok_or(Error::RecordsNotKept {
+                backend: self.inner.locker.capabilities().name,
+            })
+    }
+}
+
+/// A started scheduler. [`shutdown`](Self::shutdown) stops it gracefully.
+///
+/// # Drop
+/// Dropping the handle without `shutdown` stops the scheduler at once: no more fire
+/// times, and runs under way are cancelled (their futures dropped) without a record; their
+/// guards' drop releases the locks in the background (see
+/// [`LockGuard`](lock_core::LockGuard#drop)).
+#[must_use = "dropping the handle stops the scheduler at once"]
+pub struct Running {
+    pub(crate) scheduler: Scheduler,
+    pub(crate) stopped: bool,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("scheduler", &self.scheduler)
+            .finish()
+    }
+}
+
+/// What a graceful [`shutdown`](Running::shutdown) did with the runs under way.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Runs under way when the shutdown began that ended within the grace period, as
+    /// recorded (any outcome but `Cut`).
+    pub finished: Vec<RunRecord>,
+    /// Runs still going when the grace period ended: cancelled, recorded
+    /// [`Cut`](crate::RunOutcome::Cut).
+    pub cut: Vec<RunRecord>,
+}
+
+impl Running {
+    /// The scheduler this handle runs (for its reads: [`Scheduler::recent`], …).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// Stops gracefully: no fire time starts any more; runs under way get `grace` (tokio's
+    /// monotonic clock) to finish, and are told by
+    /// [`JobContext::shutting_down`](crate::JobContext::shutting_down); those still going
+    /// then are cancelled and recorded [`Cut`](crate::RunOutcome::Cut). Locks kept after
+    /// a run for its `at_least` hold are kept until the hold ends or the grace ends,
+    /// whichever is first, so a shutdown does not open the door to a replica whose clock
+    /// is behind. When it returns, every lock of this scheduler is released.
+    ///
+    /// # Cancel safety
+    /// Dropping the future stops the scheduler as dropping [`Running`] does: what was not
+    /// finished yet is cancelled without a record, and the locks are released in the
+    /// background.
+    pub async fn shutdown(self, grace: Duration) -> ShutdownReport {
+        crate::runner::shutdown(self, grace).await
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.stopped {
+            crate::runner::abort(&self.scheduler);
+        }
+    }
+}
