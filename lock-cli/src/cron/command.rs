@@ -2,9 +2,11 @@
 //! (SIGTERM to its process group, SIGKILL after the grace) when the scheduler cancels it.
 
 use std::ffi::OsString;
-use std::future::Future;
 use std::time::Duration;
 
+use tokio::sync::watch;
+
+use super::{Stops, Task};
 use crate::job::{status_code, Job};
 
 /// What the command of one fire time is told, in its environment.
@@ -32,45 +34,77 @@ impl RunEnv<'_> {
     }
 }
 
-/// Runs `command` to its end, or until `cancel` completes; then the command is stopped
-/// (SIGTERM to its group, SIGKILL after `grace`, or at once when `hurry` completes first)
-/// and this returns once it is gone.
+/// Starts `command` with the run's environment.
 ///
-/// `Ok(())` when it exited 0; otherwise the reason, for the run record: its exit status,
-/// the signal that killed it, that it could not start, or that it was stopped.
-pub async fn run<C, H>(
-    command: &[String],
-    env: &RunEnv<'_>,
-    grace: Duration,
-    cancel: C,
-    hurry: H,
-) -> Result<(), String>
-where
-    C: Future,
-    H: Future,
-{
+/// # Errors
+/// It could not start (not found, not executable): the run fails with that reason.
+pub fn spawn(command: &[String], env: &RunEnv<'_>) -> Result<Job, String> {
     let argv: Vec<OsString> = command.iter().map(OsString::from).collect();
     let vars = env.vars();
     let vars: Vec<(&str, String)> = vars.iter().map(|(k, v)| (*k, v.clone())).collect();
-    let mut job = Job::spawn(&argv, &vars).map_err(|e| e.message)?;
-    tokio::pin!(cancel);
-    // Biased towards the command's own exit, as in `distlock run`: when it ends just as the
-    // run is cancelled, its result is what it did.
-    let status = tokio::select! {
-        biased;
-        status = job.wait() => status.map_err(|e| e.message)?,
-        _ = &mut cancel => {
-            let status = job
-                .stop_unless(libc::SIGTERM, grace, hurry)
-                .await
-                .map_err(|e| e.message)?;
-            return Err(format!("stopped ({})", describe(status)));
+    Job::spawn(&argv, &vars).map_err(|e| e.message)
+}
+
+/// A running command of a run. When the scheduler cancels the run (drops its future) while
+/// the command runs, the drop hands the command to a background stop (SIGTERM, SIGKILL
+/// after the grace) that the process waits for before it exits.
+pub struct Running {
+    job: Option<Job>,
+    grace: Duration,
+    stops: Stops,
+    hurry: watch::Receiver<bool>,
+}
+
+impl Running {
+    pub(super) fn new(job: Job, task: &Task) -> Running {
+        Running {
+            job: Some(job),
+            grace: task.grace,
+            stops: task.stops.clone(),
+            hurry: task.hurry.clone(),
         }
-    };
-    if status.success() {
-        Ok(())
-    } else {
-        Err(describe(status))
+    }
+
+    /// Waits for the command to exit: `Ok(())` for status 0, else the status in words.
+    pub async fn wait(&mut self) -> Result<(), String> {
+        let job = self.job.as_mut().expect("a running command");
+        let status = job.wait().await.map_err(|e| e.message)?;
+        self.job = None;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(describe(status))
+        }
+    }
+
+    /// Stops the command as `distlock run` does; returns once it is gone.
+    pub async fn stop(&mut self) {
+        if let Some(job) = self.job.as_mut() {
+            let mut hurry = self.hurry.clone();
+            let _ = job
+                .stop_unless(libc::SIGTERM, self.grace, hurry.wait_for(|h| *h))
+                .await;
+            self.job = None;
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let Some(mut job) = self.job.take() else {
+            return;
+        };
+        let grace = self.grace;
+        let mut hurry = self.hurry.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => self.stops.spawn(async move {
+                let _ = job
+                    .stop_unless(libc::SIGTERM, grace, hurry.wait_for(|h| *h))
+                    .await;
+            }),
+            // No runtime left to wait on: the command must not outlive the lock.
+            Err(_) => job.signal(libc::SIGKILL),
+        }
     }
 }
 

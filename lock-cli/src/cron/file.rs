@@ -7,44 +7,30 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
+use distlock::scheduler::{Job, OnBusy};
 use toml::{Table, Value};
 
 use crate::common::parse_duration;
 use crate::exit::{CliError, USAGE};
 
-/// What a job does when its lock is held by another replica's run at its fire time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OnBusy {
-    /// Record the fire time as skipped-busy and wait for the next one.
-    Skip,
-    /// Wait for the lock (until the next fire time at most), then run.
-    Wait,
-}
-
 /// One job of the file, every default applied.
 #[derive(Clone, Debug)]
 pub struct JobSpec {
-    /// The job's name: its lock key and the name in its run records.
-    pub name: String,
-    /// The schedule as written (a cron expression with seconds, or `every DUR`).
+    /// The scheduler's job: name, schedule, zone and options, without its task yet.
+    pub job: Job,
+    /// The schedule as written (a cron expression, or `every DUR`).
     pub schedule: String,
-    /// The IANA time zone the schedule is read in.
-    pub time_zone: String,
+    /// The time zone's name as written (in the job or at the top), if any.
+    pub time_zone: Option<String>,
     /// The program and its arguments.
     pub command: Vec<String>,
     /// The hard timeout of one run, if any.
     pub timeout: Option<Duration>,
-    /// The lock is held at least until the fire time plus this.
-    pub at_least: Duration,
-    /// What a fire time does when the lock is held elsewhere.
-    pub on_busy: OnBusy,
 }
 
 /// The scheduler's own settings (top of the file), and the jobs.
 #[derive(Clone, Debug)]
 pub struct CronFile {
-    /// The lock's time to live (renewed every ttl/3 while a command runs).
-    pub ttl: Duration,
     /// SIGTERM to SIGKILL, when a command is stopped (timeout, lost lock, shutdown).
     pub grace: Duration,
     /// On SIGTERM / Ctrl-C: how long running commands get to finish before they are cut.
@@ -55,18 +41,15 @@ pub struct CronFile {
     pub jobs: Vec<JobSpec>,
 }
 
-/// The file's defaults, when it says nothing.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// See [`CronFile::grace`].
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 /// See [`CronFile::shutdown_grace`].
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// See [`CronFile::history`].
-pub const DEFAULT_HISTORY: usize = 100;
-/// See [`JobSpec::at_least`].
-pub const DEFAULT_AT_LEAST: Duration = Duration::from_secs(1);
-/// See [`JobSpec::time_zone`].
-pub const DEFAULT_TIME_ZONE: &str = "UTC";
+pub const DEFAULT_HISTORY: usize = distlock::scheduler::DEFAULT_KEEP;
+/// How long `on_busy = "wait"` waits at most; the scheduler ends every wait at the fire
+/// time's lateness bound anyway.
+const WAIT_AS_LONG_AS_ALLOWED: Duration = Duration::from_secs(24 * 3600);
 
 /// Where in the file a problem is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,6 +97,7 @@ const TOP_FIELDS: &[&str] = &[
     "time_zone",
     "timeout",
     "at_least",
+    "lateness",
     "on_busy",
     "ttl",
     "grace",
@@ -128,56 +112,86 @@ const JOB_FIELDS: &[&str] = &[
     "command",
     "timeout",
     "at_least",
+    "lateness",
     "on_busy",
+    "ttl",
 ];
-
-/// Checks a schedule and a time zone the way the scheduler will read them.
-pub trait Rules {
-    /// `Err(reason)` when `schedule` is not a schedule.
-    fn schedule(&self, schedule: &str) -> Result<(), String>;
-    /// `Err(reason)` when `zone` is not a known time zone.
-    fn time_zone(&self, zone: &str) -> Result<(), String>;
-}
 
 /// Reads and checks the file at `path`.
 ///
 /// # Errors
 /// The file cannot be read, or does not parse or check (exit 64, one line).
-pub fn load(path: &Path, rules: &dyn Rules) -> Result<CronFile, CliError> {
+pub fn load(path: &Path) -> Result<CronFile, CliError> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         CliError::new(
             USAGE,
             format!("cannot read schedule file {}: {e}", path.display()),
         )
     })?;
-    parse(&text, rules).map_err(|e| e.into_cli(path))
+    parse(&text).map_err(|e| e.into_cli(path))
 }
 
-/// Parses and checks a schedule file's text.
+/// The job options a table (the top, or a job's) sets; a job's own replace the top's.
+#[derive(Clone, Debug, Default)]
+struct Options {
+    time_zone: Option<String>,
+    timeout: Option<Duration>,
+    at_least: Option<Duration>,
+    lateness: Option<Duration>,
+    on_busy: Option<OnBusy>,
+    ttl: Option<Duration>,
+}
+
+impl Options {
+    fn read(fields: &Fields<'_>) -> Result<Options, FileError> {
+        Ok(Options {
+            time_zone: fields.text("time_zone")?,
+            timeout: fields.positive_duration("timeout")?,
+            at_least: fields.duration("at_least")?,
+            lateness: fields.duration("lateness")?,
+            on_busy: fields.on_busy()?,
+            ttl: fields.positive_duration("ttl")?,
+        })
+    }
+
+    fn or(self, defaults: &Options) -> Options {
+        Options {
+            time_zone: self.time_zone.or_else(|| defaults.time_zone.clone()),
+            timeout: self.timeout.or(defaults.timeout),
+            at_least: self.at_least.or(defaults.at_least),
+            lateness: self.lateness.or(defaults.lateness),
+            on_busy: self.on_busy.or(defaults.on_busy),
+            ttl: self.ttl.or(defaults.ttl),
+        }
+    }
+}
+
+/// Parses and checks a schedule file's text: schedules and time zones by the scheduler's
+/// own rules ([`Job::cron`], [`Job::every`], [`Job::time_zone`]).
 ///
 /// # Errors
 /// The first problem found, in file order.
-pub fn parse(text: &str, rules: &dyn Rules) -> Result<CronFile, FileError> {
+pub fn parse(text: &str) -> Result<CronFile, FileError> {
     let table: Table = text.parse().map_err(|e: toml::de::Error| syntax(text, &e))?;
     let top = |field: &str| Place::Top {
         field: field.to_owned(),
     };
-    unknown_fields(&table, TOP_FIELDS, |f| top(f))?;
+    unknown_fields(&table, TOP_FIELDS, top)?;
     let fields = Fields {
         table: &table,
-        place: &|f| top(f),
+        place: &top,
     };
-    let time_zone = fields
-        .text("time_zone")?
-        .unwrap_or_else(|| DEFAULT_TIME_ZONE.to_owned());
-    rules.time_zone(&time_zone).map_err(|m| FileError {
-        place: top("time_zone"),
-        message: m,
-    })?;
-    let timeout = fields.positive_duration("timeout")?;
-    let at_least = fields.duration("at_least")?.unwrap_or(DEFAULT_AT_LEAST);
-    let on_busy = fields.on_busy()?.unwrap_or(OnBusy::Skip);
-    let ttl = fields.positive_duration("ttl")?.unwrap_or(DEFAULT_TTL);
+    let defaults = Options::read(&fields)?;
+    if let Some(zone) = &defaults.time_zone {
+        // The scheduler's own check, through a job that stands for every job without a
+        // zone of its own.
+        let probe = Job::every("time-zone-check", Duration::from_secs(1))
+            .expect("a valid name and a positive period");
+        probe.time_zone(zone).map_err(|e| FileError {
+            place: top("time_zone"),
+            message: library_message(&e),
+        })?;
+    }
     let grace = fields.duration("grace")?.unwrap_or(DEFAULT_GRACE);
     let shutdown_grace = fields
         .duration("shutdown_grace")?
@@ -212,7 +226,7 @@ pub fn parse(text: &str, rules: &dyn Rules) -> Result<CronFile, FileError> {
     let mut names = HashSet::new();
     for (i, value) in jobs_value.iter().enumerate() {
         let number = format!("#{}", i + 1);
-        let Value::Table(job) = value else {
+        let Value::Table(table) = value else {
             return Err(FileError {
                 place: Place::Job {
                     job: number,
@@ -222,7 +236,7 @@ pub fn parse(text: &str, rules: &dyn Rules) -> Result<CronFile, FileError> {
             });
         };
         // A job is named by its name from the first problem on, when it has a usable one.
-        let label = match job.get("name") {
+        let label = match table.get("name") {
             Some(Value::String(name)) if !name.is_empty() => format!("{name:?}"),
             _ => number,
         };
@@ -231,57 +245,106 @@ pub fn parse(text: &str, rules: &dyn Rules) -> Result<CronFile, FileError> {
             field: field.to_owned(),
         };
         let fields = Fields {
-            table: job,
+            table,
             place: &place,
         };
         let name = fields.required_text("name")?;
-        distlock::validate_key(&name).map_err(|e| FileError {
-            place: place("name"),
-            message: match e {
-                distlock::Error::InvalidKey { reason, .. } => {
-                    format!("not usable as a lock key: {reason}")
-                }
-                other => other.to_string(),
-            },
+        unknown_fields(table, JOB_FIELDS, place)?;
+        let schedule = fields.required_text("schedule")?;
+        let at = |field: &str| {
+            let place = &place;
+            let field = field.to_owned();
+            move |e: distlock::scheduler::Error| FileError {
+                place: place(&field),
+                message: library_message(&e),
+            }
+        };
+        let job = match schedule.trim().strip_prefix("every ") {
+            Some(period) => {
+                let period = parse_duration(period.trim()).map_err(|e| {
+                    fields.err(
+                        "schedule",
+                        format!("{schedule:?} is not `every DUR` (like `every 30s`): {e}"),
+                    )
+                })?;
+                Job::every(name.clone(), period)
+            }
+            None => Job::cron(name.clone(), &schedule),
+        };
+        let mut job = job.map_err(|e| match e {
+            distlock::scheduler::Error::InvalidJobName { .. } => at("name")(e),
+            e => at("schedule")(e),
         })?;
         if !names.insert(name.clone()) {
-            return Err(FileError {
-                place: place("name"),
-                message: "another job has this name; names must be unique (each is a lock)"
-                    .into(),
-            });
+            return Err(fields.err(
+                "name",
+                "another job has this name; names must be unique (each is a lock)",
+            ));
         }
-        unknown_fields(job, JOB_FIELDS, &place)?;
-        let job_zone = fields.text("time_zone")?;
-        if let Some(zone) = &job_zone {
-            rules.time_zone(zone).map_err(|m| FileError {
-                place: place("time_zone"),
-                message: m,
+        let own = Options::read(&fields)?;
+        let own_zone = own.time_zone.is_some();
+        let options = own.or(&defaults);
+        if let Some(zone) = &options.time_zone {
+            job = job.time_zone(zone).map_err(|e| FileError {
+                place: if own_zone {
+                    place("time_zone")
+                } else {
+                    top("time_zone")
+                },
+                message: library_message(&e),
             })?;
         }
-        let schedule = fields.required_text("schedule")?;
-        rules.schedule(&schedule).map_err(|m| FileError {
-            place: place("schedule"),
-            message: m,
-        })?;
+        if let Some(d) = options.timeout {
+            job = job.timeout(d);
+        }
+        if let Some(d) = options.at_least {
+            job = job.at_least(d);
+        }
+        if let Some(d) = options.lateness {
+            job = job.lateness(d);
+        }
+        if let Some(d) = options.ttl {
+            job = job.ttl(d);
+        }
+        job = job.on_busy(options.on_busy.unwrap_or(OnBusy::Skip));
         let command = fields.command()?;
         jobs.push(JobSpec {
-            name,
+            job,
             schedule,
-            time_zone: job_zone.unwrap_or_else(|| time_zone.clone()),
+            time_zone: options.time_zone,
             command,
-            timeout: fields.positive_duration("timeout")?.or(timeout),
-            at_least: fields.duration("at_least")?.unwrap_or(at_least),
-            on_busy: fields.on_busy()?.unwrap_or(on_busy),
+            timeout: options.timeout,
         });
     }
     Ok(CronFile {
-        ttl,
         grace,
         shutdown_grace,
         history,
         jobs,
     })
+}
+
+/// The scheduler's error without the job's name (the place names it already).
+fn library_message(e: &distlock::scheduler::Error) -> String {
+    use distlock::scheduler::Error as E;
+    match e {
+        E::InvalidCron {
+            expression,
+            field,
+            reason,
+            ..
+        } => match field {
+            Some(f) => format!("invalid cron expression {expression:?}, its {f} field: {reason}"),
+            None => format!("invalid cron expression {expression:?}: {reason}"),
+        },
+        E::UnknownTimeZone { name, .. } => format!(
+            "unknown time zone {name:?} (use an IANA name like \"Europe/Berlin\", \"UTC\" \
+             or \"local\")"
+        ),
+        E::InvalidJobName { reason, .. } => format!("not usable as a lock key: {reason}"),
+        E::ZeroInterval { .. } => "the interval must be longer than zero".to_owned(),
+        other => other.to_string(),
+    }
 }
 
 /// A TOML syntax error, at its line and column, on one line.
@@ -373,7 +436,7 @@ impl Fields<'_> {
         match self.text(field).map_err(|_| bad())? {
             None => Ok(None),
             Some(s) if s == "skip" => Ok(Some(OnBusy::Skip)),
-            Some(s) if s == "wait" => Ok(Some(OnBusy::Wait)),
+            Some(s) if s == "wait" => Ok(Some(OnBusy::Wait(WAIT_AS_LONG_AS_ALLOWED))),
             Some(_) => Err(bad()),
         }
     }

@@ -6,12 +6,20 @@ pub mod file;
 mod metrics;
 mod status;
 
+use std::future::Future;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use clap::{Args, Subcommand};
+use distlock::scheduler::{self, jiff, JobContext, Scheduler};
+use tokio::sync::watch;
 
-use crate::exit::{CliError, Exit};
+use crate::common::Target;
+use crate::exit::{CliError, Exit, INTERNAL, USAGE};
+use crate::job::Signals;
+use crate::units::fmt_duration;
+use command::{RunEnv, Running};
 
 pub const AFTER_HELP: &str = "\
 Examples:
@@ -138,22 +146,264 @@ fn parse_offset(s: &str) -> Result<i64, String> {
         .map_err(|_| "too large".to_owned())
 }
 
-/// This host's name and this process's id: distinct for every replica, also on one host.
-fn default_replica() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates on success
-    // when the name fits, and the last byte is kept 0 either way.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
-    let host = if rc == 0 {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        "localhost".to_owned()
-    };
-    format!("{host}:{}", std::process::id())
-}
+/// How much longer than the CLI's own stop the scheduler's deadline (timeout, shutdown
+/// grace) is: time for a stopped command to be reaped before its run is cancelled.
+const STOP_MARGIN: Duration = Duration::from_secs(1);
 
 async fn replica(args: RunArgs) -> Result<Exit, CliError> {
-    let _ = (args, Duration::ZERO, default_replica());
-    Err(CliError::new(crate::exit::INTERNAL, "not yet"))
+    let path = args.file.expect("clap requires FILE without a subcommand");
+    // Everything that can be wrong with the file is found before connecting.
+    let file = file::load(&path)?;
+    let target = Target::choose(args.url)?;
+    let metrics_addr = args
+        .metrics_addr
+        .as_deref()
+        .map(metrics::resolve)
+        .transpose()?;
+    let mut signals = Signals::catch()?;
+    let locker = tokio::select! {
+        locker = target.connect() => locker?,
+        _ = signals.recv() => return Ok(Exit::Code(0)),
+    };
+    if let Some(addr) = metrics_addr {
+        metrics::serve(addr)?;
+    }
+
+    let replica_id = args.replica.unwrap_or_else(scheduler::default_replica);
+    let mut builder = Scheduler::builder(locker.clone())
+        .replica(replica_id.clone())
+        .keep(file.history);
+    if let Some(ms) = args.clock_offset {
+        builder = builder.clock_offset(jiff::SignedDuration::from_millis(ms));
+    }
+    let scheduler = builder
+        .build()
+        .map_err(|e| CliError::new(INTERNAL, format!("cannot build the scheduler: {e}")))?;
+    let stops = Stops::default();
+    let (hurry_tx, hurry) = watch::channel(false);
+    for spec in &file.jobs {
+        let task = Task {
+            command: Arc::new(spec.command.clone()),
+            grace: file.grace,
+            shutdown_grace: file.shutdown_grace,
+            stops: stops.clone(),
+            hurry: hurry.clone(),
+        };
+        let mut job = spec.job.clone();
+        if let Some(timeout) = spec.timeout {
+            // The CLI stops the command at `timeout` (see Task::run); the scheduler cancels
+            // the run and records it timed-out once the command is surely gone.
+            job = job.timeout(timeout + file.grace + STOP_MARGIN);
+        }
+        let job = job.run(move |ctx| task.clone().run(ctx));
+        scheduler
+            .add(job)
+            .map_err(|e| add_error(&path, spec, e, &target))?;
+    }
+    if !locker.capabilities().cross_process {
+        eprintln!(
+            "distlock: note: {} locks exclude only inside this distlock process; replicas in \
+             other processes would run the same fire times (use --url or DISTLOCK_URL to name \
+             a lock server)",
+            target.shown()
+        );
+    }
+    if locker.backend().run_records().is_none() {
+        eprintln!(
+            "distlock: note: the {} backend keeps no run records: `distlock cron status` \
+             shows no history; outcomes are in the metrics and on stderr",
+            locker.capabilities().name
+        );
+    }
+    let running = scheduler
+        .start()
+        .map_err(|e| CliError::new(INTERNAL, format!("cannot start the scheduler: {e}")))?;
+    eprintln!(
+        "distlock: cron: {} job(s) from {} on {} as replica {replica_id:?}",
+        file.jobs.len(),
+        path.display(),
+        target.shown()
+    );
+
+    let sig = signals.recv().await;
+    eprintln!(
+        "distlock: {}: shutting down: no new runs; running commands get {} to finish \
+         (a second signal kills them at once)",
+        signal_name(sig),
+        fmt_duration(file.shutdown_grace)
+    );
+    // The scheduler's grace outlasts the CLI's own (shutdown_grace, then SIGTERM and
+    // SIGKILL after grace): a command is gone before its run is cut and its lock released.
+    let shutdown = running.shutdown(file.shutdown_grace + file.grace + STOP_MARGIN);
+    tokio::pin!(shutdown);
+    tokio::select! {
+        report = &mut shutdown => {
+            stops.wait().await;
+            for run in &report.cut {
+                eprintln!(
+                    "distlock: cut: {:?} scheduled at {}: still running after {}; stopped \
+                     (recorded as cut)",
+                    run.job,
+                    rfc3339(run.scheduled_at),
+                    fmt_duration(file.shutdown_grace)
+                );
+            }
+            for run in &report.finished {
+                eprintln!(
+                    "distlock: finished during shutdown: {:?} scheduled at {}: {}",
+                    run.job,
+                    rfc3339(run.scheduled_at),
+                    run.outcome
+                );
+            }
+        }
+        sig = signals.recv() => {
+            eprintln!(
+                "distlock: {} again: killing the running commands now; their runs are not \
+                 recorded",
+                signal_name(sig)
+            );
+            let _ = hurry_tx.send(true);
+            // Dropping the shutdown cancels the runs (their commands get SIGKILL) and
+            // releases their locks in the background, which the Locker's shutdown awaits.
+            drop(shutdown);
+            stops.wait().await;
+        }
+    }
+    locker.shutdown().await;
+    eprintln!("distlock: cron: stopped; every lock released");
+    Ok(Exit::Code(0))
+}
+
+/// A job the scheduler refused, as a line naming the job and the field.
+pub(super) fn add_error(
+    path: &std::path::Path,
+    spec: &file::JobSpec,
+    e: scheduler::Error,
+    target: &Target,
+) -> CliError {
+    use scheduler::Error as E;
+    let job = format!("{:?}", spec.job.name());
+    let (field, message) = match e {
+        E::NeverFires { .. } => ("schedule", "the schedule never fires".to_owned()),
+        E::InvalidOption { reason, .. } => {
+            let field = if reason.contains("TTL") || reason.contains("ttl") {
+                "ttl"
+            } else if reason.contains("timeout") {
+                "timeout"
+            } else {
+                ""
+            };
+            (field, reason)
+        }
+        E::Lock(err) => return target.error(err),
+        other => ("", other.to_string()),
+    };
+    let place = if field.is_empty() {
+        format!("job {job}")
+    } else {
+        format!("job {job}, field `{field}`")
+    };
+    CliError::new(USAGE, format!("{}: {place}: {message}", path.display()))
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        _ => "signal",
+    }
+}
+
+/// A wall-clock instant in RFC 3339, UTC (`2026-03-29T01:30:00Z`).
+pub(super) fn rfc3339(t: SystemTime) -> String {
+    match jiff::Timestamp::try_from(t) {
+        Ok(t) => t.to_string(),
+        Err(_) => format!("{t:?}"),
+    }
+}
+
+/// The stops of commands whose runs the scheduler cancelled (dropped) while they ran:
+/// they go on in the background, and the process does not exit before they are done.
+#[derive(Clone, Default)]
+struct Stops(Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>);
+
+impl Stops {
+    fn spawn(&self, stop: impl Future<Output = ()> + Send + 'static) {
+        let handle = tokio::spawn(stop);
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+    }
+
+    async fn wait(&self) {
+        loop {
+            let pending: Vec<_> =
+                std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+            if pending.is_empty() {
+                return;
+            }
+            for handle in pending {
+                let _ = handle.await;
+            }
+        }
+    }
+}
+
+/// What every run of one job needs.
+#[derive(Clone)]
+struct Task {
+    command: Arc<Vec<String>>,
+    grace: Duration,
+    shutdown_grace: Duration,
+    stops: Stops,
+    /// True once a second signal asked for everything to stop at once.
+    hurry: watch::Receiver<bool>,
+}
+
+impl Task {
+    /// One run: the command to its end, or stopped when the run is to end early. An early
+    /// end leaves the outcome to the scheduler (timed-out, lock-lost, cut): once the command
+    /// is gone, this waits to be cancelled.
+    async fn run(self, ctx: JobContext) -> Result<(), String> {
+        let scheduled_at = rfc3339(ctx.scheduled_at());
+        let env = RunEnv {
+            job: ctx.job(),
+            scheduled_at,
+            fence: ctx.fence(),
+            replica: ctx.replica(),
+        };
+        let mut cmd = Running::new(command::spawn(&self.command, &env)?, &self);
+        // The CLI stops the command that much before the scheduler's own deadline.
+        let timeout = async {
+            match ctx.deadline() {
+                Some(d) => {
+                    let stop_at = d.checked_sub(self.grace + STOP_MARGIN).unwrap_or(d);
+                    tokio::time::sleep_until(stop_at.into()).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let cut = async {
+            ctx.shutting_down().await;
+            tokio::time::sleep(self.shutdown_grace).await;
+        };
+        let mut hurry = self.hurry.clone();
+        let why = tokio::select! {
+            biased;
+            result = cmd.wait() => return result,
+            () = ctx.lost() => "the lock was lost",
+            () = timeout => "it passed its timeout",
+            () = cut => "the shutdown grace passed",
+            _ = hurry.wait_for(|h| *h) => "of a second signal",
+        };
+        eprintln!(
+            "distlock: stopping {:?} scheduled at {} because {why}: SIGTERM, SIGKILL after {}",
+            ctx.job(),
+            env.scheduled_at,
+            fmt_duration(self.grace)
+        );
+        cmd.stop().await;
+        // The scheduler cancels the run and records why.
+        std::future::pending().await
+    }
 }
