@@ -467,3 +467,141 @@ impl Fields<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place_of(text: &str) -> (Place, String) {
+        let e = parse(text).expect_err("a bad file");
+        (e.place, e.message)
+    }
+
+    fn job_field(job: &str, field: &str) -> Place {
+        Place::Job {
+            job: job.to_owned(),
+            field: field.to_owned(),
+        }
+    }
+
+    #[test]
+    fn defaults_at_the_top_apply_to_every_job_and_a_job_overrides_them() {
+        let file = parse(
+            r#"
+time_zone = "Europe/Berlin"
+timeout = "10m"
+at_least = "5s"
+grace = "3s"
+history = 7
+
+[[job]]
+name = "a"
+schedule = "0 30 2 * * *"
+command = ["/bin/a", "--x"]
+
+[[job]]
+name = "b"
+schedule = "every 30s"
+time_zone = "UTC"
+timeout = "1m"
+on_busy = "wait"
+command = ["b"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(file.grace, Duration::from_secs(3));
+        assert_eq!(file.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+        assert_eq!(file.history, 7);
+        let [a, b] = &file.jobs[..] else {
+            panic!("two jobs")
+        };
+        assert_eq!(a.job.name(), "a");
+        assert_eq!(a.command, ["/bin/a", "--x"]);
+        assert_eq!(a.time_zone.as_deref(), Some("Europe/Berlin"));
+        assert_eq!(a.timeout, Some(Duration::from_secs(600)));
+        assert_eq!(a.job.schedule().expression(), Some("0 30 2 * * *"));
+        assert_eq!(b.time_zone.as_deref(), Some("UTC"));
+        assert_eq!(b.timeout, Some(Duration::from_secs(60)));
+        assert_eq!(b.job.schedule().period(), Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn each_problem_names_its_job_and_field() {
+        let job = |extra: &str| {
+            format!("[[job]]\nname = \"j\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n{extra}")
+        };
+        let cases = [
+            (job("time_zone = \"Mars/Base\""), job_field("\"j\"", "time_zone")),
+            (job("timeout = \"0s\""), job_field("\"j\"", "timeout")),
+            (job("timeout = 5"), job_field("\"j\"", "timeout")),
+            (job("at_least = \"soon\""), job_field("\"j\"", "at_least")),
+            (job("on_busy = \"queue\""), job_field("\"j\"", "on_busy")),
+            (job("every = \"1s\""), job_field("\"j\"", "every")),
+            (
+                "[[job]]\nname = \"j\"\nschedule = \"* * * *\"\ncommand = [\"x\"]\n".into(),
+                job_field("\"j\"", "schedule"),
+            ),
+            (
+                "[[job]]\nname = \"j\"\nschedule = \"every soon\"\ncommand = [\"x\"]\n".into(),
+                job_field("\"j\"", "schedule"),
+            ),
+            (
+                "[[job]]\nname = \"j\"\nschedule = \"* * * * * *\"\ncommand = []\n".into(),
+                job_field("\"j\"", "command"),
+            ),
+            (
+                "[[job]]\nname = \"j\"\nschedule = \"* * * * * *\"\ncommand = [\"a\", 1]\n".into(),
+                job_field("\"j\"", "command"),
+            ),
+            (
+                "[[job]]\nname = \"j\"\nschedule = \"* * * * * *\"\n".into(),
+                job_field("\"j\"", "command"),
+            ),
+            (
+                "[[job]]\nschedule = \"* * * * * *\"\ncommand = [\"x\"]\n".into(),
+                job_field("#1", "name"),
+            ),
+            (format!("{}{}", job(""), job("")), job_field("\"j\"", "name")),
+            (
+                format!("time_zone = \"Nowhere\"\n{}", job("")),
+                Place::Top {
+                    field: "time_zone".into(),
+                },
+            ),
+            (
+                format!("history = 0\n{}", job("")),
+                Place::Top {
+                    field: "history".into(),
+                },
+            ),
+            ("history = 3\n".into(), Place::File),
+        ];
+        for (text, expected) in cases {
+            let (place, message) = place_of(&text);
+            assert_eq!(place, expected, "{text}\n{message}");
+            assert!(!message.contains('\n'), "one line: {message}");
+        }
+    }
+
+    #[test]
+    fn a_syntax_error_gives_its_line_and_column() {
+        let (place, message) = place_of("history = 3\n\n[[job]\nname = 1\n");
+        assert_eq!(place, Place::Syntax { line: 3, column: 7 }, "{message}");
+        assert!(message.starts_with("not valid TOML"), "{message}");
+    }
+
+    #[test]
+    fn the_message_names_file_job_and_field_on_one_line() {
+        let e = parse("[[job]]\nname = \"n\"\nschedule = \"61 * * * * *\"\ncommand = [\"x\"]\n")
+            .unwrap_err()
+            .into_cli(Path::new("jobs.toml"));
+        assert_eq!(e.code, USAGE);
+        assert!(
+            e.message
+                .starts_with("jobs.toml: job \"n\", field `schedule`: invalid cron expression"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("second field"), "{}", e.message);
+    }
+}
