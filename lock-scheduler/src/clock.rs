@@ -182,7 +182,8 @@ impl ManualClock {
 
     /// Moves the clock forward by `by`.
     pub fn advance(&self, by: Duration) {
-        self.time.send_modify(|t| *t = t.checked_add(by).unwrap_or(*t));
+        self.time
+            .send_modify(|t| *t = t.checked_add(by).unwrap_or(*t));
     }
 }
 

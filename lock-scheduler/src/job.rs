@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 use crate::schedule::{zone_named, Schedule};
 
 /// The task of a job: called once per fire time it runs.
-pub(crate) type Task = Arc<dyn Fn(JobContext) -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;
+pub(crate) type Task =
+    Arc<dyn Fn(JobContext) -> BoxFuture<'static, Result<(), BoxError>> + Send + Sync>;
 
 /// What a fire time does when the job's lock is held elsewhere (another replica's run of
 /// the same fire time, or a run of an earlier one still going).

@@ -4,6 +4,7 @@
 mod clock;
 mod error;
 mod job;
+mod observe;
 mod runner;
 mod schedule;
 mod scheduler;
@@ -11,6 +12,7 @@ mod scheduler;
 pub use clock::{Clock, ManualClock, OffsetClock, Sleep, SystemClock, MAX_SLEEP_STEP};
 pub use error::{Error, Result};
 pub use job::{Job, JobContext, OnBusy};
+pub use observe::metric_names;
 pub use schedule::Schedule;
 pub use scheduler::{
     default_replica, Running, Scheduler, SchedulerBuilder, ShutdownReport, DEFAULT_KEEP,

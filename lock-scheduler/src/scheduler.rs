@@ -378,10 +378,12 @@ impl Running {
     /// Stops gracefully: no fire time starts any more; runs under way get `grace` (tokio's
     /// monotonic clock) to finish, and are told by
     /// [`JobContext::shutting_down`](crate::JobContext::shutting_down); those still going
-    /// then are cancelled and recorded [`Cut`](crate::RunOutcome::Cut). Locks kept after
-    /// a run for its `at_least` hold are kept until the hold ends or the grace ends,
-    /// whichever is first, so a shutdown does not open the door to a replica whose clock
-    /// is behind. When it returns, every lock of this scheduler is released.
+    /// then are cancelled and recorded [`Cut`](crate::RunOutcome::Cut). When it returns,
+    /// every lock of this scheduler is released.
+    ///
+    /// Locks kept after a run for its `at_least` hold are released at once: a shutdown
+    /// does not wait for them. The price: a replica whose clock is behind may run a fire
+    /// time again that ended here just before the shutdown (within the skew).
     ///
     /// # Cancel safety
     /// Dropping the future stops the scheduler as dropping [`Running`] does: what was not

@@ -1,0 +1,607 @@
+//! How fire times end, on the memory backend with a manual clock: interval schedules, the
+//! at-least hold between two replicas with clocks out of step, overlaps, failures,
+//! timeouts, lost locks, missed fire times, graceful shutdown, and bad input.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::{outcomes, record_for, records, replica, server, step, t, until, DropFlag, Runs};
+use lock_core::{Admin, LockOptions, Locker};
+use lock_scheduler::jiff::SignedDuration;
+use lock_scheduler::{
+    BoxError, Error, Job, JobContext, ManualClock, OnBusy, RunOutcome, Scheduler,
+};
+use tokio::sync::Notify;
+
+const GRACE: Duration = Duration::from_secs(10);
+
+fn secs(s: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(s)
+}
+
+/// A job that notes each run in `runs` and succeeds.
+fn noting(job: Job, runs: &Runs) -> Job {
+    let runs = runs.clone();
+    job.run(move |ctx: JobContext| {
+        let runs = runs.clone();
+        async move {
+            runs.push(ctx.replica(), ctx.scheduled_at());
+            Ok::<_, BoxError>(())
+        }
+    })
+}
+
+/// An interval job fires at the multiples of its period since the Unix epoch, one run per
+/// fire time, each with a larger fence.
+#[tokio::test]
+async fn interval_jobs_fire_at_multiples_of_the_period() {
+    let clock = ManualClock::new(secs(1_000_003));
+    let scheduler = replica(&server(), &clock, "a");
+    let runs = Runs::default();
+    scheduler
+        .add(noting(
+            Job::every("tick", Duration::from_secs(10)).unwrap(),
+            &runs,
+        ))
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    let mut fences = Vec::new();
+    for expected in [1_000_010, 1_000_020, 1_000_030] {
+        let record = step(&scheduler, &clock, "tick").await;
+        assert_eq!(record.scheduled_at, secs(expected));
+        assert_eq!(record.outcome, RunOutcome::Ok);
+        assert_eq!(record.replica, "a");
+        assert!(record.started_at.is_some());
+        fences.push(record.fence.expect("a run has a fence"));
+    }
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    assert_eq!(runs.len(), 3);
+    assert_eq!(
+        scheduler
+            .last_success("tick")
+            .await
+            .unwrap()
+            .unwrap()
+            .scheduled_at,
+        secs(1_000_030)
+    );
+    running.shutdown(GRACE).await;
+}
+
+/// Two replicas over one lock server, the second's clock `behind` the first's; both run a
+/// job at second 0 of each minute with a 10 s at-least hold. Returns who ran 10:00:00.
+async fn two_replicas(behind: Duration) -> (Vec<(String, SystemTime)>, Vec<RunOutcome>) {
+    let server = server();
+    let clock_a = ManualClock::at("2026-06-01T09:59:59Z");
+    let clock_b = clock_a.offset(SignedDuration::ZERO - SignedDuration::try_from(behind).unwrap());
+    let a = replica(&server, &clock_a, "a");
+    let b = replica(&server, &clock_b, "b");
+    let runs = Runs::default();
+    for scheduler in [&a, &b] {
+        let job = Job::cron("minutely", "0 * * * * *")
+            .unwrap()
+            .at_least(Duration::from_secs(10));
+        scheduler.add(noting(job, &runs)).unwrap();
+    }
+    let running_a = a.start().unwrap();
+    let running_b = b.start().unwrap();
+    let fire = t("2026-06-01T10:00:00Z");
+
+    // A's clock reaches the fire time first: A runs it and holds the lock until 10:00:10.
+    clock_a.set(fire);
+    assert_eq!(
+        record_for(&a, "minutely", fire, "a").await.outcome,
+        RunOutcome::Ok
+    );
+    if behind >= Duration::from_secs(10) {
+        // A's hold ends before B's clock reaches the fire time.
+        clock_a.set(t("2026-06-01T10:00:10Z"));
+        until("A released the lock after its hold", || {
+            server.held_keys() == 0
+        })
+        .await;
+    }
+    // B's clock reaches the same fire time.
+    clock_b.set(fire);
+    let b_record = record_for(&b, "minutely", fire, "b").await;
+    let result = (runs.get(), outcomes(&[b_record]));
+    running_a.shutdown(GRACE).await;
+    running_b.shutdown(GRACE).await;
+    result
+}
+
+/// A replica whose clock is behind by less than `at_least` finds the lock still held when
+/// its clock reaches the fire time: it records SkippedBusy and does not run it again.
+#[tokio::test]
+async fn a_replica_behind_by_less_than_at_least_does_not_run_the_fire_time_again() {
+    let fire = t("2026-06-01T10:00:00Z");
+    let (runs, b) = two_replicas(Duration::from_secs(5)).await;
+    assert_eq!(runs, [("a".to_owned(), fire)]);
+    assert_eq!(b, [RunOutcome::SkippedBusy]);
+}
+
+/// A replica whose clock is behind by more than `at_least` runs the fire time again: the
+/// hold's limit, as documented.
+#[tokio::test]
+async fn a_replica_behind_by_more_than_at_least_runs_it_again() {
+    let fire = t("2026-06-01T10:00:00Z");
+    let (runs, b) = two_replicas(Duration::from_secs(15)).await;
+    assert_eq!(runs, [("a".to_owned(), fire), ("b".to_owned(), fire)]);
+    assert_eq!(b, [RunOutcome::Ok]);
+}
+
+/// The lock stays held after a quick run until `fire time + at_least`, then is released.
+#[tokio::test]
+async fn the_lock_is_held_until_at_least_after_the_fire_time() {
+    let server = server();
+    let clock = ManualClock::new(secs(1_000_001));
+    let scheduler = replica(&server, &clock, "a");
+    let runs = Runs::default();
+    let job = Job::every("held", Duration::from_secs(60))
+        .unwrap()
+        .at_least(Duration::from_secs(20));
+    scheduler.add(noting(job, &runs)).unwrap();
+    let running = scheduler.start().unwrap();
+    let record = step(&scheduler, &clock, "held").await;
+    assert_eq!(record.scheduled_at, secs(1_000_020));
+    let other = Locker::with_backend(server.clone());
+    assert!(
+        other.try_acquire("held").await.unwrap().is_none(),
+        "held after the run"
+    );
+    clock.set(secs(1_000_039));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        other.try_acquire("held").await.unwrap().is_none(),
+        "held until at_least"
+    );
+    clock.set(secs(1_000_040));
+    until("the hold ended", || server.held_keys() == 0).await;
+    running.shutdown(GRACE).await;
+}
+
+/// A run still going at the next fire time makes that fire time SkippedBusy (no overlap,
+/// on any backend: the lock is the job's name), recorded; the long run then ends Ok.
+#[tokio::test]
+async fn overlapping_runs_are_skipped_and_recorded() {
+    let clock = ManualClock::new(secs(1_000_001));
+    let scheduler = replica(&server(), &clock, "a");
+    let started = Arc::new(AtomicUsize::new(0));
+    let finish = Arc::new(Notify::new());
+    let (s, f) = (started.clone(), finish.clone());
+    scheduler
+        .add(
+            Job::every("long", Duration::from_secs(10))
+                .unwrap()
+                .run(move |_ctx| {
+                    let (s, f) = (s.clone(), f.clone());
+                    async move {
+                        s.fetch_add(1, Ordering::SeqCst);
+                        f.notified().await;
+                        Ok::<_, BoxError>(())
+                    }
+                }),
+        )
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    clock.set(secs(1_000_010));
+    until("the first run started", || {
+        started.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let skipped = step(&scheduler, &clock, "long").await;
+    assert_eq!(skipped.scheduled_at, secs(1_000_020));
+    assert_eq!(skipped.outcome, RunOutcome::SkippedBusy);
+    assert_eq!((skipped.started_at, skipped.fence), (None, None));
+    finish.notify_one();
+    let first = record_for(&scheduler, "long", secs(1_000_010), "a").await;
+    assert_eq!(first.outcome, RunOutcome::Ok);
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        1,
+        "the skipped fire time did not run"
+    );
+    running.shutdown(GRACE).await;
+}
+
+/// With `on_busy = wait`, a fire time whose lock comes free within the bound (and the
+/// lateness) runs.
+#[tokio::test]
+async fn on_busy_wait_runs_when_the_lock_comes_free_in_time() {
+    let server = server();
+    let clock = ManualClock::new(secs(1_000_001));
+    let scheduler = replica(&server, &clock, "a");
+    let runs = Runs::default();
+    let job = Job::every("patient", Duration::from_secs(60))
+        .unwrap()
+        .on_busy(OnBusy::Wait(Duration::from_secs(20)))
+        .lateness(Duration::from_secs(20));
+    scheduler.add(noting(job, &runs)).unwrap();
+    let running = scheduler.start().unwrap();
+    let other = Locker::with_backend(server.clone());
+    let held = other
+        .acquire("patient", &LockOptions::new().skip())
+        .await
+        .unwrap();
+    clock.set(secs(1_000_020));
+    // The run waits for the lock (no record yet); the other holder lets go.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(runs.len(), 0);
+    held.release().await.unwrap();
+    let record = record_for(&scheduler, "patient", secs(1_000_020), "a").await;
+    assert_eq!(record.outcome, RunOutcome::Ok);
+    assert_eq!(runs.len(), 1);
+    running.shutdown(GRACE).await;
+}
+
+/// A job returning an error is recorded Failed with the error's text; a panicking job too.
+#[tokio::test]
+async fn failing_jobs_are_recorded_failed() {
+    let clock = ManualClock::new(secs(1_000_001));
+    let scheduler = replica(&server(), &clock, "a");
+    scheduler
+        .add(
+            Job::every("fails", Duration::from_secs(10))
+                .unwrap()
+                .run(|_ctx| async { Err::<(), BoxError>("the report server said no".into()) }),
+        )
+        .unwrap();
+    scheduler
+        .add(
+            Job::every("panics", Duration::from_secs(10))
+                .unwrap()
+                .run(|_ctx| async {
+                    if true {
+                        panic!("out of paper");
+                    }
+                    Ok::<(), BoxError>(())
+                }),
+        )
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    let failed = step(&scheduler, &clock, "fails").await;
+    assert_eq!(failed.outcome, RunOutcome::Failed);
+    assert_eq!(failed.detail.as_deref(), Some("the report server said no"));
+    assert!(failed.fence.is_some() && failed.started_at.is_some());
+    let panicked = record_for(&scheduler, "panics", failed.scheduled_at, "a").await;
+    assert_eq!(panicked.outcome, RunOutcome::Failed);
+    assert!(panicked.detail.unwrap().contains("out of paper"));
+    assert!(scheduler.last_success("fails").await.unwrap().is_none());
+    running.shutdown(GRACE).await;
+}
+
+/// A job that never ends passes its hard timeout: its future is dropped and the fire time
+/// is TimedOut.
+#[tokio::test]
+async fn a_job_past_its_timeout_is_cancelled_and_timed_out() {
+    let clock = ManualClock::new(secs(1_000_001));
+    let scheduler = replica(&server(), &clock, "a");
+    let dropped = Arc::new(AtomicBool::new(false));
+    let flag = dropped.clone();
+    scheduler
+        .add(
+            Job::every("stuck", Duration::from_secs(10))
+                .unwrap()
+                .timeout(Duration::from_millis(200))
+                .run(move |_ctx| {
+                    let flag = DropFlag(flag.clone());
+                    async move {
+                        let _flag = flag;
+                        std::future::pending::<()>().await;
+                        Ok::<_, BoxError>(())
+                    }
+                }),
+        )
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    let record = step(&scheduler, &clock, "stuck").await;
+    assert_eq!(record.outcome, RunOutcome::TimedOut);
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the job's future was dropped"
+    );
+    running.shutdown(GRACE).await;
+}
+
+/// The lock taken away behind the scheduler's back (an admin's force-release): the run is
+/// cancelled, its future dropped, the fire time LockLost; `ctx.lost()` had resolved.
+#[tokio::test]
+async fn a_lock_taken_away_cancels_the_run() {
+    let server = server();
+    let clock = ManualClock::new(secs(1_000_001));
+    let scheduler = replica(&server, &clock, "a");
+    let dropped = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(AtomicBool::new(false));
+    let saw_lost = Arc::new(AtomicBool::new(false));
+    let (flag, s, seen) = (dropped.clone(), started.clone(), saw_lost.clone());
+    scheduler
+        .add(
+            Job::every("taken", Duration::from_secs(10))
+                .unwrap()
+                .ttl(Duration::from_millis(600))
+                .run(move |ctx: JobContext| {
+                    let flag = DropFlag(flag.clone());
+                    let (s, seen) = (s.clone(), seen.clone());
+                    tokio::spawn({
+                        let lost = ctx.lost();
+                        async move {
+                            lost.await;
+                            seen.store(true, Ordering::SeqCst);
+                        }
+                    });
+                    async move {
+                        let _flag = flag;
+                        s.store(true, Ordering::SeqCst);
+                        std::future::pending::<()>().await;
+                        Ok::<_, BoxError>(())
+                    }
+                }),
+        )
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    clock.set(secs(1_000_010));
+    until("the run started", || started.load(Ordering::SeqCst)).await;
+    assert!(server.force_release("taken").await.unwrap());
+    let record = record_for(&scheduler, "taken", secs(1_000_010), "a").await;
+    assert_eq!(record.outcome, RunOutcome::LockLost);
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the job's future was dropped"
+    );
+    until("ctx.lost() resolved", || saw_lost.load(Ordering::SeqCst)).await;
+    running.shutdown(GRACE).await;
+}
+
+/// A scheduler that wakes long after its fire times (a suspended machine) records each
+/// one passed by more than the lateness bound as Missed, runs none of them, and goes on
+/// with the next fire time.
+#[tokio::test]
+async fn fire_times_passed_while_suspended_are_missed() {
+    let clock = ManualClock::new(secs(1_000_001));
+    let scheduler = replica(&server(), &clock, "a");
+    let runs = Runs::default();
+    scheduler
+        .add(noting(
+            Job::every("sleepy", Duration::from_secs(10)).unwrap(),
+            &runs,
+        ))
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    // Default lateness for a 10 s period: at_least 5 s, lateness 2.5 s.
+    clock.set(secs(1_000_035));
+    for at in [1_000_010, 1_000_020, 1_000_030] {
+        let record = record_for(&scheduler, "sleepy", secs(at), "a").await;
+        assert_eq!(record.outcome, RunOutcome::Missed, "{at}");
+        assert_eq!((record.started_at, record.fence), (None, None));
+    }
+    assert_eq!(runs.len(), 0, "no catch-up burst");
+    let next = step(&scheduler, &clock, "sleepy").await;
+    assert_eq!(
+        (next.scheduled_at, next.outcome),
+        (secs(1_000_040), RunOutcome::Ok)
+    );
+    assert_eq!(
+        outcomes(&records(&scheduler, "sleepy").await),
+        [
+            RunOutcome::Ok,
+            RunOutcome::Missed,
+            RunOutcome::Missed,
+            RunOutcome::Missed
+        ]
+    );
+    running.shutdown(GRACE).await;
+}
+
+/// A fire time found due within its lateness bound still runs (late, but not missed).
+#[tokio::test]
+async fn a_fire_time_due_within_the_lateness_bound_runs() {
+    let clock = ManualClock::new(secs(1_000_001));
+    let scheduler = replica(&server(), &clock, "a");
+    let runs = Runs::default();
+    let job = Job::every("late", Duration::from_secs(10))
+        .unwrap()
+        .lateness(Duration::from_secs(3));
+    scheduler.add(noting(job, &runs)).unwrap();
+    let running = scheduler.start().unwrap();
+    clock.set(secs(1_000_012));
+    let record = record_for(&scheduler, "late", secs(1_000_010), "a").await;
+    assert_eq!(record.outcome, RunOutcome::Ok);
+    assert_eq!(runs.get(), [("a".to_owned(), secs(1_000_010))]);
+    running.shutdown(GRACE).await;
+}
+
+/// Graceful shutdown: a run that finishes within the grace period is reported finished,
+/// one that does not is cut (future dropped, recorded Cut); no fire time starts after it
+/// and every lock is released.
+#[tokio::test]
+async fn shutdown_lets_runs_finish_within_the_grace_and_cuts_the_rest() {
+    let server = server();
+    let clock = ManualClock::new(secs(1_000_001));
+    let scheduler = replica(&server, &clock, "a");
+    let started = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let s = started.clone();
+    scheduler
+        .add(
+            Job::every("polite", Duration::from_secs(10))
+                .unwrap()
+                .run(move |ctx: JobContext| {
+                    let s = s.clone();
+                    async move {
+                        s.fetch_add(1, Ordering::SeqCst);
+                        ctx.shutting_down().await;
+                        assert!(ctx.is_shutting_down());
+                        Ok::<_, BoxError>(())
+                    }
+                }),
+        )
+        .unwrap();
+    let (s, flag) = (started.clone(), dropped.clone());
+    scheduler
+        .add(
+            Job::every("stubborn", Duration::from_secs(10))
+                .unwrap()
+                .run(move |_ctx| {
+                    let s = s.clone();
+                    let flag = DropFlag(flag.clone());
+                    async move {
+                        let _flag = flag;
+                        s.fetch_add(1, Ordering::SeqCst);
+                        std::future::pending::<()>().await;
+                        Ok::<_, BoxError>(())
+                    }
+                }),
+        )
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    clock.set(secs(1_000_010));
+    until("both runs started", || started.load(Ordering::SeqCst) == 2).await;
+    assert_eq!(server.held_keys(), 2);
+
+    let report = running.shutdown(Duration::from_millis(500)).await;
+    assert_eq!(report.finished.len(), 1, "{report:?}");
+    assert_eq!(report.finished[0].job, "polite");
+    assert_eq!(report.finished[0].outcome, RunOutcome::Ok);
+    assert_eq!(report.cut.len(), 1, "{report:?}");
+    assert_eq!(report.cut[0].job, "stubborn");
+    assert_eq!(report.cut[0].outcome, RunOutcome::Cut);
+    assert_eq!(report.cut[0].scheduled_at, secs(1_000_010));
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the cut run's future was dropped"
+    );
+    scheduler.locker().settle().await;
+    assert_eq!(server.held_keys(), 0, "every lock released");
+    assert_eq!(
+        outcomes(&records(&scheduler, "stubborn").await),
+        [RunOutcome::Cut]
+    );
+    // No fire time starts after the shutdown.
+    clock.set(secs(1_000_020));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(started.load(Ordering::SeqCst), 2);
+    assert_eq!(records(&scheduler, "polite").await.len(), 1);
+}
+
+/// A shutdown releases the at-least hold of a run that already ended, without waiting.
+#[tokio::test]
+async fn shutdown_releases_holds_at_once() {
+    let server = server();
+    let clock = ManualClock::new(secs(1_000_001));
+    let scheduler = replica(&server, &clock, "a");
+    let runs = Runs::default();
+    scheduler
+        .add(noting(
+            Job::every("quick", Duration::from_secs(600)).unwrap(),
+            &runs,
+        ))
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    step(&scheduler, &clock, "quick").await;
+    assert_eq!(server.held_keys(), 1, "held for at_least");
+    let began = std::time::Instant::now();
+    let report = running.shutdown(Duration::from_secs(60)).await;
+    assert!(
+        began.elapsed() < Duration::from_secs(30),
+        "did not wait for the hold"
+    );
+    assert!(
+        report.finished.is_empty() && report.cut.is_empty(),
+        "{report:?}"
+    );
+    scheduler.locker().settle().await;
+    assert_eq!(server.held_keys(), 0);
+}
+
+/// Bad input is a typed error naming the job (and the cron field), never a panic.
+#[test]
+fn bad_input_is_refused_with_typed_errors() {
+    match Job::cron("report", "0 */5 * * 13 *") {
+        Err(Error::InvalidCron { job, field, .. }) => {
+            assert_eq!(job, "report");
+            assert_eq!(field, Some("month"));
+        }
+        other => panic!("expected InvalidCron, got {other:?}"),
+    }
+    match Job::cron("report", "61 * * * *") {
+        Err(Error::InvalidCron { field, .. }) => assert_eq!(field, Some("minute")),
+        other => panic!("expected InvalidCron, got {other:?}"),
+    }
+    let text = Job::cron("report", "* * *").unwrap_err().to_string();
+    assert!(
+        text.contains("report") && text.contains("found 3"),
+        "{text}"
+    );
+    assert!(matches!(
+        Job::cron("", "* * * * *"),
+        Err(Error::InvalidJobName { .. })
+    ));
+    assert!(matches!(
+        Job::every("x".repeat(2000), Duration::from_secs(1)),
+        Err(Error::InvalidJobName { .. })
+    ));
+    assert!(
+        matches!(Job::every("zero", Duration::ZERO), Err(Error::ZeroInterval { job }) if job == "zero")
+    );
+
+    let locker = Locker::new(lock_memory::MemoryBackend::new());
+    let scheduler = Scheduler::builder(locker).build().unwrap();
+    let no_task = Job::every("idle", Duration::from_secs(1)).unwrap();
+    assert!(matches!(scheduler.add(no_task), Err(Error::NoTask { .. })));
+    let ok = |_ctx| async { Ok::<_, BoxError>(()) };
+    let never = Job::cron("feb30", "0 0 0 30 2 *").unwrap().run(ok);
+    assert!(matches!(
+        scheduler.add(never),
+        Err(Error::NeverFires { .. })
+    ));
+    let zero = Job::every("z", Duration::from_secs(1))
+        .unwrap()
+        .timeout(Duration::ZERO)
+        .run(ok);
+    assert!(matches!(
+        scheduler.add(zero),
+        Err(Error::InvalidOption { .. })
+    ));
+    let bad_ttl = Job::every("t", Duration::from_secs(1))
+        .unwrap()
+        .ttl(Duration::ZERO)
+        .run(ok);
+    assert!(matches!(
+        scheduler.add(bad_ttl),
+        Err(Error::InvalidOption { .. })
+    ));
+    scheduler
+        .add(Job::every("once", Duration::from_secs(1)).unwrap().run(ok))
+        .unwrap();
+    let again = Job::every("once", Duration::from_secs(1)).unwrap().run(ok);
+    assert!(matches!(
+        scheduler.add(again),
+        Err(Error::DuplicateJob { .. })
+    ));
+    assert!(matches!(
+        scheduler.next_fire("nope"),
+        Err(Error::UnknownJob { .. })
+    ));
+}
+
+/// `start` twice is refused; jobs added after the start fire too.
+#[tokio::test]
+async fn jobs_added_after_the_start_fire() {
+    let clock = ManualClock::new(secs(1_000_001));
+    let scheduler = replica(&server(), &clock, "a");
+    let running = scheduler.start().unwrap();
+    assert!(matches!(scheduler.start(), Err(Error::AlreadyStarted)));
+    let runs = Runs::default();
+    scheduler
+        .add(noting(
+            Job::every("late-comer", Duration::from_secs(10)).unwrap(),
+            &runs,
+        ))
+        .unwrap();
+    let record = step(&scheduler, &clock, "late-comer").await;
+    assert_eq!(record.outcome, RunOutcome::Ok);
+    running.shutdown(GRACE).await;
+}
