@@ -966,3 +966,101 @@ async fn tls_against_a_plain_server_fails_cleanly() {
     );
     assert!(started.elapsed() <= Duration::from_millis(500) + SLACK);
 }
+
+// ---------------------------------------------------------------------------------------
+// Run records
+// ---------------------------------------------------------------------------------------
+
+/// Run records live at `<prefix>runs:{job}` (a list, trimmed by each append) and
+/// `<prefix>runs:{job}:ok`, apart from the locks; a foreign value under either key is
+/// `Error::Backend` (never a panic, never a record), and an append over a value of another
+/// type fails without touching it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_records_have_keys_of_their_own_and_refuse_foreign_values() {
+    use distlock::records::{RunOutcome, RunRecords};
+
+    let server = RedisServer::start().await;
+    let backend = backend(&format!("{}?prefix=rec%3A", server.url())).await;
+    let node = backend.node().clone();
+    let records: &dyn RunRecords = backend.run_records().expect("redis keeps run records");
+    let job = "jobs/{nightly}";
+    for n in 0..4 {
+        let outcome = if n == 1 { RunOutcome::Ok } else { RunOutcome::Failed };
+        records
+            .append(&common::run_record(job, n, outcome), 2)
+            .await
+            .unwrap();
+    }
+    assert_eq!(node.runs_key(job), "rec:runs:{jobs/{nightly}}");
+    assert_eq!(node.last_success_key(job), "rec:runs:{jobs/{nightly}}:ok");
+    assert_eq!(raw_type(&server, &node.runs_key(job)).await, "list");
+    assert_eq!(raw_type(&server, &node.last_success_key(job)).await, "string");
+    let mut raw = server.client().await;
+    let mut keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [node.runs_key(job), node.last_success_key(job)],
+        "records write only their two keys, none a lock key would use"
+    );
+    let len: usize = redis::cmd("LLEN")
+        .arg(node.runs_key(job))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(len, 2, "trimmed to keep on every append");
+    assert_eq!(
+        records.last_success(job).await.unwrap(),
+        Some(common::run_record(job, 1, RunOutcome::Ok))
+    );
+
+    // Foreign values.
+    let foreign = "other";
+    let _: () = redis::cmd("SET")
+        .arg(node.last_success_key(foreign))
+        .arg("not a record")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    raw_list(&server, &node.runs_key(foreign)).await;
+    assert!(matches!(
+        records.last_success(foreign).await,
+        Err(Error::Backend { .. })
+    ));
+    assert!(matches!(
+        records.recent(foreign, 10).await,
+        Err(Error::Backend { .. })
+    ));
+    let _: () = redis::cmd("SET")
+        .arg(node.runs_key(foreign))
+        .arg("a string, not a list")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let refused = records
+        .append(&common::run_record(foreign, 9, RunOutcome::Ok), 5)
+        .await;
+    assert!(
+        matches!(refused, Err(Error::Backend { .. })),
+        "WRONGTYPE: {refused:?}"
+    );
+    assert!(matches!(
+        records.recent(foreign, 10).await,
+        Err(Error::Backend { .. })
+    ));
+    assert_eq!(
+        raw_string(&server, &node.runs_key(foreign)).await.as_deref(),
+        Some("a string, not a list"),
+        "the foreign value is left as it was"
+    );
+    assert_eq!(
+        raw_string(&server, &node.last_success_key(foreign)).await.as_deref(),
+        Some("not a record"),
+        "a refused append writes no last success either"
+    );
+    assert!(records.recent(job, 0).await.unwrap().is_empty());
+}

@@ -143,6 +143,11 @@ impl Backend for RedisBackend {
     fn baseline(&self) -> Option<&dyn lock_core::Baseline> {
         Some(self)
     }
+
+    /// A list per job and its last success, beside the locks (see `records.rs`).
+    fn run_records(&self) -> Option<&dyn lock_core::records::RunRecords> {
+        Some(self)
+    }
 }
 
 #[async_trait]

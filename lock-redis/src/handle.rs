@@ -43,6 +43,9 @@ use crate::watch::ReleaseWatch;
 /// keys end with `}`). Releases are announced on the channel `<prefix>released:<db>` (see
 /// [`watch_releases`](Self::watch_releases)). The raw baseline writes and deletes
 /// `<prefix>{<name>}:baseline` ([`raw_cycle`](Self::raw_cycle)), never a lock's keys.
+/// Run records of job `job` (the scheduler's history, [`append_run`](Self::append_run))
+/// live at `<prefix>runs:{<job>}` (a list, newest first) and `<prefix>runs:{<job>}:ok` (the
+/// last success), apart from every lock key.
 #[derive(Clone)]
 pub struct RedisNode {
     shared: Arc<Shared>,
@@ -172,6 +175,29 @@ impl RedisNode {
     pub fn tombstone_key(&self, name: &str, owner: Owner) -> String {
         let mut key = key(self.prefix(), name, ":x:");
         key.push_str(std::str::from_utf8(&hex(owner)).unwrap_or_default());
+        key
+    }
+
+    /// The Redis list holding job `job`'s run records, newest first:
+    /// `<prefix>runs:{<job>}`. Every lock key (and its counter, tombstone and baseline key)
+    /// starts `<prefix>{`, every records key `<prefix>runs:{`, so none can equal a lock's
+    /// key, whatever the names; the braces give the job's records one hash tag.
+    pub fn runs_key(&self, job: &str) -> String {
+        let mut key = String::with_capacity(self.prefix().len() + job.len() + 7);
+        key.push_str(self.prefix());
+        key.push_str("runs:");
+        key.push('{');
+        key.push_str(job);
+        key.push('}');
+        key
+    }
+
+    /// The Redis key holding job `job`'s last successful run record:
+    /// `<prefix>runs:{<job>}:ok` (the hash tag of [`runs_key`](Self::runs_key); it cannot
+    /// equal a history list's key, which ends with `}`).
+    pub fn last_success_key(&self, job: &str) -> String {
+        let mut key = self.runs_key(job);
+        key.push_str(":ok");
         key
     }
 

@@ -3,6 +3,7 @@
 
 // Modules, each depending only on those listed after it (config excepted: the builder
 // and what it builds name each other):
+// - records: the run records of a node and of the backend (`RunRecords`);
 // - baseline: the raw `SET NX PX` + `DEL` cycle of a node and of the backend (`Baseline`);
 // - backend: `RedisBackend`, the `Backend` over one node, with its release notices;
 // - node: the lock operations of `RedisNode` (acquire, hand over, extend, release,
@@ -23,6 +24,7 @@ mod error;
 mod handle;
 mod node;
 mod ops;
+mod records;
 mod scripts;
 mod watch;
 

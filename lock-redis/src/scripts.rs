@@ -320,3 +320,17 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 "#,
 );
+
+/// Store a run record of a job and trim the job's history, in one atomic step. KEYS: the
+/// job's history list, its last-success key (one hash tag). ARGV: the encoded record, the
+/// index of the oldest record kept (`keep - 1`, in decimal, passed on as text so no Lua
+/// number conversion can spoil it), `1` when the record is a success (it then also replaces
+/// the last success, which no trim touches). Newest at the list's head. Returns 1.
+pub(crate) static APPEND_RUN: Script = Script::new(
+    r#"
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('LTRIM', KEYS[1], 0, ARGV[2])
+if ARGV[3] == '1' then redis.call('SET', KEYS[2], ARGV[1]) end
+return 1
+"#,
+);

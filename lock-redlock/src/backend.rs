@@ -244,6 +244,12 @@ impl Backend for RedlockBackend {
     fn baseline(&self) -> Option<&dyn lock_core::Baseline> {
         Some(self)
     }
+
+    /// Each node keeps the history as one Redis server does; appends need a majority,
+    /// reads merge a majority's answers (see `records.rs`).
+    fn run_records(&self) -> Option<&dyn lock_core::records::RunRecords> {
+        Some(self)
+    }
 }
 
 #[async_trait]

@@ -6,7 +6,8 @@
 // - baseline: the raw cycle (`Baseline`): every node's SET, then every node's DEL;
 // - backend: `RedlockBackend`, the `Backend` over N nodes (capabilities, drift allowance,
 //   listen, abandon, force-release);
-// - acquire, extend, release, inspect: one operation's protocol each;
+// - acquire, extend, release, inspect: one operation's protocol each; records: the run
+//   records (`RunRecords`) on a majority;
 // - nodes: the nodes, their per-node timeouts, one request to all of them;
 // - quorum: the majority, and `Tally`, when the answers decide an operation;
 // - member: one node, reconnected in the background; fanout: the requests of one operation;
@@ -22,6 +23,7 @@ mod inspect;
 mod member;
 mod nodes;
 mod quorum;
+mod records;
 mod release;
 
 pub use backend::{RedlockBackend, EXPIRY_PRECISION, MIN_TTL};

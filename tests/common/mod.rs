@@ -18,6 +18,21 @@ use tokio::sync::Mutex;
 /// Slack for "returns within its deadline" bounds.
 pub const SLACK: Duration = Duration::from_millis(100);
 
+/// Run record `n` of `job`: scheduled `n` seconds after a fixed instant, ended 250 ms later.
+pub fn run_record(job: &str, n: u64, outcome: distlock::records::RunOutcome) -> distlock::records::RunRecord {
+    let at = std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + n);
+    distlock::records::RunRecord {
+        job: job.to_owned(),
+        scheduled_at: at,
+        replica: format!("replica-{n}"),
+        started_at: Some(at),
+        ended_at: at + Duration::from_millis(250),
+        outcome,
+        fence: Some(n),
+        detail: None,
+    }
+}
+
 /// One attempt (`Skip`) at a lock of `ttl`, not renewed.
 pub fn skip(ttl: Duration) -> LockOptions {
     LockOptions::new().ttl(ttl).skip().watchdog(false)
