@@ -305,8 +305,10 @@ async fn three_replicas(url: &str) {
     let _serial = SERIAL.lock().await;
     let setup = Setup::new(&format!(
         r#"
-# Scheduler defaults: quick stops, a short shutdown.
-at_least = "700ms"
+# Scheduler defaults: quick stops, a short shutdown. The hold outlasts the lateness
+# bound, which keeps a replica woken late from running a fire time again.
+at_least = "900ms"
+lateness = "800ms"
 ttl = "3s"
 grace = "2s"
 shutdown_grace = "10s"
