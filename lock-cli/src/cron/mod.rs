@@ -29,26 +29,27 @@ Examples:
   # what ran where, how it ended, and what fires next:
   distlock cron status jobs.toml --url redis://10.0.0.5:6379
 
-A schedule file (TOML): scheduler defaults at the top, then one [[job]] per job.
-  time_zone = \"Europe/Berlin\"   # default for every job (IANA name; default UTC)
-  at_least = \"5s\"               # hold each fire time's lock at least this long (default 1s)
-  on_busy = \"skip\"              # lock held by another replica's run: skip | wait
+A schedule file (TOML): scheduler defaults at the top, then one [[job]] per job; the
+first six may also be set per job.
+  time_zone = \"Europe/Berlin\"   # IANA name, \"UTC\" (the default) or \"local\"
+  on_busy = \"skip\"              # lock held by another run: skip (default) | wait
   timeout = \"1h\"                # stop a command that runs longer (default: none)
-  ttl = \"30s\"                   # lock time to live, renewed every ttl/3 while a run lasts
-  grace = \"10s\"                 # SIGTERM, then SIGKILL after this, when a command is stopped
+  at_least = \"5s\"               # hold each fire time's lock this long (default: gap/2, <= 1m)
+  lateness = \"2s\"               # a fire time started later is missed (default: at_least/2)
+  ttl = \"10s\"                   # lock TTL, renewed every ttl/3 (default: gap/2, 1s..30s)
+  grace = \"10s\"                 # stopping a command: SIGTERM, then SIGKILL after this
   shutdown_grace = \"30s\"        # on SIGTERM/Ctrl-C: how long running commands may finish
   history = 100                 # run records kept per job in the lock server
 
   [[job]]
   name = \"nightly-report\"       # also the lock's key
-  schedule = \"0 30 2 * * *\"     # cron with seconds: sec min hour day month weekday
+  schedule = \"0 30 2 * * *\"     # cron, seconds first: sec min hour day month weekday
   command = [\"/usr/local/bin/report\", \"--full\"]
   timeout = \"2h\"
 
   [[job]]
   name = \"sync\"
-  schedule = \"every 30s\"
-  time_zone = \"UTC\"
+  schedule = \"every 30s\"        # at Unix epoch + k x 30s, the same on every replica
   command = [\"sh\", \"-c\", \"exec /usr/local/bin/sync >> /var/log/sync.log 2>&1\"]
 
 Each fire time runs on one replica: the first to lock the job's name runs it, holding the
@@ -63,7 +64,7 @@ SIGTERM to the group, SIGKILL after grace.
 
 SIGTERM or Ctrl-C: no new fire times; running commands get shutdown_grace to finish, the
 rest are stopped and recorded as cut (named on stderr); every lock is released; exit 0.
-A second signal stops every command at once.
+A second signal kills every command at once (SIGKILL); those runs are not recorded.
 
 Exit status:
   0    shut down by SIGTERM or Ctrl-C
@@ -73,7 +74,11 @@ Exit status:
        or --metrics-addr cannot be listened on
   70   internal error
 
---metrics-addr serves the scheduler's metrics in the Prometheus text format.
+--metrics-addr serves the scheduler's metrics in the Prometheus text format:
+distlock_scheduler_runs_total{job,outcome}, distlock_scheduler_run_duration_seconds,
+distlock_scheduler_skips_total, distlock_scheduler_last_success_timestamp_seconds{job}
+(alert on time() minus its max across replicas) and
+distlock_scheduler_record_errors_total.
 A file named `status` is given as ./status.";
 
 /// `distlock cron` arguments.
