@@ -605,3 +605,180 @@ async fn jobs_added_after_the_start_fire() {
     assert_eq!(record.outcome, RunOutcome::Ok);
     running.shutdown(GRACE).await;
 }
+
+/// After a suspension longer than `keep` fire times, at most `keep` Missed records are
+/// written, the last saying the rest were not recorded one by one, and the schedule goes
+/// on from now.
+#[tokio::test]
+async fn a_long_suspension_writes_at_most_keep_missed_records() {
+    let clock = ManualClock::new(secs(1_000_000));
+    let scheduler = Scheduler::builder(Locker::new(lock_memory::MemoryBackend::new()))
+        .replica("a")
+        .clock(clock.clone())
+        .keep(3)
+        .build()
+        .unwrap();
+    let runs = Runs::default();
+    scheduler
+        .add(noting(
+            Job::every("tiny", Duration::from_secs(1)).unwrap(),
+            &runs,
+        ))
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    clock.set(secs(1_000_100));
+    let last = record_for(&scheduler, "tiny", secs(1_000_003), "a").await;
+    assert_eq!(last.outcome, RunOutcome::Missed);
+    assert!(last.detail.unwrap().contains("not recorded one by one"));
+    // The fire time due now runs; none between the third and it.
+    let now = record_for(&scheduler, "tiny", secs(1_000_100), "a").await;
+    assert_eq!(now.outcome, RunOutcome::Ok);
+    assert_eq!(runs.get(), [("a".to_owned(), secs(1_000_100))]);
+    let kept = records(&scheduler, "tiny").await;
+    assert_eq!(
+        kept.iter()
+            .map(|r| (r.scheduled_at, r.outcome))
+            .collect::<Vec<_>>(),
+        [
+            (secs(1_000_100), RunOutcome::Ok),
+            (secs(1_000_003), RunOutcome::Missed),
+            (secs(1_000_002), RunOutcome::Missed),
+        ]
+    );
+    running.shutdown(GRACE).await;
+}
+
+/// `clock_offset` builds a scheduler whose clock reads the system clock shifted (for
+/// simulations of a replica whose clock is off).
+#[test]
+fn a_clock_offset_shifts_the_system_clock() {
+    let locker = Locker::new(lock_memory::MemoryBackend::new());
+    let behind = Scheduler::builder(locker)
+        .clock_offset(SignedDuration::from_secs(-3600))
+        .build()
+        .unwrap();
+    let lag = SystemTime::now().duration_since(behind.now()).unwrap();
+    assert!(
+        lag >= Duration::from_secs(3599) && lag <= Duration::from_secs(3601),
+        "{lag:?}"
+    );
+}
+
+/// The default replica id is `hostname-pid`.
+#[test]
+fn the_default_replica_is_hostname_pid() {
+    let locker = Locker::new(lock_memory::MemoryBackend::new());
+    let scheduler = Scheduler::builder(locker).build().unwrap();
+    let id = scheduler.replica();
+    assert!(id.ends_with(&format!("-{}", std::process::id())), "{id}");
+    assert!(id.len() > format!("-{}", std::process::id()).len(), "{id}");
+}
+
+/// A task that panics when called (before returning its future) is recorded Failed too,
+/// and its lock is released.
+#[tokio::test]
+async fn a_task_panicking_when_called_is_failed() {
+    let server = server();
+    let clock = ManualClock::new(secs(1_000_001));
+    let scheduler = replica(&server, &clock, "a");
+    scheduler
+        .add(
+            Job::every("eager", Duration::from_secs(10))
+                .unwrap()
+                .at_least(Duration::ZERO)
+                .run(|_ctx| -> std::future::Ready<Result<(), BoxError>> {
+                    panic!("no future for you")
+                }),
+        )
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    let record = step(&scheduler, &clock, "eager").await;
+    assert_eq!(record.outcome, RunOutcome::Failed);
+    assert!(record.detail.unwrap().contains("no future for you"));
+    until("the lock was released", || server.held_keys() == 0).await;
+    running.shutdown(GRACE).await;
+}
+
+/// A replica starting after every replica was down records the fire times passed since
+/// the newest record as Missed (and runs none of them); one starting while a run of the
+/// job is under way elsewhere (lock held, no record yet) records nothing for it.
+#[tokio::test]
+async fn fire_times_passed_while_no_replica_ran_are_missed_at_the_start() {
+    let server = server();
+    let clock = ManualClock::new(secs(1_000_001));
+    let a = replica(&server, &clock, "a");
+    let runs = Runs::default();
+    a.add(noting(
+        Job::every("down", Duration::from_secs(10)).unwrap(),
+        &runs,
+    ))
+    .unwrap();
+    let running = a.start().unwrap();
+    assert_eq!(step(&a, &clock, "down").await.outcome, RunOutcome::Ok);
+    running.shutdown(GRACE).await;
+
+    // Nobody runs 20, 30, 40; replica b starts at 45.
+    clock.set(secs(1_000_045));
+    let b = replica(&server, &clock, "b");
+    b.add(noting(
+        Job::every("down", Duration::from_secs(10)).unwrap(),
+        &runs,
+    ))
+    .unwrap();
+    let running = b.start().unwrap();
+    for at in [1_000_020, 1_000_030, 1_000_040] {
+        let record = record_for(&b, "down", secs(at), "b").await;
+        assert_eq!(record.outcome, RunOutcome::Missed, "{at}");
+        assert!(record.detail.unwrap().contains("not running"));
+    }
+    let next = step(&b, &clock, "down").await;
+    assert_eq!(
+        (next.scheduled_at, next.outcome),
+        (secs(1_000_050), RunOutcome::Ok)
+    );
+    assert_eq!(runs.len(), 2);
+    running.shutdown(GRACE).await;
+
+    // A run under way on c (lock held, no record yet) when d starts: d records nothing for
+    // it.
+    let c = replica(&server, &clock, "c");
+    let release = Arc::new(Notify::new());
+    let started = Arc::new(AtomicBool::new(false));
+    let (r, s) = (release.clone(), started.clone());
+    c.add(
+        Job::every("down", Duration::from_secs(10))
+            .unwrap()
+            .run(move |_ctx| {
+                let (r, s) = (r.clone(), s.clone());
+                async move {
+                    s.store(true, Ordering::SeqCst);
+                    r.notified().await;
+                    Ok::<_, BoxError>(())
+                }
+            }),
+    )
+    .unwrap();
+    let running_c = c.start().unwrap();
+    clock.set(secs(1_000_060));
+    until("c's run started", || started.load(Ordering::SeqCst)).await;
+    // Before c's hold ends (60 + at_least 5 s): the lock is held whether or not the run
+    // has ended when d looks.
+    clock.set(secs(1_000_064));
+    let d = replica(&server, &clock, "d");
+    d.add(noting(
+        Job::every("down", Duration::from_secs(10)).unwrap(),
+        &runs,
+    ))
+    .unwrap();
+    let running_d = d.start().unwrap();
+    release.notify_one();
+    let record = record_for(&c, "down", secs(1_000_060), "c").await;
+    assert_eq!(record.outcome, RunOutcome::Ok);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        records(&d, "down").await.iter().all(|r| r.replica != "d"),
+        "d recorded nothing"
+    );
+    running_c.shutdown(GRACE).await;
+    running_d.shutdown(GRACE).await;
+}
