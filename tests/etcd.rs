@@ -1079,7 +1079,10 @@ async fn run_records_keep_to_their_own_keys_and_refuse_foreign_values() {
             .all(|k| k.starts_with("rec.runs/612f62/r/") || k == "rec.runs/612f62/ok"),
         "{all:?}"
     );
-    assert!(keys(client.clone(), "rec/").await.is_empty(), "nothing under the lock prefix");
+    assert!(
+        keys(client.clone(), "rec/").await.is_empty(),
+        "nothing under the lock prefix"
+    );
 
     // Lowering `keep` trims the excess (more than one trim batch) at the next append.
     records
@@ -1100,9 +1103,15 @@ async fn run_records_keep_to_their_own_keys_and_refuse_foreign_values() {
     );
 
     // Foreign values ("x" is 78 in hex).
-    client.put("rec.runs/78/r/zz", "not a record", None).await.unwrap();
+    client
+        .put("rec.runs/78/r/zz", "not a record", None)
+        .await
+        .unwrap();
     client.put("rec.runs/78/ok", "{}", None).await.unwrap();
-    assert!(matches!(records.recent("x", 10).await, Err(Error::Backend { .. })));
+    assert!(matches!(
+        records.recent("x", 10).await,
+        Err(Error::Backend { .. })
+    ));
     assert!(matches!(
         records.last_success("x").await,
         Err(Error::Backend { .. })

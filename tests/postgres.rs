@@ -448,7 +448,9 @@ async fn run_records_have_a_table_of_their_own_and_refuse_foreign_values() {
     let first = backend(&url).await;
     assert_eq!(first.runs_table(), "\"public\".\"records_runs\"");
     drop(first);
-    raw.batch_execute("DROP TABLE public.records_runs").await.unwrap();
+    raw.batch_execute("DROP TABLE public.records_runs")
+        .await
+        .unwrap();
     let b = backend(&url).await;
     let records: &dyn RunRecords = b.run_records().expect("postgres keeps run records");
     for n in 0..4 {

@@ -80,7 +80,9 @@ impl Shared {
         let mut kv = self.client().kv_client();
         let answer = self
             .within(DOING, async {
-                kv.txn(Txn::new().and_then(ops)).await.map_err(failed(DOING))
+                kv.txn(Txn::new().and_then(ops))
+                    .await
+                    .map_err(failed(DOING))
             })
             .await?;
         let listed = answer
@@ -99,9 +101,14 @@ impl Shared {
             .collect();
         for batch in old.chunks(TRIM_BATCH) {
             const TRIM: &str = "trimming run records";
-            let deletes: Vec<TxnOp> = batch.iter().map(|k| TxnOp::delete(k.clone(), None)).collect();
+            let deletes: Vec<TxnOp> = batch
+                .iter()
+                .map(|k| TxnOp::delete(k.clone(), None))
+                .collect();
             self.within(TRIM, async {
-                kv.txn(Txn::new().and_then(deletes)).await.map_err(failed(TRIM))
+                kv.txn(Txn::new().and_then(deletes))
+                    .await
+                    .map_err(failed(TRIM))
             })
             .await?;
         }

@@ -100,7 +100,11 @@ impl PostgresBackend {
             .map_err(|e| e.into_error())
     }
 
-    pub(crate) fn bad_reply(&self, op: &'static str, what: impl std::fmt::Display) -> lock_core::Error {
+    pub(crate) fn bad_reply(
+        &self,
+        op: &'static str,
+        what: impl std::fmt::Display,
+    ) -> lock_core::Error {
         self.connection
             .error(op, Failure::Reply(format!("unexpected reply: {what}")))
             .into_error()
