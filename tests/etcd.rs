@@ -1025,3 +1025,95 @@ async fn the_raw_baseline_leaves_locks_alone_and_nothing_behind() {
     guard.release().await.unwrap();
     assert!(keys(client.clone()).await.is_empty());
 }
+
+// ---------------------------------------------------------------------------------------
+// Run records
+// ---------------------------------------------------------------------------------------
+
+/// Run records live beside the lock prefix (`<prefix minus its last character>.runs/`,
+/// the job in hex), one key per record and one for the last success; lowering `keep`
+/// trims the excess at the next append; a foreign value under a record key is
+/// `Error::Backend`, never a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_records_keep_to_their_own_keys_and_refuse_foreign_values() {
+    use distlock::records::{RunOutcome, RunRecords};
+    use etcd_client::GetOptions;
+
+    let server = EtcdServer::start().await;
+    let b = backend(&[server.endpoint()], "prefix=rec/").await;
+    let records: &dyn RunRecords = b.run_records().expect("etcd keeps run records");
+    let mut client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    let keys = |mut client: etcd_client::Client, from: &'static str| async move {
+        let all = client
+            .get(from, Some(GetOptions::new().with_prefix().with_keys_only()))
+            .await
+            .unwrap();
+        let mut keys: Vec<String> = all
+            .kvs()
+            .iter()
+            .map(|kv| kv.key_str().unwrap().to_owned())
+            .collect();
+        keys.sort();
+        keys
+    };
+
+    let job = "a/b";
+    for n in 0..150 {
+        let outcome = if n == 1 {
+            RunOutcome::Ok
+        } else {
+            RunOutcome::Failed
+        };
+        records
+            .append(&common::run_record(job, n, outcome), 150)
+            .await
+            .unwrap();
+    }
+    let all = keys(client.clone(), "").await;
+    assert_eq!(all.len(), 151, "150 records and the last success");
+    assert!(all.contains(&"rec.runs/612f62/ok".to_owned()), "{all:?}");
+    assert!(
+        all.iter()
+            .all(|k| k.starts_with("rec.runs/612f62/r/") || k == "rec.runs/612f62/ok"),
+        "{all:?}"
+    );
+    assert!(
+        keys(client.clone(), "rec/").await.is_empty(),
+        "nothing under the lock prefix"
+    );
+
+    // Lowering `keep` trims the excess (more than one trim batch) at the next append.
+    records
+        .append(&common::run_record(job, 150, RunOutcome::Failed), 2)
+        .await
+        .unwrap();
+    assert_eq!(keys(client.clone(), "rec.runs/612f62/r/").await.len(), 2);
+    assert_eq!(
+        records.recent(job, 10).await.unwrap(),
+        [
+            common::run_record(job, 150, RunOutcome::Failed),
+            common::run_record(job, 149, RunOutcome::Failed)
+        ]
+    );
+    assert_eq!(
+        records.last_success(job).await.unwrap(),
+        Some(common::run_record(job, 1, RunOutcome::Ok))
+    );
+
+    // Foreign values ("x" is 78 in hex).
+    client
+        .put("rec.runs/78/r/zz", "not a record", None)
+        .await
+        .unwrap();
+    client.put("rec.runs/78/ok", "{}", None).await.unwrap();
+    assert!(matches!(
+        records.recent("x", 10).await,
+        Err(Error::Backend { .. })
+    ));
+    assert!(matches!(
+        records.last_success("x").await,
+        Err(Error::Backend { .. })
+    ));
+}

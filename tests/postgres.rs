@@ -434,3 +434,76 @@ async fn a_waiter_in_another_process_is_woken_by_notify() {
     );
     guard.release().await.unwrap();
 }
+
+/// Run records live in `<table>_runs`, made beside the lease table also when only it is
+/// missing (an older deployment), and also for the longest table name; a foreign value in
+/// it is `Error::Backend`, never a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_records_have_a_table_of_their_own_and_refuse_foreign_values() {
+    use distlock::records::{RunOutcome, RunRecords};
+
+    let server = PostgresServer::start().await;
+    let raw = server.client().await;
+    let url = postgres_url(server.addr(), "table=records");
+    let first = backend(&url).await;
+    assert_eq!(first.runs_table(), "\"public\".\"records_runs\"");
+    drop(first);
+    raw.batch_execute("DROP TABLE public.records_runs")
+        .await
+        .unwrap();
+    let b = backend(&url).await;
+    let records: &dyn RunRecords = b.run_records().expect("postgres keeps run records");
+    for n in 0..4 {
+        let outcome = if n == 0 {
+            RunOutcome::Ok
+        } else {
+            RunOutcome::Failed
+        };
+        records
+            .append(&common::run_record("job", n, outcome), 2)
+            .await
+            .unwrap();
+    }
+    let rows: i64 = raw
+        .query_one("SELECT count(*) FROM public.records_runs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 3, "two records and the last success");
+    let leases: i64 = raw
+        .query_one("SELECT count(*) FROM public.records", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(leases, 0, "nothing in the lease table");
+
+    // Foreign values.
+    raw.execute(
+        "INSERT INTO public.records_runs (job, id, record) VALUES ('\\x6f74686572', 0, 'x'), \
+         ('\\x6f74686572', 7, '{\"v\":1}')",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        records.recent("other", 10).await,
+        Err(Error::Backend { .. })
+    ));
+    assert!(matches!(
+        records.last_success("other").await,
+        Err(Error::Backend { .. })
+    ));
+
+    // The longest lease table name still has room for `_runs`.
+    let long = "t".repeat(distlock::postgres::MAX_IDENTIFIER_LEN - "_fence".len());
+    let b = backend(&postgres_url(server.addr(), &format!("table={long}"))).await;
+    let records = b.run_records().unwrap();
+    records
+        .append(&common::run_record("job", 1, RunOutcome::Ok), 5)
+        .await
+        .unwrap();
+    assert_eq!(
+        records.last_success("job").await.unwrap(),
+        Some(common::run_record("job", 1, RunOutcome::Ok))
+    );
+}

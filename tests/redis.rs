@@ -985,7 +985,11 @@ async fn run_records_have_keys_of_their_own_and_refuse_foreign_values() {
     let records: &dyn RunRecords = backend.run_records().expect("redis keeps run records");
     let job = "jobs/{nightly}";
     for n in 0..4 {
-        let outcome = if n == 1 { RunOutcome::Ok } else { RunOutcome::Failed };
+        let outcome = if n == 1 {
+            RunOutcome::Ok
+        } else {
+            RunOutcome::Failed
+        };
         records
             .append(&common::run_record(job, n, outcome), 2)
             .await
@@ -994,7 +998,10 @@ async fn run_records_have_keys_of_their_own_and_refuse_foreign_values() {
     assert_eq!(node.runs_key(job), "rec:runs:{jobs/{nightly}}");
     assert_eq!(node.last_success_key(job), "rec:runs:{jobs/{nightly}}:ok");
     assert_eq!(raw_type(&server, &node.runs_key(job)).await, "list");
-    assert_eq!(raw_type(&server, &node.last_success_key(job)).await, "string");
+    assert_eq!(
+        raw_type(&server, &node.last_success_key(job)).await,
+        "string"
+    );
     let mut raw = server.client().await;
     let mut keys: Vec<String> = redis::cmd("KEYS")
         .arg("*")
@@ -1053,12 +1060,16 @@ async fn run_records_have_keys_of_their_own_and_refuse_foreign_values() {
         Err(Error::Backend { .. })
     ));
     assert_eq!(
-        raw_string(&server, &node.runs_key(foreign)).await.as_deref(),
+        raw_string(&server, &node.runs_key(foreign))
+            .await
+            .as_deref(),
         Some("a string, not a list"),
         "the foreign value is left as it was"
     );
     assert_eq!(
-        raw_string(&server, &node.last_success_key(foreign)).await.as_deref(),
+        raw_string(&server, &node.last_success_key(foreign))
+            .await
+            .as_deref(),
         Some("not a record"),
         "a refused append writes no last success either"
     );

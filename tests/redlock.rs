@@ -1176,7 +1176,10 @@ async fn run_records_need_a_majority_and_outvote_a_foreign_value() {
     set_raw(0, b.node(0).unwrap().runs_key(odd)).await;
     set_raw(0, b.node(0).unwrap().last_success_key(odd)).await;
     records.append(&run(odd, 1, Succeeded), 3).await.unwrap();
-    assert_eq!(records.recent(odd, 10).await.unwrap(), [run(odd, 1, Succeeded)]);
+    assert_eq!(
+        records.recent(odd, 10).await.unwrap(),
+        [run(odd, 1, Succeeded)]
+    );
     assert_eq!(
         records.last_success(odd).await.unwrap(),
         Some(run(odd, 1, Succeeded))
@@ -1200,7 +1203,11 @@ async fn run_records_need_a_majority_and_outvote_a_foreign_value() {
     records.append(&run(job, 3, Failed), 3).await.unwrap();
     assert_eq!(
         records.recent(job, 10).await.unwrap(),
-        [run(job, 3, Failed), run(job, 2, Failed), run(job, 1, Failed)]
+        [
+            run(job, 3, Failed),
+            run(job, 2, Failed),
+            run(job, 1, Failed)
+        ]
     );
     assert_eq!(
         records.last_success(job).await.unwrap(),

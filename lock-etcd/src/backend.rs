@@ -161,6 +161,11 @@ impl Backend for EtcdBackend {
     fn baseline(&self) -> Option<&dyn lock_core::Baseline> {
         Some(self)
     }
+
+    /// Keys of their own beside the lock prefix (see the design notes, "Run records").
+    fn run_records(&self) -> Option<&dyn lock_core::records::RunRecords> {
+        Some(self)
+    }
 }
 
 #[async_trait]

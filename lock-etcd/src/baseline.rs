@@ -16,23 +16,11 @@ pub const BASELINE_CYCLE: &str = "put + delete";
 const RAW_VALUE: &str = "00000000000000000000000000000000";
 
 impl Shared {
-    /// The etcd key of the raw baseline of `key`: the lock prefix with its last character
-    /// replaced by `.baseline/` (`_baseline/` when that character is a `.`), then `key`;
-    /// `distlock.baseline/<key>` with the default prefix. It differs from the prefix at the
-    /// prefix's last character, so it is never a lock key and the release watch (over the
-    /// prefix) never sees it.
+    /// The etcd key of the raw baseline of `key`: [`beside_prefix`](Self::beside_prefix)
+    /// `("baseline")`, then `key`; `distlock.baseline/<key>` with the default prefix, never
+    /// a lock key, and never seen by the release watch (over the prefix).
     pub(crate) fn baseline_key(&self, key: &str) -> String {
-        let prefix = &self.prefix;
-        // The prefix is never empty (the builder refuses it).
-        let (cut, last) = prefix.char_indices().next_back().unwrap_or((0, '/'));
-        let marker = if last == '.' {
-            "_baseline/"
-        } else {
-            ".baseline/"
-        };
-        let mut raw = String::with_capacity(cut + marker.len() + key.len());
-        raw.push_str(&prefix[..cut]);
-        raw.push_str(marker);
+        let mut raw = self.beside_prefix("baseline");
         raw.push_str(key);
         raw
     }

@@ -13,6 +13,7 @@ mod error;
 mod held;
 mod leases;
 mod members;
+mod records;
 mod release;
 mod renew;
 mod running;

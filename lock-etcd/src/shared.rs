@@ -51,6 +51,24 @@ impl Shared {
         full
     }
 
+    /// The root of a key space of the backend's own beside the locks: the lock prefix with
+    /// its last character replaced by `.<name>/` (`_<name>/` when that character is a `.`),
+    /// e.g. `distlock.runs/` with the default prefix `distlock/`. It differs from the prefix
+    /// at the prefix's last character, so no key under it is a lock key (whatever the lock's
+    /// name) and the release watch, over the prefix, never sees it.
+    pub(crate) fn beside_prefix(&self, name: &str) -> String {
+        let prefix = &self.prefix;
+        // The prefix is never empty (the builder refuses it).
+        let (cut, last) = prefix.char_indices().next_back().unwrap_or((0, '/'));
+        let mark = if last == '.' { '_' } else { '.' };
+        let mut root = String::with_capacity(cut + name.len() + 2);
+        root.push_str(&prefix[..cut]);
+        root.push(mark);
+        root.push_str(name);
+        root.push('/');
+        root
+    }
+
     /// The lease TTL for a lock TTL: the [`Ttl`] is whole seconds already, at least the
     /// server minimum, at most the capabilities' `max_ttl` (a year, which fits an `i64`).
     pub(crate) fn lease_secs(ttl: Ttl) -> i64 {

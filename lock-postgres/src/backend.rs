@@ -78,12 +78,17 @@ impl PostgresBackend {
         &self.connection.names.table
     }
 
+    /// The quoted `"schema"."<table>_runs"` of the run records' table.
+    pub fn runs_table(&self) -> &str {
+        &self.connection.names.runs
+    }
+
     /// The channel releases are announced on (`LISTEN "…"`).
     pub fn channel(&self) -> &str {
         &self.connection.names.channel
     }
 
-    async fn query(
+    pub(crate) async fn query(
         &self,
         op: &'static str,
         pick: fn(&crate::connection::Statements) -> &tokio_postgres::Statement,
@@ -95,14 +100,18 @@ impl PostgresBackend {
             .map_err(|e| e.into_error())
     }
 
-    fn bad_reply(&self, op: &'static str, what: impl std::fmt::Display) -> lock_core::Error {
+    pub(crate) fn bad_reply(
+        &self,
+        op: &'static str,
+        what: impl std::fmt::Display,
+    ) -> lock_core::Error {
         self.connection
             .error(op, Failure::Reply(format!("unexpected reply: {what}")))
             .into_error()
     }
 
     /// Reads column `i` of `row`, or says the reply was not what the statement returns.
-    fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+    pub(crate) fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
         &self,
         op: &'static str,
         row: &'a Row,
@@ -245,6 +254,11 @@ impl Backend for PostgresBackend {
     }
 
     fn baseline(&self) -> Option<&dyn Baseline> {
+        Some(self)
+    }
+
+    /// The table `<table>_runs` beside the lease table (see `records.rs`).
+    fn run_records(&self) -> Option<&dyn lock_core::records::RunRecords> {
         Some(self)
     }
 }

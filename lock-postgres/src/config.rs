@@ -154,10 +154,10 @@ impl PostgresBuilder {
     }
 
     /// The lease table; default `distlock_leases`. Created (with its fence sequence
-    /// `<table>_fence`) when missing.
+    /// `<table>_fence`, and `<table>_runs`, the scheduler's run records) when missing.
     ///
     /// A plain identifier (an ASCII letter or `_`, then ASCII letters, digits or `_`, at most
-    /// 59 bytes so that the sequence's name fits too), checked by `build` before any SQL is
+    /// 57 bytes so that the sequence's name fits too), checked by `build` before any SQL is
     /// built: names are spliced into statements (quoted), so nothing else is let through.
     pub fn table(mut self, table: impl Into<String>) -> Self {
         self.table = table.into();
@@ -282,6 +282,8 @@ pub(crate) struct Names {
     pub(crate) table: String,
     /// `"schema"."table_fence"`, the fence sequence.
     pub(crate) sequence: String,
+    /// `"schema"."table_runs"`, the run records.
+    pub(crate) runs: String,
     /// The unquoted schema and table (for catalog look-ups, as parameters).
     pub(crate) raw_schema: String,
     pub(crate) raw_table: String,
@@ -302,6 +304,8 @@ impl Names {
             schema: format!("\"{schema}\""),
             table: format!("\"{schema}\".\"{table}\""),
             sequence: format!("\"{schema}\".\"{table}_fence\""),
+            // `_runs` is shorter than `_fence`: it fits wherever the sequence does.
+            runs: format!("\"{schema}\".\"{table}_runs\""),
             raw_schema: schema.to_owned(),
             raw_table: table.to_owned(),
             channel,

@@ -23,6 +23,9 @@ pub(crate) struct Statements {
     pub(crate) force_release: Statement,
     pub(crate) raw_set: Statement,
     pub(crate) raw_del: Statement,
+    pub(crate) append_run: Statement,
+    pub(crate) recent_runs: Statement,
+    pub(crate) last_success: Statement,
 }
 
 /// One open connection.
@@ -211,6 +214,9 @@ impl Connection {
                 force_release: client.prepare(&sql.force_release).await?,
                 raw_set: client.prepare(&sql.raw_set).await?,
                 raw_del: client.prepare(&sql.raw_del).await?,
+                append_run: client.prepare(&sql.append_run).await?,
+                recent_runs: client.prepare(&sql.recent_runs).await?,
+                last_success: client.prepare(&sql.last_success).await?,
             };
             Ok::<_, tokio_postgres::Error>((backend, statements))
         };
@@ -228,8 +234,8 @@ impl Connection {
         }
     }
 
-    /// Creates the schema, the lease table, its sequence and the raw baseline's table, when
-    /// one is missing.
+    /// Creates the schema, the lease table, its sequence, the raw baseline's table and the
+    /// run records' table, when one is missing.
     async fn create_table(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
         let names = &self.names;
         let row = client
@@ -240,6 +246,7 @@ impl Connection {
                     &names.sequence,
                     &crate::sql::raw_table(names),
                     &names.raw_schema,
+                    &names.runs,
                 ],
             )
             .await?;

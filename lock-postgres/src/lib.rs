@@ -3,6 +3,7 @@
 
 // Modules, each depending only on those listed after it (config excepted: the builder
 // and what it builds name each other):
+// - records: the run records (`RunRecords`) in `<table>_runs`;
 // - backend: `PostgresBackend`, the `Backend`, `HandOver`, `Admin` and `Baseline`;
 // - watch: the `LISTEN` connection feeding the release notices;
 // - connection: the lock connection, its prepared statements, reconnection, timeouts;
@@ -12,6 +13,7 @@ mod backend;
 mod config;
 mod connection;
 mod error;
+mod records;
 mod sql;
 mod watch;
 

@@ -19,8 +19,12 @@ pub(crate) struct Sql {
     pub(crate) force_release: String,
     pub(crate) raw_set: String,
     pub(crate) raw_del: String,
+    pub(crate) append_run: String,
+    pub(crate) recent_runs: String,
+    pub(crate) last_success: String,
     pub(crate) exists: String,
-    /// Run in one transaction when something is missing (the schema first, when missing).
+    /// Run in one transaction when something is missing (the schema first, when missing):
+    /// the lease table, its sequence, the raw baseline's table and the run records' table.
     pub(crate) create: Vec<String>,
     pub(crate) create_schema: String,
 }
@@ -40,6 +44,7 @@ impl Sql {
             schema,
             table,
             sequence,
+            runs,
             ..
         } = names;
         // A quoted, validated name inside a string literal: it holds no `'`.
@@ -105,9 +110,32 @@ impl Sql {
                 ttl = ms(3),
             ),
             raw_del: format!("DELETE FROM {} WHERE key = $1::bytea", raw_table(names)),
+            // Run records: `$1` the job (`bytea`, as a lock key), `$2` the encoded record,
+            // `$3` how many to keep (at least 1), `$4` whether it is a success. One
+            // statement: the new row, the last success (row `id = 0`) replaced for a
+            // success, and the job's rows past the newest `keep - 1` of those already there
+            // deleted (the statement's snapshot does not see its own insert, which makes
+            // the `keep`-th).
+            append_run: format!(
+                "WITH ins AS (INSERT INTO {runs} (job, record) VALUES ($1::bytea, $2::bytea) \
+                 RETURNING id), \
+                 ok AS (INSERT INTO {runs} (job, id, record) \
+                 SELECT $1::bytea, 0, $2::bytea WHERE $4::boolean \
+                 ON CONFLICT (job, id) DO UPDATE SET record = EXCLUDED.record), \
+                 old AS (DELETE FROM {runs} WHERE job = $1::bytea AND id > 0 AND id <= \
+                 (SELECT id FROM {runs} WHERE job = $1::bytea AND id > 0 \
+                 ORDER BY id DESC OFFSET ($3::bigint - 1) LIMIT 1)) \
+                 SELECT id FROM ins"
+            ),
+            // `$1` the job, `$2` the limit.
+            recent_runs: format!(
+                "SELECT record FROM {runs} WHERE job = $1::bytea AND id > 0 \
+                 ORDER BY id DESC LIMIT $2::bigint"
+            ),
+            last_success: format!("SELECT record FROM {runs} WHERE job = $1::bytea AND id = 0"),
             exists:
                 "SELECT to_regclass($1::text) IS NOT NULL AND to_regclass($2::text) IS NOT NULL \
-                     AND to_regclass($3::text) IS NOT NULL, \
+                     AND to_regclass($3::text) IS NOT NULL AND to_regclass($5::text) IS NOT NULL, \
                      EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $4::text)"
                     .to_owned(),
             create: vec![
@@ -124,6 +152,14 @@ impl Sql {
                     "CREATE UNLOGGED TABLE IF NOT EXISTS {raw} (\
                      key bytea PRIMARY KEY, value text NOT NULL, expires_at timestamptz NOT NULL)",
                     raw = raw_table(names)
+                ),
+                // A job's history rows take ids from the column's sequence (from 1, in the
+                // order they were stored); row `id = 0` is its last success, which no trim
+                // deletes. The primary key serves every statement.
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {runs} (\
+                     job bytea NOT NULL, id bigserial NOT NULL, record bytea NOT NULL, \
+                     PRIMARY KEY (job, id))"
                 ),
             ],
             create_schema: format!("CREATE SCHEMA IF NOT EXISTS {schema}"),

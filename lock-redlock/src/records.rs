@@ -163,7 +163,10 @@ mod tests {
     #[test]
     fn a_node_that_missed_an_append_adds_nothing_past_the_retention() {
         // keep 3: record 2 missed the last node, which still holds record 0.
-        let merged = merge(vec![vec![run(3), run(2), run(1)], vec![run(3), run(1), run(0)]], 10);
+        let merged = merge(
+            vec![vec![run(3), run(2), run(1)], vec![run(3), run(1), run(0)]],
+            10,
+        );
         assert_eq!(merged, [run(3), run(2), run(1)]);
     }
 

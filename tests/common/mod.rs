@@ -19,7 +19,11 @@ use tokio::sync::Mutex;
 pub const SLACK: Duration = Duration::from_millis(100);
 
 /// Run record `n` of `job`: scheduled `n` seconds after a fixed instant, ended 250 ms later.
-pub fn run_record(job: &str, n: u64, outcome: distlock::records::RunOutcome) -> distlock::records::RunRecord {
+pub fn run_record(
+    job: &str,
+    n: u64,
+    outcome: distlock::records::RunOutcome,
+) -> distlock::records::RunRecord {
     let at = std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + n);
     distlock::records::RunRecord {
         job: job.to_owned(),

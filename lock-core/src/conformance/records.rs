@@ -19,9 +19,10 @@ fn record(job: &str, n: u64, outcome: RunOutcome) -> RunRecord {
     }
 }
 
-/// Run records keep each job's newest `keep` records, newest first, keep the last success
-/// past retention, leave other jobs and the job's lock untouched, and take job names with
-/// any characters. A backend without the ability says so and passes.
+/// Run records keep each job's newest `keep` records (`keep` 0 counting as 1), newest
+/// first, keep the last success past retention, leave other jobs and the job's lock
+/// untouched, and take job names with any characters. A backend without the ability says
+/// so and passes.
 pub async fn run_records_keep_the_newest(t: &Target) {
     let Some(records) = t.backend.run_records() else {
         eprintln!(
@@ -94,6 +95,26 @@ pub async fn run_records_keep_the_newest(t: &Target) {
     assert_eq!(
         records.last_success(&job).await.unwrap(),
         Some(record(&job, 9, RunOutcome::Ok))
+    );
+
+    // The edges: `keep` of 0 counts as 1 (and keeps the last success), a `limit` of 0
+    // reads nothing (not "no limit", as some servers take a zero).
+    records
+        .append(&record(&other, 101, RunOutcome::Failed), 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        records.recent(&other, 10).await.unwrap(),
+        vec![record(&other, 101, RunOutcome::Failed)],
+        "keep 0 counts as 1"
+    );
+    assert_eq!(
+        records.last_success(&other).await.unwrap(),
+        Some(record(&other, 100, RunOutcome::Ok))
+    );
+    assert!(
+        records.recent(&job, 0).await.unwrap().is_empty(),
+        "limit 0 reads nothing"
     );
 
     assert!(
