@@ -92,6 +92,11 @@ impl Job {
         Ok(Job { child, pgid })
     }
 
+    /// The id of the command's process group.
+    pub fn pgid(&self) -> libc::pid_t {
+        self.pgid
+    }
+
     /// Waits until the command exits.
     ///
     /// # Errors
@@ -162,7 +167,8 @@ impl Job {
     }
 }
 
-fn send(pgid: libc::pid_t, sig: i32) {
+/// Sends `sig` to the process group `pgid` (a [`Job::pgid`]).
+pub fn send(pgid: libc::pid_t, sig: i32) {
     // SAFETY: kill(2) has no memory-safety preconditions; a negative pid names a group.
     // ESRCH (the group is already gone) is the expected outcome once the job has exited.
     unsafe {

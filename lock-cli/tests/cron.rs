@@ -349,7 +349,9 @@ command = {failing}
     let context = format!("{stderr:#?}\n{status:#}");
 
     // fast: every fire time once, and no second between the first and the last missing.
-    let fast = runs.get("fast").unwrap_or_else(|| panic!("fast never ran: {context}"));
+    let fast = runs
+        .get("fast")
+        .unwrap_or_else(|| panic!("fast never ran: {context}"));
     let fires: Vec<i64> = fast.iter().map(|r| epoch_secs(&r.scheduled_at)).collect();
     let distinct: BTreeSet<i64> = fires.iter().copied().collect();
     assert_eq!(
@@ -358,7 +360,10 @@ command = {failing}
         "a fire time of fast ran twice: {fast:#?}\n{context}"
     );
     let (first, last) = (*distinct.first().unwrap(), *distinct.last().unwrap());
-    assert!(last - first >= 5, "fast ran too few times: {fast:#?}\n{context}");
+    assert!(
+        last - first >= 5,
+        "fast ran too few times: {fast:#?}\n{context}"
+    );
     assert_eq!(
         distinct.len() as i64,
         last - first + 1,
@@ -406,7 +411,8 @@ command = {failing}
     for (s, r, o) in &slow_records {
         if o == "ok" {
             assert!(
-                slow.iter().any(|run| &run.scheduled_at == s && &run.replica == r),
+                slow.iter()
+                    .any(|run| &run.scheduled_at == s && &run.replica == r),
                 "an ok record of slow the commands did not write: {s} {r}"
             );
         }
@@ -432,8 +438,15 @@ command = {failing}
 
     // last success and next fire time.
     let last_fast = &job(&status, "fast")["last_success"];
-    let newest = fast.iter().max_by_key(|r| epoch_secs(&r.scheduled_at)).unwrap();
-    assert_eq!(last_fast["scheduled_at"], newest.scheduled_at.as_str(), "{status:#}");
+    let newest = fast
+        .iter()
+        .max_by_key(|r| epoch_secs(&r.scheduled_at))
+        .unwrap();
+    assert_eq!(
+        last_fast["scheduled_at"],
+        newest.scheduled_at.as_str(),
+        "{status:#}"
+    );
     let next: jiff::Timestamp = job(&status, "fast")["next_fire"]
         .as_str()
         .expect("next_fire")
@@ -625,7 +638,10 @@ command = {}
     on_time.terminate(Duration::from_secs(30)).await;
     behind.terminate(Duration::from_secs(30)).await;
     let status = setup.status(&url).await;
-    (runs(&setup.lines()).remove("skew").unwrap_or_default(), status)
+    (
+        runs(&setup.lines()).remove("skew").unwrap_or_default(),
+        status,
+    )
 }
 
 /// A replica whose clock is 1 s behind does not run a fire time a second time when
@@ -638,7 +654,11 @@ async fn at_least_above_the_skew_keeps_a_fire_time_to_one_run() {
     let fires: Vec<&str> = runs.iter().map(|r| r.scheduled_at.as_str()).collect();
     let distinct: BTreeSet<&str> = fires.iter().copied().collect();
     assert!(distinct.len() >= 2, "{runs:#?}");
-    assert_eq!(distinct.len(), fires.len(), "a fire time ran twice: {runs:#?}");
+    assert_eq!(
+        distinct.len(),
+        fires.len(),
+        "a fire time ran twice: {runs:#?}"
+    );
     assert!(
         records(&status, "skew")
             .iter()
@@ -881,3 +901,118 @@ fn runs_counters(text: &str) -> BTreeMap<(String, String), f64> {
 
 /// The counter of finished fire times, by job and outcome (the scheduler's name).
 const RUNS_METRIC: &str = "distlock_scheduler_runs_total{";
+
+/// A second SIGTERM during the shutdown kills a command that ignores SIGTERM at once,
+/// instead of waiting out the grace; every lock is released, exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_kills_the_commands_at_once() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().await;
+    let url = server.url();
+    let setup = Setup::new(&format!(
+        r#"
+shutdown_grace = "60s"
+grace = "60s"
+[[job]]
+name = "stubborn"
+schedule = "*/2 * * * * *"
+command = {}
+"#,
+        logged("trap '' TERM; while :; do sleep 0.1; done", 0)
+    ));
+    let mut replica = setup.replica(&url, "only", &[]);
+    let running = wait_for_start(&setup, Duration::from_secs(20), |_| true).await;
+    let started = Instant::now();
+    kill(replica.pid(), libc::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(common::alive(running.pid), "the command ignores SIGTERM");
+    replica.terminate(Duration::from_secs(30)).await;
+    assert!(started.elapsed() < Duration::from_secs(30), "no 60 s grace");
+    assert_gone(running.pid, Duration::from_secs(5)).await;
+    assert_free(&url, "stubborn").await;
+    assert!(replica.stderr().contains("again"), "{}", replica.stderr());
+}
+
+/// A command running past its `timeout` is stopped (SIGTERM to its group) and the run is
+/// recorded timed-out; the lock is held until the command is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_past_its_timeout_is_stopped_and_recorded_timed_out() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().await;
+    let url = server.url();
+    let setup = Setup::new(&format!(
+        r#"
+grace = "2s"
+[[job]]
+name = "slowpoke"
+schedule = "*/5 * * * * *"
+timeout = "1s"
+command = {}
+"#,
+        logged("sleep 60", 0)
+    ));
+    let mut replica = setup.replica(&url, "only", &[]);
+    let running = wait_for_start(&setup, Duration::from_secs(20), |_| true).await;
+    assert_gone(running.pid, Duration::from_secs(10)).await;
+    // The record is written once the scheduler's own deadline (timeout + grace + 1 s)
+    // has passed.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = setup.status(&url).await;
+        let recs = records(&status, "slowpoke");
+        if let Some((_, r, o)) = recs.iter().find(|(s, _, _)| s == &running.scheduled_at) {
+            assert_eq!(
+                (r.as_str(), o.as_str()),
+                ("only", "timed-out"),
+                "{status:#}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "no record: {status:#}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(replica.stderr().contains("timeout"), "{}", replica.stderr());
+    replica.terminate(Duration::from_secs(30)).await;
+}
+
+/// The lock taken away behind the replica's back (deleted on the server) while the
+/// command runs: the command is stopped and the run recorded lock-lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_stops_the_command_and_is_recorded_lock_lost() {
+    let _serial = SERIAL.lock().await;
+    let server = RedisServer::start().await;
+    let url = server.url();
+    let setup = Setup::new(&format!(
+        r#"
+ttl = "1500ms"
+grace = "2s"
+[[job]]
+name = "doomed"
+schedule = "*/5 * * * * *"
+command = {}
+"#,
+        logged("sleep 60", 0)
+    ));
+    let mut replica = setup.replica(&url, "only", &[]);
+    let running = wait_for_start(&setup, Duration::from_secs(20), |_| true).await;
+    let mut conn = server.client().await;
+    let deleted: i64 = redis::cmd("DEL")
+        .arg("distlock:{doomed}")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "the lock's key");
+    assert_gone(running.pid, Duration::from_secs(10)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = setup.status(&url).await;
+        let recs = records(&status, "doomed");
+        if let Some((_, _, o)) = recs.iter().find(|(s, _, _)| s == &running.scheduled_at) {
+            assert_eq!(o, "lock-lost", "{status:#}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no record: {status:#}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    replica.terminate(Duration::from_secs(30)).await;
+}

@@ -57,6 +57,7 @@ pub struct Running {
 
 impl Running {
     pub(super) fn new(job: Job, task: &Task) -> Running {
+        task.stops.started(job.pgid());
         Running {
             job: Some(job),
             grace: task.grace,
@@ -69,6 +70,7 @@ impl Running {
     pub async fn wait(&mut self) -> Result<(), String> {
         let job = self.job.as_mut().expect("a running command");
         let status = job.wait().await.map_err(|e| e.message)?;
+        self.stops.ended(job.pgid());
         self.job = None;
         if status.success() {
             Ok(())
@@ -84,6 +86,7 @@ impl Running {
             let _ = job
                 .stop_unless(libc::SIGTERM, self.grace, hurry.wait_for(|h| *h))
                 .await;
+            self.stops.ended(job.pgid());
             self.job = None;
         }
     }
@@ -96,11 +99,13 @@ impl Drop for Running {
         };
         let grace = self.grace;
         let mut hurry = self.hurry.clone();
+        let stops = self.stops.clone();
         match tokio::runtime::Handle::try_current() {
             Ok(_) => self.stops.spawn(async move {
                 let _ = job
                     .stop_unless(libc::SIGTERM, grace, hurry.wait_for(|h| *h))
                     .await;
+                stops.ended(job.pgid());
             }),
             // No runtime left to wait on: the command must not outlive the lock.
             Err(_) => job.signal(libc::SIGKILL),

@@ -172,7 +172,9 @@ impl Options {
 /// # Errors
 /// The first problem found, in file order.
 pub fn parse(text: &str) -> Result<CronFile, FileError> {
-    let table: Table = text.parse().map_err(|e: toml::de::Error| syntax(text, &e))?;
+    let table: Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| syntax(text, &e))?;
     let top = |field: &str| Place::Top {
         field: field.to_owned(),
     };
@@ -398,10 +400,9 @@ impl Fields<'_> {
             None => Ok(None),
             Some(Value::String(s)) if !s.trim().is_empty() => Ok(Some(s.clone())),
             Some(Value::String(_)) => Err(self.err(field, "is empty")),
-            Some(other) => Err(self.err(
-                field,
-                format!("must be a string, not {}", other.type_str()),
-            )),
+            Some(other) => {
+                Err(self.err(field, format!("must be a string, not {}", other.type_str())))
+            }
         }
     }
 
@@ -528,10 +529,15 @@ command = ["b"]
     #[test]
     fn each_problem_names_its_job_and_field() {
         let job = |extra: &str| {
-            format!("[[job]]\nname = \"j\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n{extra}")
+            format!(
+                "[[job]]\nname = \"j\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n{extra}"
+            )
         };
         let cases = [
-            (job("time_zone = \"Mars/Base\""), job_field("\"j\"", "time_zone")),
+            (
+                job("time_zone = \"Mars/Base\""),
+                job_field("\"j\"", "time_zone"),
+            ),
             (job("timeout = \"0s\""), job_field("\"j\"", "timeout")),
             (job("timeout = 5"), job_field("\"j\"", "timeout")),
             (job("at_least = \"soon\""), job_field("\"j\"", "at_least")),
@@ -561,7 +567,10 @@ command = ["b"]
                 "[[job]]\nschedule = \"* * * * * *\"\ncommand = [\"x\"]\n".into(),
                 job_field("#1", "name"),
             ),
-            (format!("{}{}", job(""), job("")), job_field("\"j\"", "name")),
+            (
+                format!("{}{}", job(""), job("")),
+                job_field("\"j\"", "name"),
+            ),
             (
                 format!("time_zone = \"Nowhere\"\n{}", job("")),
                 Place::Top {

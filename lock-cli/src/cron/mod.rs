@@ -112,7 +112,7 @@ struct RunArgs {
     url: Option<String>,
 
     /// This replica's name in the run records and in DISTLOCK_REPLICA [default:
-    /// HOSTNAME:PID].
+    /// HOSTNAME-PID].
     #[arg(long, value_name = "ID")]
     replica: Option<String>,
 
@@ -269,9 +269,12 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
                 signal_name(sig)
             );
             let _ = hurry_tx.send(true);
-            // Dropping the shutdown cancels the runs (their commands get SIGKILL) and
-            // releases their locks in the background, which the Locker's shutdown awaits.
+            stops.kill_all();
+            // Dropping the shutdown cancels the runs (their commands are reaped by the
+            // background stops) and releases their locks in the background, which the
+            // Locker's shutdown awaits.
             drop(shutdown);
+            tokio::task::yield_now().await;
             stops.wait().await;
         }
     }
@@ -329,21 +332,48 @@ pub(super) fn rfc3339(t: SystemTime) -> String {
     }
 }
 
-/// The stops of commands whose runs the scheduler cancelled (dropped) while they ran:
-/// they go on in the background, and the process does not exit before they are done.
+/// The commands running, and the stops of commands whose runs the scheduler cancelled
+/// (dropped) while they ran: those go on in the background, and the process does not exit
+/// before they are done.
 #[derive(Clone, Default)]
-struct Stops(Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>);
+struct Stops(Arc<std::sync::Mutex<StopsState>>);
+
+#[derive(Default)]
+struct StopsState {
+    /// The process groups of the commands running now.
+    running: std::collections::HashSet<libc::pid_t>,
+    stopping: Vec<tokio::task::JoinHandle<()>>,
+}
 
 impl Stops {
+    fn state(&self) -> std::sync::MutexGuard<'_, StopsState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn started(&self, pgid: libc::pid_t) {
+        self.state().running.insert(pgid);
+    }
+
+    /// The command of group `pgid` has exited and been reaped.
+    fn ended(&self, pgid: libc::pid_t) {
+        self.state().running.remove(&pgid);
+    }
+
     fn spawn(&self, stop: impl Future<Output = ()> + Send + 'static) {
         let handle = tokio::spawn(stop);
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+        self.state().stopping.push(handle);
+    }
+
+    /// SIGKILL to every running command's process group, at once.
+    fn kill_all(&self) {
+        for &pgid in &self.state().running {
+            crate::job::send(pgid, libc::SIGKILL);
+        }
     }
 
     async fn wait(&self) {
         loop {
-            let pending: Vec<_> =
-                std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+            let pending = std::mem::take(&mut self.state().stopping);
             if pending.is_empty() {
                 return;
             }

@@ -123,10 +123,7 @@ pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
         .map_err(|e| CliError::new(INTERNAL, e.to_string()))?;
     let mut jobs = Vec::new();
     for spec in &file.jobs {
-        let job = spec
-            .job
-            .clone()
-            .run(|_| async { Ok::<(), BoxError>(()) });
+        let job = spec.job.clone().run(|_| async { Ok::<(), BoxError>(()) });
         let name = job.name().to_owned();
         scheduler
             .add(job)
