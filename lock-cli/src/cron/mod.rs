@@ -239,8 +239,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     );
     // The scheduler's grace outlasts the CLI's own (shutdown_grace, then SIGTERM and
     // SIGKILL after grace): a command is gone before its run is cut and its lock released.
-    let shutdown = running.shutdown(file.shutdown_grace + file.grace + STOP_MARGIN);
-    tokio::pin!(shutdown);
+    let mut shutdown = Box::pin(running.shutdown(file.shutdown_grace + file.grace + STOP_MARGIN));
     tokio::select! {
         report = &mut shutdown => {
             stops.wait().await;
