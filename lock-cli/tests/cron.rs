@@ -133,6 +133,29 @@ impl Replica {
     }
 }
 
+/// SIGTERM to every replica at once (a shutdown releases its at-least holds, so replicas
+/// stopped one after another could let a late one run a fire time the first had run),
+/// then each must exit 0 within `limit`.
+async fn terminate_all(replicas: &mut [Replica], limit: Duration) {
+    for r in replicas.iter() {
+        kill(r.pid(), libc::SIGTERM);
+    }
+    for r in replicas.iter_mut() {
+        let mut child = r.child.take().unwrap();
+        let status = tokio::time::timeout(limit, child.wait())
+            .await
+            .unwrap_or_else(|_| panic!("replica {} did not exit within {limit:?}", r.name))
+            .unwrap();
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "replica {} after SIGTERM: {status:?}\n{}",
+            r.name,
+            r.stderr()
+        );
+    }
+}
+
 /// One line of the log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Line {
@@ -339,9 +362,7 @@ command = {failing}
         .map(|n| setup.replica(url, n, &[]))
         .collect();
     tokio::time::sleep(Duration::from_secs(10)).await;
-    for r in &mut replicas {
-        r.terminate(Duration::from_secs(30)).await;
-    }
+    terminate_all(&mut replicas, Duration::from_secs(30)).await;
     let lines = setup.lines();
     let runs = runs(&lines);
     let status = setup.status(url).await;
@@ -518,9 +539,8 @@ command = {}
         setup.lines()
     );
     assert!(killed_at.elapsed() < Duration::from_secs(15));
-    for r in replicas.iter_mut().filter(|r| r.child.is_some()) {
-        r.terminate(Duration::from_secs(30)).await;
-    }
+    replicas.retain(|r| r.child.is_some());
+    terminate_all(&mut replicas, Duration::from_secs(30)).await;
 }
 
 /// SIGTERM: no new runs start, the running one finishes within the grace, every lock is
@@ -632,11 +652,12 @@ command = {}
 "#,
         logged("true", 0)
     ));
-    let mut on_time = setup.replica(&url, "on-time", &[]);
-    let mut behind = setup.replica(&url, "behind", &["--clock-offset", "-1s"]);
+    let mut replicas = [
+        setup.replica(&url, "on-time", &[]),
+        setup.replica(&url, "behind", &["--clock-offset", "-1s"]),
+    ];
     tokio::time::sleep(Duration::from_secs(13)).await;
-    on_time.terminate(Duration::from_secs(30)).await;
-    behind.terminate(Duration::from_secs(30)).await;
+    terminate_all(&mut replicas, Duration::from_secs(30)).await;
     let status = setup.status(&url).await;
     (
         runs(&setup.lines()).remove("skew").unwrap_or_default(),
