@@ -3,6 +3,7 @@
 
 mod clock;
 mod error;
+mod history;
 mod job;
 mod observe;
 mod runner;
@@ -11,6 +12,7 @@ mod scheduler;
 
 pub use clock::{Clock, ManualClock, OffsetClock, Sleep, SystemClock, MAX_SLEEP_STEP};
 pub use error::{Error, Result};
+pub use history::per_fire_time;
 pub use job::{Job, JobContext, OnBusy};
 pub use observe::metric_names;
 pub use schedule::Schedule;

@@ -123,21 +123,22 @@ pub(crate) fn check(inner: &Inner, job: Job) -> Result<Job> {
 
 pub(crate) fn start(scheduler: &Scheduler) -> Result<Running> {
     let inner = &scheduler.inner;
-    let control = {
+    {
+        // Jobs, then the started state, as `Scheduler::add` takes them: a job added
+        // meanwhile is started once, by one of the two.
+        let jobs = lock(&inner.jobs);
         let mut started = lock(&inner.started);
         if started.is_some() {
             return Err(Error::AlreadyStarted);
         }
         let control = Control::new();
         *started = Some(control.clone());
-        control
-    };
-    observe::describe();
-    let jobs: Vec<Arc<Job>> = lock(&inner.jobs).values().cloned().collect();
-    for job in jobs {
-        control.spawn_job(inner, job);
+        observe::describe();
+        for job in jobs.values() {
+            control.spawn_job(inner, job.clone());
+        }
+        tracing::info!(replica = %inner.replica, jobs = jobs.len(), "scheduler started");
     }
-    tracing::info!(replica = %inner.replica, jobs = scheduler.jobs().len(), "scheduler started");
     Ok(Running {
         scheduler: scheduler.clone(),
         stopped: false,

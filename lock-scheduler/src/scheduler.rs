@@ -154,9 +154,10 @@ impl SchedulerBuilder {
         self.clock(OffsetClock::new(offset))
     }
 
-    /// How many records per job the lock server keeps (default [`DEFAULT_KEEP`]); older
-    /// ones are removed as new ones are written. The last success is kept apart, however
-    /// old.
+    /// How many records per job the lock server keeps (default [`DEFAULT_KEEP`]; 0 counts
+    /// as 1); older ones are removed as new ones are written. The last success is kept
+    /// apart, however old. Records from every replica count, so with N replicas about
+    /// `keep / N` fire times stay visible (each replica records each fire time).
     pub fn keep(mut self, records: usize) -> Self {
         self.keep = records.max(1);
         self
@@ -223,7 +224,8 @@ impl Scheduler {
     }
 
     /// Registers `job`. On a started scheduler, the job's first fire time is the first one
-    /// after now.
+    /// after now; after a shutdown it is registered (its history and next fire time can be
+    /// read) but never fired.
     ///
     /// # Errors
     /// [`Error::NoTask`] for a job without [`Job::run`]; [`Error::DuplicateJob`] for a name

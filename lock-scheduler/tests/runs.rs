@@ -321,7 +321,7 @@ async fn a_lock_taken_away_cancels_the_run() {
         .add(
             Job::every("taken", Duration::from_secs(10))
                 .unwrap()
-                .ttl(Duration::from_millis(600))
+                .ttl(Duration::from_millis(1500))
                 .run(move |ctx: JobContext| {
                     let flag = DropFlag(flag.clone());
                     let (s, seen) = (s.clone(), seen.clone());
@@ -461,7 +461,7 @@ async fn shutdown_lets_runs_finish_within_the_grace_and_cuts_the_rest() {
     until("both runs started", || started.load(Ordering::SeqCst) == 2).await;
     assert_eq!(server.held_keys(), 2);
 
-    let report = running.shutdown(Duration::from_millis(500)).await;
+    let report = running.shutdown(Duration::from_secs(3)).await;
     assert_eq!(report.finished.len(), 1, "{report:?}");
     assert_eq!(report.finished[0].job, "polite");
     assert_eq!(report.finished[0].outcome, RunOutcome::Ok);

@@ -1,0 +1,73 @@
+//! A lock server that keeps no run records: jobs run all the same, outcomes reach the
+//! metrics and the log, and the history reads say the records are not kept.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use lock_core::{Attempt, Backend, Capabilities, Lease, Locker, Owner, ReleaseListener, Ttl};
+use lock_memory::MemoryBackend;
+use lock_scheduler::{BoxError, Error, Job, ManualClock, Scheduler};
+
+/// The memory backend without its run records (every lock operation forwarded).
+struct Forgetful(MemoryBackend);
+
+#[async_trait]
+impl Backend for Forgetful {
+    fn capabilities(&self) -> &Capabilities {
+        self.0.capabilities()
+    }
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> lock_core::Result<Attempt> {
+        self.0.try_acquire(key, owner, ttl).await
+    }
+    async fn extend(&self, lease: &Lease, ttl: Ttl) -> lock_core::Result<Instant> {
+        self.0.extend(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> lock_core::Result<()> {
+        self.0.release(lease).await
+    }
+    fn listen(&self, key: &str) -> Option<ReleaseListener> {
+        self.0.listen(key)
+    }
+}
+
+/// Runs happen; `recent` and `last_success` are `RecordsNotKept`, naming the backend.
+#[tokio::test]
+async fn a_server_without_records_still_runs_jobs() {
+    let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_000_001));
+    let scheduler = Scheduler::builder(Locker::new(Forgetful(MemoryBackend::new())))
+        .replica("a")
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let ran = Arc::new(tokio::sync::Notify::new());
+    let notify = ran.clone();
+    scheduler
+        .add(
+            Job::every("plain", Duration::from_secs(10))
+                .unwrap()
+                .run(move |_ctx| {
+                    let notify = notify.clone();
+                    async move {
+                        notify.notify_one();
+                        Ok::<_, BoxError>(())
+                    }
+                }),
+        )
+        .unwrap();
+    let running = scheduler.start().unwrap();
+    clock.set(UNIX_EPOCH + Duration::from_secs(1_000_010));
+    tokio::time::timeout(Duration::from_secs(30), ran.notified())
+        .await
+        .expect("the job ran");
+    match scheduler.recent("plain", 10).await {
+        Err(Error::RecordsNotKept { backend }) => assert_eq!(backend, "memory"),
+        other => panic!("expected RecordsNotKept, got {other:?}"),
+    }
+    assert!(matches!(
+        scheduler.last_success("plain").await,
+        Err(Error::RecordsNotKept { .. })
+    ));
+    let report = running.shutdown(Duration::from_secs(10)).await;
+    assert!(report.cut.is_empty());
+}
