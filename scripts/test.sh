@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test of distlock on a fresh Debian machine: installs the real
-# servers the tests start (redis-server, etcd, postgresql) and protoc (etcd-client's build) when they
-# are missing, then the module-cycle check, fmt, clippy, tests (all features) and docs.
+# servers the tests start (redis-server, etcd, postgresql), protoc (etcd-client's build)
+# and faketime (the clock-skew tests) when they are missing, then the module-cycle check,
+# fmt, clippy, tests (all features) and docs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +11,8 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# libfaketime: the clock-skew tests run a distlock whose wall clock is off.
+ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || missing+=(faketime)
 # PostgreSQL's binaries live under /usr/lib/postgresql/<version>/bin, not on PATH.
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null 2>&1 \
   || missing+=(postgresql)

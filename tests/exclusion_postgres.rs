@@ -26,6 +26,19 @@ async fn backend(addr: std::net::SocketAddr) -> PostgresBackend {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion_postgres() {
+    check(3, 3).await;
+}
+
+/// Many tasks per Locker on more keys, so that acquisitions and releases queue and go as
+/// grouped statements (one statement over arrays, its keys' advisory locks taken in order)
+/// while other Lockers' grouped statements contend for the same rows, through the same
+/// faults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_postgres_grouped() {
+    check(16, 12).await;
+}
+
+async fn check(tasks_per_locker: usize, keys: usize) {
     let server = Arc::new(Mutex::new(PostgresServer::start().await));
     let addr = server.lock().await.addr();
     let mut proxies = Vec::new();
@@ -36,7 +49,9 @@ async fn exclusion_postgres() {
         proxies.push(Arc::new(proxy));
     }
     let probe_backend = Arc::new(backend(addr).await);
-    let config = ExclusionConfig::from_env().ttl_range(Duration::from_millis(100), TTL_MAX);
+    let mut config = ExclusionConfig::from_env().ttl_range(Duration::from_millis(100), TTL_MAX);
+    config.tasks_per_locker = tasks_per_locker;
+    config.keys = keys;
     let past_ttl = TTL_MAX + Duration::from_millis(500);
 
     let pause = {

@@ -11,6 +11,7 @@ use lock_core::{
 };
 use tokio_postgres::Row;
 
+use crate::batch::{self, Answer, Batcher, Request, Statements};
 use crate::config::PostgresBuilder;
 use crate::connection::Connection;
 use crate::error::{Failure, NAME};
@@ -41,7 +42,8 @@ pub const BASELINE_CYCLE: &str = "INSERT ON CONFLICT DO NOTHING + DELETE";
 ///
 #[doc = include_str!("design.md")]
 pub struct PostgresBackend {
-    connection: Connection,
+    /// The lock connection, behind the group commit of acquisitions and releases.
+    batch: Arc<Batcher>,
     notices: Arc<ReleaseNotices>,
     /// The release subscription, started by the first `listen`.
     watch: OnceLock<ReleaseWatch>,
@@ -50,8 +52,8 @@ pub struct PostgresBackend {
 impl std::fmt::Debug for PostgresBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresBackend")
-            .field("addr", &self.connection.addr)
-            .field("table", &self.connection.names.table)
+            .field("addr", &self.connection().addr)
+            .field("table", &self.connection().names.table)
             .field("listened_keys", &self.notices.listened_keys())
             .field("listening", &self.watch.get().is_some())
             .finish()
@@ -73,19 +75,30 @@ impl PostgresBackend {
         PostgresBuilder::from_url(url)?.build().await
     }
 
+    fn connection(&self) -> &Connection {
+        &self.batch.sender().connection
+    }
+
+    /// Sends an acquisition or a release through the group commit.
+    async fn send(&self, request: Request) -> Result<Answer> {
+        Statements::send(&self.batch, request)
+            .await
+            .map_err(|e| e.into_error())
+    }
+
     /// The quoted `"schema"."table"` of the lease table.
     pub fn table(&self) -> &str {
-        &self.connection.names.table
+        &self.connection().names.table
     }
 
     /// The quoted `"schema"."<table>_runs"` of the run records' table.
     pub fn runs_table(&self) -> &str {
-        &self.connection.names.runs
+        &self.connection().names.runs
     }
 
     /// The channel releases are announced on (`LISTEN "…"`).
     pub fn channel(&self) -> &str {
-        &self.connection.names.channel
+        &self.connection().names.channel
     }
 
     pub(crate) async fn query(
@@ -94,7 +107,7 @@ impl PostgresBackend {
         pick: fn(&crate::connection::Statements) -> &tokio_postgres::Statement,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> Result<Vec<Row>> {
-        self.connection
+        self.connection()
             .query(op, pick, params)
             .await
             .map_err(|e| e.into_error())
@@ -105,7 +118,7 @@ impl PostgresBackend {
         op: &'static str,
         what: impl std::fmt::Display,
     ) -> lock_core::Error {
-        self.connection
+        self.connection()
             .error(op, Failure::Reply(format!("unexpected reply: {what}")))
             .into_error()
     }
@@ -161,26 +174,24 @@ impl Backend for PostgresBackend {
     async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
         const OP: &str = "acquire";
         let sent = Instant::now();
-        let rows = self
-            .query(
-                OP,
-                |s| &s.acquire,
-                &[&key.as_bytes(), &owner.to_string(), &ttl_ms(ttl)],
-            )
-            .await?;
-        let [row] = rows.as_slice() else {
-            return Err(self.bad_reply(OP, format!("{} rows", rows.len())));
+        let request = Request::Acquire {
+            key: key.as_bytes().to_vec(),
+            owner: owner.to_string(),
+            ttl_ms: ttl_ms(ttl),
         };
-        if self.get(OP, row, 0)? {
-            Ok(Attempt::Granted {
-                fence: self.fence(OP, self.get(OP, row, 1)?)?,
+        match self.send(request).await? {
+            Answer::Acquired {
+                granted: true,
+                fence,
+                ..
+            } => Ok(Attempt::Granted {
+                fence: self.fence(OP, fence)?,
                 valid_until: CAPABILITIES.validity(sent, ttl.get()),
-            })
-        } else {
-            let left: i64 = self.get(OP, row, 2)?;
-            Ok(Attempt::Taken {
+            }),
+            Answer::Acquired { left, .. } => Ok(Attempt::Taken {
                 expires_in: Some(Duration::from_millis(left.max(0) as u64)),
-            })
+            }),
+            _ => Err(self.bad_reply(OP, "another operation's answer")),
         }
     }
 
@@ -209,19 +220,19 @@ impl Backend for PostgresBackend {
     /// not held.
     async fn release(&self, lease: &Lease) -> Result<()> {
         let key = lease.key();
-        let released = self
-            .delete(
-                "release",
-                |s| &s.release,
-                &[
-                    &key.as_bytes(),
-                    &lease.owner().to_string(),
-                    &self.connection.names.channel,
-                ],
-                key,
-            )
-            .await?;
-        match released {
+        let request = Request::Release {
+            key: key.as_bytes().to_vec(),
+            owner: lease.owner().to_string(),
+        };
+        let live = match self.send(request).await? {
+            Answer::Released { live } => live,
+            _ => return Err(self.bad_reply("release", "another operation's answer")),
+        };
+        if live.is_some() {
+            // Our own waiters learn it here, without the round trip through NOTIFY.
+            self.notices.notify(key);
+        }
+        match live {
             Some(true) => Ok(()),
             _ => Err(lease.not_held()),
         }
@@ -232,9 +243,9 @@ impl Backend for PostgresBackend {
         let listener = self.notices.listen(key);
         if self.watch.get().is_none() {
             let watch = ReleaseWatch::start(
-                self.connection.client_config().clone(),
-                self.connection.names.channel.clone(),
-                self.connection.timeout,
+                self.connection().client_config().clone(),
+                self.connection().names.channel.clone(),
+                self.connection().timeout,
                 self.notices.clone(),
             );
             if let Some(watch) = watch {
@@ -270,25 +281,19 @@ impl HandOver for PostgresBackend {
     async fn hand_over(&self, from: &Lease, to: Owner, ttl: Ttl) -> Result<Attempt> {
         const OP: &str = "hand over";
         let sent = Instant::now();
-        let rows = self
-            .query(
-                OP,
-                |s| &s.hand_over,
-                &[
-                    &from.key().as_bytes(),
-                    &from.owner().to_string(),
-                    &ttl_ms(ttl),
-                    &to.to_string(),
-                ],
-            )
-            .await?;
-        match rows.as_slice() {
-            [] => Ok(Attempt::Taken { expires_in: None }),
-            [row] => Ok(Attempt::Granted {
-                fence: self.fence(OP, self.get(OP, row, 0)?)?,
+        let request = Request::HandOver {
+            key: from.key().as_bytes().to_vec(),
+            owner: from.owner().to_string(),
+            next: to.to_string(),
+            ttl_ms: ttl_ms(ttl),
+        };
+        match self.send(request).await? {
+            Answer::HandedOver { fence: None } => Ok(Attempt::Taken { expires_in: None }),
+            Answer::HandedOver { fence: Some(fence) } => Ok(Attempt::Granted {
+                fence: self.fence(OP, fence)?,
                 valid_until: CAPABILITIES.validity(sent, ttl.get()),
             }),
-            more => Err(self.bad_reply(OP, format!("{} rows", more.len()))),
+            _ => Err(self.bad_reply(OP, "another operation's answer")),
         }
     }
 }
@@ -316,7 +321,7 @@ impl Admin for PostgresBackend {
             .delete(
                 "force release",
                 |s| &s.force_release,
-                &[&key.as_bytes(), &self.connection.names.channel],
+                &[&key.as_bytes(), &self.connection().names.channel],
                 key,
             )
             .await?;
@@ -365,7 +370,7 @@ impl PostgresBuilder {
         let connection = Connection::new(&self, names);
         connection.check().await.map_err(|e| e.into_error())?;
         Ok(PostgresBackend {
-            connection,
+            batch: batch::batcher(connection),
             notices: Arc::new(ReleaseNotices::new()),
             watch: OnceLock::new(),
         })

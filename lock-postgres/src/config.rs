@@ -338,7 +338,7 @@ pub fn check_identifier(what: &str, name: &str, max: usize) -> std::result::Resu
 
 /// FNV-1a: a stable hash for channel names too long to spell out (the same in every
 /// process and version, unlike the standard library's hasher).
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })

@@ -16,9 +16,12 @@ use crate::sql::Sql;
 /// The prepared statements of one connection.
 pub(crate) struct Statements {
     pub(crate) acquire: Statement,
+    pub(crate) acquire_many: Statement,
     pub(crate) extend: Statement,
     pub(crate) release: Statement,
+    pub(crate) release_many: Statement,
     pub(crate) hand_over: Statement,
+    pub(crate) hand_over_many: Statement,
     pub(crate) inspect: Statement,
     pub(crate) force_release: Statement,
     pub(crate) raw_set: Statement,
@@ -204,19 +207,44 @@ impl Connection {
                 }
             }
             self.create_table(&client).await?;
+            // Prepared together: the connection pipelines them, one round trip in all
+            // (a reconnection after an outage fits in one operation timeout).
             let sql = &self.sql;
+            let (acquire, acquire_many, extend, release, release_many) = futures::try_join!(
+                client.prepare(&sql.acquire),
+                client.prepare(&sql.acquire_many),
+                client.prepare(&sql.extend),
+                client.prepare(&sql.release),
+                client.prepare(&sql.release_many),
+            )?;
+            let (hand_over, hand_over_many, inspect, force_release, raw_set, raw_del) = futures::try_join!(
+                client.prepare(&sql.hand_over),
+                client.prepare(&sql.hand_over_many),
+                client.prepare(&sql.inspect),
+                client.prepare(&sql.force_release),
+                client.prepare(&sql.raw_set),
+                client.prepare(&sql.raw_del),
+            )?;
+            let (append_run, recent_runs, last_success) = futures::try_join!(
+                client.prepare(&sql.append_run),
+                client.prepare(&sql.recent_runs),
+                client.prepare(&sql.last_success),
+            )?;
             let statements = Statements {
-                acquire: client.prepare(&sql.acquire).await?,
-                extend: client.prepare(&sql.extend).await?,
-                release: client.prepare(&sql.release).await?,
-                hand_over: client.prepare(&sql.hand_over).await?,
-                inspect: client.prepare(&sql.inspect).await?,
-                force_release: client.prepare(&sql.force_release).await?,
-                raw_set: client.prepare(&sql.raw_set).await?,
-                raw_del: client.prepare(&sql.raw_del).await?,
-                append_run: client.prepare(&sql.append_run).await?,
-                recent_runs: client.prepare(&sql.recent_runs).await?,
-                last_success: client.prepare(&sql.last_success).await?,
+                acquire,
+                acquire_many,
+                extend,
+                release,
+                release_many,
+                hand_over,
+                hand_over_many,
+                inspect,
+                force_release,
+                raw_set,
+                raw_del,
+                append_run,
+                recent_runs,
+                last_success,
             };
             Ok::<_, tokio_postgres::Error>((backend, statements))
         };

@@ -20,6 +20,8 @@ pub(crate) enum Failure {
     Client(tokio_postgres::Error),
     /// The server answered something the protocol does not allow.
     Reply(String),
+    /// The failure of a grouped statement, which each request of the group reports.
+    Shared(std::sync::Arc<Failure>),
 }
 
 impl Failure {
@@ -29,6 +31,7 @@ impl Failure {
             Failure::Timeout => true,
             Failure::Reply(_) => false,
             Failure::Client(e) => is_transient(e),
+            Failure::Shared(f) => f.is_transient(),
         }
     }
 
@@ -39,6 +42,7 @@ impl Failure {
             Failure::Timeout => true,
             Failure::Reply(_) => false,
             Failure::Client(e) => e.is_closed() || e.as_db_error().is_none(),
+            Failure::Shared(f) => f.breaks_connection(),
         }
     }
 }
@@ -88,7 +92,14 @@ impl RequestError {
 impl fmt::Display for RequestError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "postgres at {} ({}): ", self.addr, self.op)?;
-        match &self.failure {
+        self.describe(&self.failure, f)
+    }
+}
+
+impl RequestError {
+    fn describe(&self, failure: &Failure, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match failure {
+            Failure::Shared(shared) => self.describe(shared, f),
             Failure::Timeout => write!(f, "no answer within {:?}", self.timeout),
             Failure::Reply(what) => f.write_str(what),
             Failure::Client(e) => match e.as_db_error() {
@@ -134,7 +145,11 @@ impl fmt::Display for RequestError {
 
 impl std::error::Error for RequestError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &self.failure {
+        let mut failure = &self.failure;
+        while let Failure::Shared(shared) = failure {
+            failure = shared;
+        }
+        match failure {
             Failure::Client(e) => Some(e),
             _ => None,
         }

@@ -6,10 +6,12 @@
 // - records: the run records (`RunRecords`) in `<table>_runs`;
 // - backend: `PostgresBackend`, the `Backend`, `HandOver`, `Admin` and `Baseline`;
 // - watch: the `LISTEN` connection feeding the release notices;
+// - batch: the group commit of acquisitions and releases (single or array statements);
 // - connection: the lock connection, its prepared statements, reconnection, timeouts;
 // - sql: the statements' text, built from validated names;
 // - error: request failures and the errors they become; config: the builder and names.
 mod backend;
+mod batch;
 mod config;
 mod connection;
 mod error;

@@ -5,6 +5,16 @@
 //! owner token (32 hex digits), `$3` the TTL in milliseconds or the release channel.
 //! Time is the database's: `clock_timestamp()`, read once per statement where a decision
 //! and an expiry must agree.
+//!
+//! Fences are drawn in grant order per key: a statement that may grant (acquire,
+//! hand-over) first takes the key's transaction-scoped advisory lock, then reads the time
+//! and draws `nextval`, and keeps the lock until it commits. Without it, a statement held
+//! up between drawing its fence and writing its row (a descheduled backend) could find the
+//! key free again after a later grant with a higher fence came and went, and be granted
+//! with its lower one (test `a_fence_drawn_before_a_later_grant_is_never_granted_after_it`).
+//! The lock is in the two-key advisory space, under a class number derived from the table
+//! (so it never meets a user's one-key `pg_advisory_lock`), keyed by `hashtext` of the key;
+//! two keys with one hash only wait for each other.
 
 use crate::config::Names;
 
@@ -12,9 +22,16 @@ use crate::config::Names;
 #[derive(Debug)]
 pub(crate) struct Sql {
     pub(crate) acquire: String,
+    /// `acquire` for many keys at once: `$1` keys, `$2` owners, `$3` TTLs, as arrays.
+    pub(crate) acquire_many: String,
     pub(crate) extend: String,
     pub(crate) release: String,
+    /// `release` for many keys at once: `$1` keys, `$2` owners, as arrays; `$3` the channel.
+    pub(crate) release_many: String,
     pub(crate) hand_over: String,
+    /// `hand_over` for many keys at once: `$1` keys, `$2` owners, `$3` TTLs, `$4` the next
+    /// owners, as arrays.
+    pub(crate) hand_over_many: String,
     pub(crate) inspect: String,
     pub(crate) force_release: String,
     pub(crate) raw_set: String,
@@ -50,7 +67,32 @@ impl Sql {
         // A quoted, validated name inside a string literal: it holds no `'`.
         let next = format!("nextval('{sequence}')");
         let now = "WITH now AS MATERIALIZED (SELECT clock_timestamp() AS t)";
+        // The key's advisory lock, then the time (taken after any wait for the lock); the
+        // statement's `nextval` comes after both, as it reads `now`.
+        let class = crate::config::fnv1a(table.as_bytes()) as u32 as i32;
+        let locked_now = format!(
+            "WITH lk AS MATERIALIZED (SELECT pg_advisory_xact_lock({class}, \
+             hashtext(encode($1::bytea, 'hex')))), \
+             now AS MATERIALIZED (SELECT clock_timestamp() AS t FROM lk)"
+        );
         let expired = "l.expires_at <= (SELECT t FROM now)";
+        // A group's advisory locks, in ascending order of their numbers (each taken once),
+        // all before the statement's time is read and before any row is touched.
+        let group_locks = format!(
+            "lk AS MATERIALIZED (SELECT pg_advisory_xact_lock({class}, h) FROM \
+             (SELECT DISTINCT hashtext(encode(key, 'hex')) AS h FROM req ORDER BY 1) s)"
+        );
+        // What a taken-over, refused or re-asked row becomes: shared by the single and the
+        // grouped acquisition, so both decide alike.
+        let on_conflict = format!(
+            "ON CONFLICT (key) DO UPDATE SET \
+             owner = CASE WHEN {expired} THEN EXCLUDED.owner ELSE l.owner END, \
+             fence = CASE WHEN {expired} THEN EXCLUDED.fence ELSE l.fence END, \
+             expires_at = CASE WHEN {expired} OR l.owner = EXCLUDED.owner \
+             THEN EXCLUDED.expires_at ELSE l.expires_at END, \
+             awaited = CASE WHEN {expired} THEN false \
+             WHEN l.owner = EXCLUDED.owner THEN l.awaited ELSE true END"
+        );
         Sql {
             // Insert, or take over an expired row; a live holder's row is kept as it was
             // but marked awaited (its release then announces itself), and its time left
@@ -59,17 +101,24 @@ impl Sql {
             // as its guard's validity is counted from before it. One statement, whatever the row's state, so the answer always comes
             // from the row as the statement saw it (not from an older snapshot).
             acquire: format!(
-                "{now} INSERT INTO {table} AS l (key, owner, fence, expires_at, awaited) \
+                "{locked_now} INSERT INTO {table} AS l (key, owner, fence, expires_at, awaited) \
                  SELECT $1::bytea, $2::text, {next}, now.t + {ttl}, false FROM now \
-                 ON CONFLICT (key) DO UPDATE SET \
-                 owner = CASE WHEN {expired} THEN EXCLUDED.owner ELSE l.owner END, \
-                 fence = CASE WHEN {expired} THEN EXCLUDED.fence ELSE l.fence END, \
-                 expires_at = CASE WHEN {expired} OR l.owner = EXCLUDED.owner \
-                 THEN EXCLUDED.expires_at ELSE l.expires_at END, \
-                 awaited = CASE WHEN {expired} THEN false \
-                 WHEN l.owner = EXCLUDED.owner THEN l.awaited ELSE true END \
+                 {on_conflict} \
                  RETURNING owner = $2::text, fence, {LEFT}",
                 ttl = ms(3),
+            ),
+            // The same for each row of the arrays, in key order; every row comes back (an
+            // insert or an update), with its key and owner so the caller tells its own.
+            acquire_many: format!(
+                "WITH req AS (SELECT * FROM unnest($1::bytea[], $2::text[], $3::bigint[]) \
+                 AS r(key, owner, ttl)), {group_locks}, \
+                 now AS MATERIALIZED (SELECT clock_timestamp() AS t FROM \
+                 (SELECT count(*) FROM lk) c) \
+                 INSERT INTO {table} AS l (key, owner, fence, expires_at, awaited) \
+                 SELECT r.key, r.owner, {next}, now.t + r.ttl * interval '1 millisecond', \
+                 false FROM req r, now ORDER BY r.key \
+                 {on_conflict} \
+                 RETURNING key, owner, fence, {LEFT}"
             ),
             extend: format!(
                 "UPDATE {table} SET expires_at = clock_timestamp() + {ttl} \
@@ -85,12 +134,34 @@ impl Sql {
                  n AS (SELECT pg_notify($3::text, encode(key, 'hex')) FROM d WHERE awaited) \
                  SELECT live, (SELECT count(*) FROM n) FROM d"
             ),
+            // The same for each row of the arrays, after the group's advisory locks (so a
+            // grouped release never holds a row that a grouped acquisition, holding the
+            // key's advisory lock, waits for while it waits for one of that one's rows).
+            release_many: format!(
+                "WITH req AS (SELECT * FROM unnest($1::bytea[], $2::text[]) AS r(key, owner)), \
+                 {group_locks}, \
+                 d AS (DELETE FROM {table} l USING req r \
+                 WHERE l.key = r.key AND l.owner = r.owner AND (SELECT count(*) FROM lk) >= 0 \
+                 RETURNING l.key, l.awaited, l.expires_at > clock_timestamp() AS live), \
+                 n AS (SELECT pg_notify($3::text, encode(key, 'hex')) FROM d WHERE awaited) \
+                 SELECT key, live, (SELECT count(*) FROM n) FROM d"
+            ),
             hand_over: format!(
-                "{now} UPDATE {table} AS l SET owner = $4::text, fence = {next}, \
+                "{locked_now} UPDATE {table} AS l SET owner = $4::text, fence = {next}, \
                  expires_at = (SELECT t FROM now) + {ttl} \
                  WHERE key = $1::bytea AND owner = $2::text AND NOT ({expired}) \
                  RETURNING fence",
                 ttl = ms(3),
+            ),
+            hand_over_many: format!(
+                "WITH req AS (SELECT * FROM unnest($1::bytea[], $2::text[], $3::bigint[], \
+                 $4::text[]) AS r(key, owner, ttl, next)), {group_locks}, \
+                 now AS MATERIALIZED (SELECT clock_timestamp() AS t FROM \
+                 (SELECT count(*) FROM lk) c) \
+                 UPDATE {table} AS l SET owner = r.next, fence = {next}, \
+                 expires_at = (SELECT t FROM now) + r.ttl * interval '1 millisecond' \
+                 FROM req r WHERE l.key = r.key AND l.owner = r.owner AND NOT ({expired}) \
+                 RETURNING l.key, l.fence"
             ),
             inspect: format!(
                 "{now} SELECT owner, fence, {LEFT} FROM {table} \

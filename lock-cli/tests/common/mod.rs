@@ -26,6 +26,44 @@ where
     cmd
 }
 
+/// A `distlock` command as [`distlock`] makes it, with libfaketime preloaded so that its
+/// wall clock, and that of every process it starts, is moved by `offset` (faketime's
+/// syntax: `"+1h"`, `"-1h"`); the monotonic clock is left alone. The stand-in for a host
+/// whose clock is wrong. The library is preloaded into distlock itself (no `faketime`
+/// wrapper process), so the child is distlock.
+///
+/// # Panics
+/// When libfaketime is not installed, with the command that installs it.
+pub fn skewed<I, S>(offset: &str, args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut cmd = distlock(args);
+    cmd.env("LD_PRELOAD", libfaketime())
+        .env("FAKETIME", offset)
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    cmd
+}
+
+/// libfaketime's thread-safe library, wherever Debian's `faketime` package put it.
+fn libfaketime() -> std::path::PathBuf {
+    let dirs = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("faketime"))
+        .chain([
+            std::path::PathBuf::from("/usr/lib/faketime"),
+            "/usr/local/lib/faketime".into(),
+        ]);
+    dirs.map(|d| d.join("libfaketimeMT.so.1"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("libfaketime not found: install it with: sudo apt-get install -y faketime")
+        })
+}
+
 /// How a `distlock` process ended.
 #[derive(Debug)]
 pub struct Finished {
@@ -162,10 +200,21 @@ pub struct Sleeper {
 impl Sleeper {
     /// Starts it and returns once the command runs (so the lock is held).
     pub async fn start(url: &str, key: &str, extra: &[&str]) -> Sleeper {
+        Self::start_with(url, key, extra, distlock).await
+    }
+
+    /// As [`start`](Self::start), with the `distlock` command made by `command` from its
+    /// arguments (for example [`skewed`]).
+    pub async fn start_with(
+        url: &str,
+        key: &str,
+        extra: &[&str],
+        command: impl FnOnce(Vec<String>) -> Command,
+    ) -> Sleeper {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("pid-fence");
         let started = Instant::now();
-        let child = distlock(run_args(
+        let child = command(run_args(
             url,
             key,
             extra,
@@ -325,9 +374,11 @@ pub async fn cross_process_scenario(url: &str, backend: &str) {
 /// `lock_over_raw` ratio (raw cycles/s over the workload's).
 pub fn check_bench_baseline(doc: &serde_json::Value, url: &str, measured: &str, tasks: &[u64]) {
     let servers = doc["servers"].as_array().expect("servers");
+    // Reports show URLs with the password hidden.
+    let shown = distlock::url::redact(url);
     let server = servers
         .iter()
-        .find(|s| s["url"] == url)
+        .find(|s| s["url"] == shown.as_str())
         .unwrap_or_else(|| panic!("no server {url}: {doc}"));
     let baseline = &server["baseline"];
     assert_eq!(baseline["measured"], measured, "{server}");
@@ -429,7 +480,7 @@ pub async fn bench_baseline_scenario(url: &str, backend: &str, measured: &str) {
         "raw cycle p99",
         "raw errors",
         "raw server round trips:",
-        &format!("{url}: {measured}"),
+        &format!("{}: {measured}", distlock::url::redact(url)),
         "memory://: none (no server to measure)",
     ] {
         assert!(
