@@ -2,6 +2,7 @@
 //! distlock forwards to it.
 
 use std::ffi::OsString;
+use std::future::Future;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
@@ -91,6 +92,11 @@ impl Job {
         Ok(Job { child, pgid })
     }
 
+    /// The id of the command's process group.
+    pub fn pgid(&self) -> libc::pid_t {
+        self.pgid
+    }
+
     /// Waits until the command exits.
     ///
     /// # Errors
@@ -124,11 +130,25 @@ impl Job {
         grace: Duration,
         signals: &mut Signals,
     ) -> Result<ExitStatus, CliError> {
+        self.stop_unless(first, grace, signals.recv()).await
+    }
+
+    /// Like [`stop`](Self::stop), with SIGKILL at once when `hurry` completes before the
+    /// grace has passed (a further signal, a shutdown running out of time).
+    ///
+    /// # Errors
+    /// Waiting failed.
+    pub async fn stop_unless<F: Future>(
+        &mut self,
+        first: i32,
+        grace: Duration,
+        hurry: F,
+    ) -> Result<ExitStatus, CliError> {
         self.signal(first);
         let exited = tokio::select! {
             status = self.child.wait() => Some(status),
             _ = tokio::time::sleep(grace) => None,
-            _ = signals.recv() => None,
+            _ = hurry => None,
         };
         let status = match exited {
             Some(status) => status.map_err(|e| {
@@ -147,7 +167,8 @@ impl Job {
     }
 }
 
-fn send(pgid: libc::pid_t, sig: i32) {
+/// Sends `sig` to the process group `pgid` (a [`Job::pgid`]).
+pub fn send(pgid: libc::pid_t, sig: i32) {
     // SAFETY: kill(2) has no memory-safety preconditions; a negative pid names a group.
     // ESRCH (the group is already gone) is the expected outcome once the job has exited.
     unsafe {

@@ -4,6 +4,7 @@
 mod baseline;
 mod bench;
 mod common;
+mod cron;
 mod exit;
 mod job;
 mod progress;
@@ -32,6 +33,7 @@ Examples:
   distlock run nightly-report --url redis://10.0.0.5:6379 -- ./report.sh
   distlock bench --url memory:// --url redis://127.0.0.1:6379
   distlock status nightly-report --url redis://10.0.0.5:6379
+  distlock cron jobs.toml --url redis://10.0.0.5:6379
 
 Exit statuses are listed in `distlock run --help`; all subcommands exit 64 on bad input,
 69 when the lock server is unreachable or refusing, 70 on an internal error.";
@@ -56,6 +58,10 @@ enum Command {
     /// Show whether KEY is held, its fencing token and its remaining validity.
     #[command(after_help = status::AFTER_HELP)]
     Status(status::StatusArgs),
+    /// Run a schedule file of jobs on this replica, each fire time on one replica only
+    /// (`cron FILE`), or show the jobs' last runs (`cron status FILE`).
+    #[command(after_help = cron::AFTER_HELP)]
+    Cron(cron::CronArgs),
 }
 
 fn main() {
@@ -76,6 +82,7 @@ fn main() {
                     Command::Run(args) => run::run(args).await,
                     Command::Bench(args) => bench::run(args).await,
                     Command::Status(args) => status::run(args).await,
+                    Command::Cron(args) => cron::run(args).await,
                 }
             });
             // Background work (renewals, client connections) must not hold up the exit.

@@ -1,0 +1,616 @@
+//! The schedule file of `distlock cron`: TOML, scheduler defaults at the top, one `[[job]]`
+//! table per job. Everything is checked before anything runs; the first problem is one line
+//! naming the job and the field.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use distlock::scheduler::{Job, OnBusy};
+use toml::{Table, Value};
+
+use crate::common::parse_duration;
+use crate::exit::{CliError, USAGE};
+
+/// One job of the file, every default applied.
+#[derive(Clone, Debug)]
+pub struct JobSpec {
+    /// The scheduler's job: name, schedule, zone and options, without its task yet.
+    pub job: Job,
+    /// The schedule as written (a cron expression, or `every DUR`).
+    pub schedule: String,
+    /// The time zone's name as written (in the job or at the top), if any.
+    pub time_zone: Option<String>,
+    /// The program and its arguments.
+    pub command: Vec<String>,
+    /// The hard timeout of one run, if any.
+    pub timeout: Option<Duration>,
+}
+
+/// The scheduler's own settings (top of the file), and the jobs.
+#[derive(Clone, Debug)]
+pub struct CronFile {
+    /// SIGTERM to SIGKILL, when a command is stopped (timeout, lost lock, shutdown).
+    pub grace: Duration,
+    /// On SIGTERM / Ctrl-C: how long running commands get to finish before they are cut.
+    pub shutdown_grace: Duration,
+    /// Run records kept per job in the lock server.
+    pub history: usize,
+    /// The jobs, in file order.
+    pub jobs: Vec<JobSpec>,
+}
+
+/// See [`CronFile::grace`].
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// See [`CronFile::shutdown_grace`].
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// See [`CronFile::history`].
+pub const DEFAULT_HISTORY: usize = distlock::scheduler::DEFAULT_KEEP;
+/// How long `on_busy = "wait"` waits at most; the scheduler ends every wait at the fire
+/// time's lateness bound anyway.
+const WAIT_AS_LONG_AS_ALLOWED: Duration = Duration::from_secs(24 * 3600);
+
+/// Where in the file a problem is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// The TOML itself, at this line and column (1-based).
+    Syntax { line: usize, column: usize },
+    /// A top-level setting.
+    Top { field: String },
+    /// A job's field; `job` is its name, or `#N` (1-based) when it has none.
+    Job { job: String, field: String },
+    /// The file as a whole.
+    File,
+}
+
+/// A problem with the file: where, and what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileError {
+    /// Where.
+    pub place: Place,
+    /// What, in a few words.
+    pub message: String,
+}
+
+impl fmt::Display for FileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.place {
+            Place::Syntax { line, column } => {
+                write!(f, "line {line}, column {column}: {}", self.message)
+            }
+            Place::Top { field } => write!(f, "field `{field}`: {}", self.message),
+            Place::Job { job, field } => write!(f, "job {job}, field `{field}`: {}", self.message),
+            Place::File => f.write_str(&self.message),
+        }
+    }
+}
+
+impl FileError {
+    /// The CLI error (exit 64): `FILE: job "x", field `schedule`: …`, on one line.
+    pub fn into_cli(self, path: &Path) -> CliError {
+        CliError::new(USAGE, format!("{}: {self}", path.display()))
+    }
+}
+
+const TOP_FIELDS: &[&str] = &[
+    "time_zone",
+    "timeout",
+    "at_least",
+    "lateness",
+    "on_busy",
+    "ttl",
+    "grace",
+    "shutdown_grace",
+    "history",
+    "job",
+];
+const JOB_FIELDS: &[&str] = &[
+    "name",
+    "schedule",
+    "time_zone",
+    "command",
+    "timeout",
+    "at_least",
+    "lateness",
+    "on_busy",
+    "ttl",
+];
+
+/// Reads and checks the file at `path`.
+///
+/// # Errors
+/// The file cannot be read, or does not parse or check (exit 64, one line).
+pub fn load(path: &Path) -> Result<CronFile, CliError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        CliError::new(
+            USAGE,
+            format!("cannot read schedule file {}: {e}", path.display()),
+        )
+    })?;
+    parse(&text).map_err(|e| e.into_cli(path))
+}
+
+/// The job options a table (the top, or a job's) sets; a job's own replace the top's.
+#[derive(Clone, Debug, Default)]
+struct Options {
+    time_zone: Option<String>,
+    timeout: Option<Duration>,
+    at_least: Option<Duration>,
+    lateness: Option<Duration>,
+    on_busy: Option<OnBusy>,
+    ttl: Option<Duration>,
+}
+
+impl Options {
+    fn read(fields: &Fields<'_>) -> Result<Options, FileError> {
+        Ok(Options {
+            time_zone: fields.text("time_zone")?,
+            timeout: fields.positive_duration("timeout")?,
+            at_least: fields.duration("at_least")?,
+            lateness: fields.duration("lateness")?,
+            on_busy: fields.on_busy()?,
+            ttl: fields.positive_duration("ttl")?,
+        })
+    }
+
+    fn or(self, defaults: &Options) -> Options {
+        Options {
+            time_zone: self.time_zone.or_else(|| defaults.time_zone.clone()),
+            timeout: self.timeout.or(defaults.timeout),
+            at_least: self.at_least.or(defaults.at_least),
+            lateness: self.lateness.or(defaults.lateness),
+            on_busy: self.on_busy.or(defaults.on_busy),
+            ttl: self.ttl.or(defaults.ttl),
+        }
+    }
+}
+
+/// Parses and checks a schedule file's text: schedules and time zones by the scheduler's
+/// own rules ([`Job::cron`], [`Job::every`], [`Job::time_zone`]).
+///
+/// # Errors
+/// The first problem found, in file order.
+pub fn parse(text: &str) -> Result<CronFile, FileError> {
+    let table: Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| syntax(text, &e))?;
+    let top = |field: &str| Place::Top {
+        field: field.to_owned(),
+    };
+    unknown_fields(&table, TOP_FIELDS, top)?;
+    let fields = Fields {
+        table: &table,
+        place: &top,
+    };
+    let defaults = Options::read(&fields)?;
+    if let Some(zone) = &defaults.time_zone {
+        // The scheduler's own check, through a job that stands for every job without a
+        // zone of its own.
+        let probe = Job::every("time-zone-check", Duration::from_secs(1))
+            .expect("a valid name and a positive period");
+        probe.time_zone(zone).map_err(|e| FileError {
+            place: top("time_zone"),
+            message: library_message(&e),
+        })?;
+    }
+    let grace = fields.duration("grace")?.unwrap_or(DEFAULT_GRACE);
+    let shutdown_grace = fields
+        .duration("shutdown_grace")?
+        .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
+    let history = match table.get("history") {
+        None => DEFAULT_HISTORY,
+        Some(Value::Integer(n)) if *n >= 1 => usize::try_from(*n).unwrap_or(usize::MAX),
+        Some(_) => {
+            return Err(FileError {
+                place: top("history"),
+                message: "must be a whole number of at least 1 (records kept per job)".into(),
+            })
+        }
+    };
+
+    let jobs_value = match table.get("job") {
+        Some(Value::Array(jobs)) if !jobs.is_empty() => jobs,
+        Some(Value::Array(_)) | None => {
+            return Err(FileError {
+                place: Place::File,
+                message: "no jobs: add at least one [[job]] table".into(),
+            })
+        }
+        Some(_) => {
+            return Err(FileError {
+                place: top("job"),
+                message: "must be [[job]] tables, one per job".into(),
+            })
+        }
+    };
+    let mut jobs = Vec::with_capacity(jobs_value.len());
+    let mut names = HashSet::new();
+    for (i, value) in jobs_value.iter().enumerate() {
+        let number = format!("#{}", i + 1);
+        let Value::Table(table) = value else {
+            return Err(FileError {
+                place: Place::Job {
+                    job: number,
+                    field: "job".into(),
+                },
+                message: "must be a [[job]] table".into(),
+            });
+        };
+        // A job is named by its name from the first problem on, when it has a usable one.
+        let label = match table.get("name") {
+            Some(Value::String(name)) if !name.is_empty() => format!("{name:?}"),
+            _ => number,
+        };
+        let place = |field: &str| Place::Job {
+            job: label.clone(),
+            field: field.to_owned(),
+        };
+        let fields = Fields {
+            table,
+            place: &place,
+        };
+        let name = fields.required_text("name")?;
+        unknown_fields(table, JOB_FIELDS, place)?;
+        let schedule = fields.required_text("schedule")?;
+        let at = |field: &str| {
+            let place = &place;
+            let field = field.to_owned();
+            move |e: distlock::scheduler::Error| FileError {
+                place: place(&field),
+                message: library_message(&e),
+            }
+        };
+        let job = match schedule.trim().strip_prefix("every ") {
+            Some(period) => {
+                let period = parse_duration(period.trim()).map_err(|e| {
+                    fields.err(
+                        "schedule",
+                        format!("{schedule:?} is not `every DUR` (like `every 30s`): {e}"),
+                    )
+                })?;
+                Job::every(name.clone(), period)
+            }
+            None => Job::cron(name.clone(), &schedule),
+        };
+        let mut job = job.map_err(|e| match e {
+            distlock::scheduler::Error::InvalidJobName { .. } => at("name")(e),
+            e => at("schedule")(e),
+        })?;
+        if !names.insert(name.clone()) {
+            return Err(fields.err(
+                "name",
+                "another job has this name; names must be unique (each is a lock)",
+            ));
+        }
+        let own = Options::read(&fields)?;
+        let own_zone = own.time_zone.is_some();
+        let options = own.or(&defaults);
+        if let Some(zone) = &options.time_zone {
+            job = job.time_zone(zone).map_err(|e| FileError {
+                place: if own_zone {
+                    place("time_zone")
+                } else {
+                    top("time_zone")
+                },
+                message: library_message(&e),
+            })?;
+        }
+        if let Some(d) = options.timeout {
+            job = job.timeout(d);
+        }
+        if let Some(d) = options.at_least {
+            job = job.at_least(d);
+        }
+        if let Some(d) = options.lateness {
+            job = job.lateness(d);
+        }
+        if let Some(d) = options.ttl {
+            job = job.ttl(d);
+        }
+        job = job.on_busy(options.on_busy.unwrap_or(OnBusy::Skip));
+        let command = fields.command()?;
+        jobs.push(JobSpec {
+            job,
+            schedule,
+            time_zone: options.time_zone,
+            command,
+            timeout: options.timeout,
+        });
+    }
+    Ok(CronFile {
+        grace,
+        shutdown_grace,
+        history,
+        jobs,
+    })
+}
+
+/// The scheduler's error without the job's name (the place names it already).
+fn library_message(e: &distlock::scheduler::Error) -> String {
+    use distlock::scheduler::Error as E;
+    match e {
+        E::InvalidCron {
+            expression,
+            field,
+            reason,
+            ..
+        } => match field {
+            Some(f) => format!("invalid cron expression {expression:?}, its {f} field: {reason}"),
+            None => format!("invalid cron expression {expression:?}: {reason}"),
+        },
+        E::UnknownTimeZone { name, .. } => format!(
+            "unknown time zone {name:?} (use an IANA name like \"Europe/Berlin\", \"UTC\" \
+             or \"local\")"
+        ),
+        E::InvalidJobName { reason, .. } => format!("not usable as a lock key: {reason}"),
+        E::ZeroInterval { .. } => "the interval must be longer than zero".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// A TOML syntax error, at its line and column, on one line.
+fn syntax(text: &str, e: &toml::de::Error) -> FileError {
+    let (line, column) = match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            (line, column)
+        }
+        None => (1, 1),
+    };
+    let message = e.message().lines().next().unwrap_or("invalid TOML").trim();
+    FileError {
+        place: Place::Syntax { line, column },
+        message: format!("not valid TOML: {message}"),
+    }
+}
+
+fn unknown_fields(
+    table: &Table,
+    known: &[&str],
+    place: impl Fn(&str) -> Place,
+) -> Result<(), FileError> {
+    match table.keys().find(|k| !known.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(k) => Err(FileError {
+            place: place(k),
+            message: format!("unknown field; known fields are {}", known.join(", ")),
+        }),
+    }
+}
+
+/// Typed reads of one table's fields.
+struct Fields<'a> {
+    table: &'a Table,
+    place: &'a dyn Fn(&str) -> Place,
+}
+
+impl Fields<'_> {
+    fn err(&self, field: &str, message: impl Into<String>) -> FileError {
+        FileError {
+            place: (self.place)(field),
+            message: message.into(),
+        }
+    }
+
+    fn text(&self, field: &str) -> Result<Option<String>, FileError> {
+        match self.table.get(field) {
+            None => Ok(None),
+            Some(Value::String(s)) if !s.trim().is_empty() => Ok(Some(s.clone())),
+            Some(Value::String(_)) => Err(self.err(field, "is empty")),
+            Some(other) => {
+                Err(self.err(field, format!("must be a string, not {}", other.type_str())))
+            }
+        }
+    }
+
+    fn required_text(&self, field: &str) -> Result<String, FileError> {
+        self.text(field)?
+            .ok_or_else(|| self.err(field, "missing (every job needs one)"))
+    }
+
+    fn duration(&self, field: &str) -> Result<Option<Duration>, FileError> {
+        match self.text(field) {
+            Ok(None) => Ok(None),
+            Ok(Some(s)) => parse_duration(&s)
+                .map(Some)
+                .map_err(|e| self.err(field, format!("{s:?} is not a duration: {e}"))),
+            Err(_) => Err(self.err(
+                field,
+                "must be a duration in quotes, like \"500ms\", \"30s\" or \"5m\"",
+            )),
+        }
+    }
+
+    fn positive_duration(&self, field: &str) -> Result<Option<Duration>, FileError> {
+        match self.duration(field)? {
+            Some(d) if d.is_zero() => Err(self.err(field, "must be greater than zero")),
+            d => Ok(d),
+        }
+    }
+
+    fn on_busy(&self) -> Result<Option<OnBusy>, FileError> {
+        let field = "on_busy";
+        let bad = || self.err(field, "must be \"skip\" or \"wait\"");
+        match self.text(field).map_err(|_| bad())? {
+            None => Ok(None),
+            Some(s) if s == "skip" => Ok(Some(OnBusy::Skip)),
+            Some(s) if s == "wait" => Ok(Some(OnBusy::Wait(WAIT_AS_LONG_AS_ALLOWED))),
+            Some(_) => Err(bad()),
+        }
+    }
+
+    fn command(&self) -> Result<Vec<String>, FileError> {
+        let field = "command";
+        let bad = || {
+            self.err(
+                field,
+                "must be a list of strings, the program then its arguments, like \
+                 [\"/usr/local/bin/backup\", \"--full\"]",
+            )
+        };
+        match self.table.get(field) {
+            None => Err(self.err(field, "missing (every job needs one)")),
+            Some(Value::Array(items)) => {
+                let args = items
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_owned).ok_or_else(bad))
+                    .collect::<Result<Vec<_>, _>>()?;
+                match args.first() {
+                    None => Err(self.err(field, "is empty: name the program to run")),
+                    Some(p) if p.is_empty() => Err(self.err(field, "the program name is empty")),
+                    Some(_) => Ok(args),
+                }
+            }
+            Some(_) => Err(bad()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place_of(text: &str) -> (Place, String) {
+        let e = parse(text).expect_err("a bad file");
+        (e.place, e.message)
+    }
+
+    fn job_field(job: &str, field: &str) -> Place {
+        Place::Job {
+            job: job.to_owned(),
+            field: field.to_owned(),
+        }
+    }
+
+    #[test]
+    fn defaults_at_the_top_apply_to_every_job_and_a_job_overrides_them() {
+        let file = parse(
+            r#"
+time_zone = "Europe/Berlin"
+timeout = "10m"
+at_least = "5s"
+grace = "3s"
+history = 7
+
+[[job]]
+name = "a"
+schedule = "0 30 2 * * *"
+command = ["/bin/a", "--x"]
+
+[[job]]
+name = "b"
+schedule = "every 30s"
+time_zone = "UTC"
+timeout = "1m"
+on_busy = "wait"
+command = ["b"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(file.grace, Duration::from_secs(3));
+        assert_eq!(file.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+        assert_eq!(file.history, 7);
+        let [a, b] = &file.jobs[..] else {
+            panic!("two jobs")
+        };
+        assert_eq!(a.job.name(), "a");
+        assert_eq!(a.command, ["/bin/a", "--x"]);
+        assert_eq!(a.time_zone.as_deref(), Some("Europe/Berlin"));
+        assert_eq!(a.timeout, Some(Duration::from_secs(600)));
+        assert_eq!(a.job.schedule().expression(), Some("0 30 2 * * *"));
+        assert_eq!(b.time_zone.as_deref(), Some("UTC"));
+        assert_eq!(b.timeout, Some(Duration::from_secs(60)));
+        assert_eq!(b.job.schedule().period(), Some(Duration::from_secs(30)));
+    }
+
+    #[test]
+    fn each_problem_names_its_job_and_field() {
+        let job = |extra: &str| {
+            format!(
+                "[[job]]\nname = \"j\"\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n{extra}"
+            )
+        };
+        let cases = [
+            (
+                job("time_zone = \"Mars/Base\""),
+                job_field("\"j\"", "time_zone"),
+            ),
+            (job("timeout = \"0s\""), job_field("\"j\"", "timeout")),
+            (job("timeout = 5"), job_field("\"j\"", "timeout")),
+            (job("at_least = \"soon\""), job_field("\"j\"", "at_least")),
+            (job("on_busy = \"queue\""), job_field("\"j\"", "on_busy")),
+            (job("every = \"1s\""), job_field("\"j\"", "every")),
+            (
+                "[[job]]\nname = \"j\"\nschedule = \"* * * *\"\ncommand = [\"x\"]\n".into(),
+                job_field("\"j\"", "schedule"),
+            ),
+            (
+                "[[job]]\nname = \"j\"\nschedule = \"every soon\"\ncommand = [\"x\"]\n".into(),
+                job_field("\"j\"", "schedule"),
+            ),
+            (
+                "[[job]]\nname = \"j\"\nschedule = \"* * * * * *\"\ncommand = []\n".into(),
+                job_field("\"j\"", "command"),
+            ),
+            (
+                "[[job]]\nname = \"j\"\nschedule = \"* * * * * *\"\ncommand = [\"a\", 1]\n".into(),
+                job_field("\"j\"", "command"),
+            ),
+            (
+                "[[job]]\nname = \"j\"\nschedule = \"* * * * * *\"\n".into(),
+                job_field("\"j\"", "command"),
+            ),
+            (
+                "[[job]]\nschedule = \"* * * * * *\"\ncommand = [\"x\"]\n".into(),
+                job_field("#1", "name"),
+            ),
+            (
+                format!("{}{}", job(""), job("")),
+                job_field("\"j\"", "name"),
+            ),
+            (
+                format!("time_zone = \"Nowhere\"\n{}", job("")),
+                Place::Top {
+                    field: "time_zone".into(),
+                },
+            ),
+            (
+                format!("history = 0\n{}", job("")),
+                Place::Top {
+                    field: "history".into(),
+                },
+            ),
+            ("history = 3\n".into(), Place::File),
+        ];
+        for (text, expected) in cases {
+            let (place, message) = place_of(&text);
+            assert_eq!(place, expected, "{text}\n{message}");
+            assert!(!message.contains('\n'), "one line: {message}");
+        }
+    }
+
+    #[test]
+    fn a_syntax_error_gives_its_line_and_column() {
+        let (place, message) = place_of("history = 3\n\n[[job]\nname = 1\n");
+        assert_eq!(place, Place::Syntax { line: 3, column: 7 }, "{message}");
+        assert!(message.starts_with("not valid TOML"), "{message}");
+    }
+
+    #[test]
+    fn the_message_names_file_job_and_field_on_one_line() {
+        let e = parse("[[job]]\nname = \"n\"\nschedule = \"61 * * * * *\"\ncommand = [\"x\"]\n")
+            .unwrap_err()
+            .into_cli(Path::new("jobs.toml"));
+        assert_eq!(e.code, USAGE);
+        assert!(
+            e.message
+                .starts_with("jobs.toml: job \"n\", field `schedule`: invalid cron expression"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("second field"), "{}", e.message);
+    }
+}

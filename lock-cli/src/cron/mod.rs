@@ -1,0 +1,443 @@
+//! `distlock cron`: run a schedule file on this replica (every replica runs the same file),
+//! and `distlock cron status`: what the lock server remembers of the runs.
+
+mod command;
+pub mod file;
+mod metrics;
+mod status;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use clap::{Args, Subcommand};
+use distlock::scheduler::{self, jiff, JobContext, Scheduler};
+use tokio::sync::watch;
+
+use crate::common::Target;
+use crate::exit::{CliError, Exit, INTERNAL, USAGE};
+use crate::job::Signals;
+use crate::units::fmt_duration;
+use command::{RunEnv, Running};
+
+pub const AFTER_HELP: &str = "\
+Examples:
+  # on every replica, the same file and the same lock server:
+  distlock cron /etc/distlock/jobs.toml --url redis://10.0.0.5:6379
+  distlock cron jobs.toml --url etcd://10.0.0.7:2379 --replica web-3 --metrics-addr 0.0.0.0:9464
+  # what ran where, how it ended, and what fires next:
+  distlock cron status jobs.toml --url redis://10.0.0.5:6379
+
+A schedule file (TOML): scheduler defaults at the top, then one [[job]] per job; the
+first six may also be set per job.
+  time_zone = \"Europe/Berlin\"   # IANA name, \"UTC\" (the default) or \"local\"
+  on_busy = \"skip\"              # lock held by another run: skip (default) | wait
+  timeout = \"1h\"                # stop a command that runs longer (default: none)
+  at_least = \"5s\"               # hold each fire time's lock this long (default: gap/2, <= 1m)
+  lateness = \"2s\"               # a fire time started later is missed (default: at_least/2)
+  ttl = \"10s\"                   # lock TTL, renewed every ttl/3 (default: gap/2, 1s..30s)
+  grace = \"10s\"                 # stopping a command: SIGTERM, then SIGKILL after this
+  shutdown_grace = \"30s\"        # on SIGTERM/Ctrl-C: how long running commands may finish
+  history = 100                 # run records kept per job in the lock server
+
+  [[job]]
+  name = \"nightly-report\"       # also the lock's key
+  schedule = \"0 30 2 * * *\"     # cron, seconds first: sec min hour day month weekday
+  command = [\"/usr/local/bin/report\", \"--full\"]
+  timeout = \"2h\"
+
+  [[job]]
+  name = \"sync\"
+  schedule = \"every 30s\"        # at Unix epoch + k x 30s, the same on every replica
+  command = [\"sh\", \"-c\", \"exec /usr/local/bin/sync >> /var/log/sync.log 2>&1\"]
+
+Each fire time runs on one replica: the first to lock the job's name runs it, holding the
+lock at least until the fire time + at_least, so that a replica whose clock is behind by
+less than at_least cannot run the same fire time again. The others record it as
+skipped-busy. Outcomes: ok, failed, skipped-busy, timed-out, lock-lost, missed, cut.
+
+The command gets DISTLOCK_JOB, DISTLOCK_SCHEDULED_AT (the fire time, RFC 3339 in UTC),
+DISTLOCK_FENCE (the fencing token of this run's lock) and DISTLOCK_REPLICA. It runs in its
+own process group; on a timeout or a lost lock it is stopped as `distlock run` stops it:
+SIGTERM to the group, SIGKILL after grace.
+
+SIGTERM or Ctrl-C: no new fire times; running commands get shutdown_grace to finish, the
+rest are stopped and recorded as cut (named on stderr); every lock is released; exit 0.
+A second signal kills every command at once (SIGKILL); those runs are not recorded.
+
+Exit status:
+  0    shut down by SIGTERM or Ctrl-C
+  64   bad command line or schedule file (one line naming the job and the field),
+       or a --metrics-addr that is not HOST:PORT
+  69   lock server unreachable or refusing, its backend not compiled in,
+       or --metrics-addr cannot be listened on
+  70   internal error
+
+--metrics-addr serves the scheduler's metrics in the Prometheus text format:
+distlock_scheduler_runs_total{job,outcome}, distlock_scheduler_run_duration_seconds,
+distlock_scheduler_skips_total, distlock_scheduler_last_success_timestamp_seconds{job}
+(alert on time() minus its max across replicas) and
+distlock_scheduler_record_errors_total.
+A file named `status` is given as ./status.";
+
+/// `distlock cron` arguments.
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct CronArgs {
+    #[command(subcommand)]
+    sub: Option<CronCommand>,
+
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum CronCommand {
+    /// Per job of FILE: the last runs with their outcomes and replicas, the last success and
+    /// the next fire time.
+    #[command(after_help = status::AFTER_HELP)]
+    Status(status::StatusArgs),
+}
+
+/// `distlock cron FILE` arguments.
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The schedule file (TOML), the same on every replica.
+    #[arg(value_name = "FILE", required = true)]
+    file: Option<PathBuf>,
+
+    /// Lock server URL [default: $DISTLOCK_URL, else memory://].
+    #[arg(long, value_name = "URL")]
+    url: Option<String>,
+
+    /// This replica's name in the run records and in DISTLOCK_REPLICA [default:
+    /// HOSTNAME-PID].
+    #[arg(long, value_name = "ID")]
+    replica: Option<String>,
+
+    /// Serve the metrics in the Prometheus text format on HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
+
+    /// Test only: run the scheduler on a clock this far ahead (`+1s`) or behind (`-1s`) of
+    /// the system clock.
+    #[arg(long, value_name = "DUR", hide = true, allow_hyphen_values = true,
+          value_parser = parse_offset)]
+    clock_offset: Option<i64>,
+}
+
+/// Runs `distlock cron`.
+///
+/// # Errors
+/// A bad file, an unreachable server, a metrics address that cannot be served.
+pub async fn run(args: CronArgs) -> Result<Exit, CliError> {
+    match args.sub {
+        Some(CronCommand::Status(status)) => status::run(status).await,
+        None => replica(args.run).await,
+    }
+}
+
+/// Milliseconds of a signed duration (`-1s`, `+250ms`, `2s`).
+fn parse_offset(s: &str) -> Result<i64, String> {
+    let (sign, rest) = match s.as_bytes().first() {
+        Some(b'-') => (-1, &s[1..]),
+        Some(b'+') => (1, &s[1..]),
+        _ => (1, s),
+    };
+    let d = crate::common::parse_duration(rest)?;
+    i64::try_from(d.as_millis())
+        .map(|ms| sign * ms)
+        .map_err(|_| "too large".to_owned())
+}
+
+/// How much longer than the CLI's own stop the scheduler's deadline (timeout, shutdown
+/// grace) is: time for a stopped command to be reaped before its run is cancelled.
+const STOP_MARGIN: Duration = Duration::from_secs(1);
+
+async fn replica(args: RunArgs) -> Result<Exit, CliError> {
+    let path = args.file.expect("clap requires FILE without a subcommand");
+    // Everything that can be wrong with the file is found before connecting.
+    let file = file::load(&path)?;
+    let target = Target::choose(args.url)?;
+    let metrics_addr = args
+        .metrics_addr
+        .as_deref()
+        .map(metrics::resolve)
+        .transpose()?;
+    let mut signals = Signals::catch()?;
+    let locker = tokio::select! {
+        locker = target.connect() => locker?,
+        _ = signals.recv() => return Ok(Exit::Code(0)),
+    };
+    if let Some(addr) = metrics_addr {
+        metrics::serve(addr)?;
+    }
+
+    let replica_id = args.replica.unwrap_or_else(scheduler::default_replica);
+    let mut builder = Scheduler::builder(locker.clone())
+        .replica(replica_id.clone())
+        .keep(file.history);
+    if let Some(ms) = args.clock_offset {
+        builder = builder.clock_offset(jiff::SignedDuration::from_millis(ms));
+    }
+    let scheduler = builder
+        .build()
+        .map_err(|e| CliError::new(INTERNAL, format!("cannot build the scheduler: {e}")))?;
+    let stops = Stops::default();
+    let (hurry_tx, hurry) = watch::channel(false);
+    for spec in &file.jobs {
+        let task = Task {
+            command: Arc::new(spec.command.clone()),
+            grace: file.grace,
+            shutdown_grace: file.shutdown_grace,
+            stops: stops.clone(),
+            hurry: hurry.clone(),
+        };
+        let mut job = spec.job.clone();
+        if let Some(timeout) = spec.timeout {
+            // The CLI stops the command at `timeout` (see Task::run); the scheduler cancels
+            // the run and records it timed-out once the command is surely gone.
+            job = job.timeout(timeout + file.grace + STOP_MARGIN);
+        }
+        let job = job.run(move |ctx| task.clone().run(ctx));
+        scheduler
+            .add(job)
+            .map_err(|e| add_error(&path, spec, e, &target))?;
+    }
+    if !locker.capabilities().cross_process {
+        eprintln!(
+            "distlock: note: {} locks exclude only inside this distlock process; replicas in \
+             other processes would run the same fire times (use --url or DISTLOCK_URL to name \
+             a lock server)",
+            target.shown()
+        );
+    }
+    if locker.backend().run_records().is_none() {
+        eprintln!(
+            "distlock: note: the {} backend keeps no run records: `distlock cron status` \
+             shows no history; outcomes are in the metrics and on stderr",
+            locker.capabilities().name
+        );
+    }
+    let running = scheduler
+        .start()
+        .map_err(|e| CliError::new(INTERNAL, format!("cannot start the scheduler: {e}")))?;
+    eprintln!(
+        "distlock: cron: {} job(s) from {} on {} as replica {replica_id:?}",
+        file.jobs.len(),
+        path.display(),
+        target.shown()
+    );
+
+    let sig = signals.recv().await;
+    eprintln!(
+        "distlock: {}: shutting down: no new runs; running commands get {} to finish \
+         (a second signal kills them at once)",
+        signal_name(sig),
+        fmt_duration(file.shutdown_grace)
+    );
+    // The scheduler's grace outlasts the CLI's own (shutdown_grace, then SIGTERM and
+    // SIGKILL after grace): a command is gone before its run is cut and its lock released.
+    let mut shutdown = Box::pin(running.shutdown(file.shutdown_grace + file.grace + STOP_MARGIN));
+    tokio::select! {
+        report = &mut shutdown => {
+            stops.wait().await;
+            for run in &report.cut {
+                eprintln!(
+                    "distlock: cut: {:?} scheduled at {}: still running after {}; stopped \
+                     (recorded as cut)",
+                    run.job,
+                    rfc3339(run.scheduled_at),
+                    fmt_duration(file.shutdown_grace)
+                );
+            }
+            for run in &report.finished {
+                eprintln!(
+                    "distlock: finished during shutdown: {:?} scheduled at {}: {}",
+                    run.job,
+                    rfc3339(run.scheduled_at),
+                    run.outcome
+                );
+            }
+        }
+        sig = signals.recv() => {
+            eprintln!(
+                "distlock: {} again: killing the running commands now; their runs are not \
+                 recorded",
+                signal_name(sig)
+            );
+            let _ = hurry_tx.send(true);
+            stops.kill_all();
+            // Dropping the shutdown cancels the runs (their commands are reaped by the
+            // background stops) and releases their locks in the background, which the
+            // Locker's shutdown awaits.
+            drop(shutdown);
+            tokio::task::yield_now().await;
+            stops.wait().await;
+        }
+    }
+    locker.shutdown().await;
+    eprintln!("distlock: cron: stopped; every lock released");
+    Ok(Exit::Code(0))
+}
+
+/// A job the scheduler refused, as a line naming the job and the field.
+pub(super) fn add_error(
+    path: &std::path::Path,
+    spec: &file::JobSpec,
+    e: scheduler::Error,
+    target: &Target,
+) -> CliError {
+    use scheduler::Error as E;
+    let job = format!("{:?}", spec.job.name());
+    let (field, message) = match e {
+        E::NeverFires { .. } => ("schedule", "the schedule never fires".to_owned()),
+        E::InvalidOption { reason, .. } => {
+            let field = if reason.contains("TTL") || reason.contains("ttl") {
+                "ttl"
+            } else if reason.contains("timeout") {
+                "timeout"
+            } else {
+                ""
+            };
+            (field, reason)
+        }
+        E::Lock(err) => return target.error(err),
+        other => ("", other.to_string()),
+    };
+    let place = if field.is_empty() {
+        format!("job {job}")
+    } else {
+        format!("job {job}, field `{field}`")
+    };
+    CliError::new(USAGE, format!("{}: {place}: {message}", path.display()))
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        _ => "signal",
+    }
+}
+
+/// A wall-clock instant in RFC 3339, UTC (`2026-03-29T01:30:00Z`).
+pub(super) fn rfc3339(t: SystemTime) -> String {
+    match jiff::Timestamp::try_from(t) {
+        Ok(t) => t.to_string(),
+        Err(_) => format!("{t:?}"),
+    }
+}
+
+/// The commands running, and the stops of commands whose runs the scheduler cancelled
+/// (dropped) while they ran: those go on in the background, and the process does not exit
+/// before they are done.
+#[derive(Clone, Default)]
+struct Stops(Arc<std::sync::Mutex<StopsState>>);
+
+#[derive(Default)]
+struct StopsState {
+    /// The process groups of the commands running now.
+    running: std::collections::HashSet<libc::pid_t>,
+    stopping: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Stops {
+    fn state(&self) -> std::sync::MutexGuard<'_, StopsState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn started(&self, pgid: libc::pid_t) {
+        self.state().running.insert(pgid);
+    }
+
+    /// The command of group `pgid` has exited and been reaped.
+    fn ended(&self, pgid: libc::pid_t) {
+        self.state().running.remove(&pgid);
+    }
+
+    fn spawn(&self, stop: impl Future<Output = ()> + Send + 'static) {
+        let handle = tokio::spawn(stop);
+        self.state().stopping.push(handle);
+    }
+
+    /// SIGKILL to every running command's process group, at once.
+    fn kill_all(&self) {
+        for &pgid in &self.state().running {
+            crate::job::send(pgid, libc::SIGKILL);
+        }
+    }
+
+    async fn wait(&self) {
+        loop {
+            let pending = std::mem::take(&mut self.state().stopping);
+            if pending.is_empty() {
+                return;
+            }
+            for handle in pending {
+                let _ = handle.await;
+            }
+        }
+    }
+}
+
+/// What every run of one job needs.
+#[derive(Clone)]
+struct Task {
+    command: Arc<Vec<String>>,
+    grace: Duration,
+    shutdown_grace: Duration,
+    stops: Stops,
+    /// True once a second signal asked for everything to stop at once.
+    hurry: watch::Receiver<bool>,
+}
+
+impl Task {
+    /// One run: the command to its end, or stopped when the run is to end early. An early
+    /// end leaves the outcome to the scheduler (timed-out, lock-lost, cut): once the command
+    /// is gone, this waits to be cancelled.
+    async fn run(self, ctx: JobContext) -> Result<(), String> {
+        let scheduled_at = rfc3339(ctx.scheduled_at());
+        let env = RunEnv {
+            job: ctx.job(),
+            scheduled_at,
+            fence: ctx.fence(),
+            replica: ctx.replica(),
+        };
+        let mut cmd = Running::new(command::spawn(&self.command, &env)?, &self);
+        // The CLI stops the command that much before the scheduler's own deadline.
+        let timeout = async {
+            match ctx.deadline() {
+                Some(d) => {
+                    let stop_at = d.checked_sub(self.grace + STOP_MARGIN).unwrap_or(d);
+                    tokio::time::sleep_until(stop_at.into()).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let cut = async {
+            ctx.shutting_down().await;
+            tokio::time::sleep(self.shutdown_grace).await;
+        };
+        let mut hurry = self.hurry.clone();
+        let why = tokio::select! {
+            biased;
+            result = cmd.wait() => return result,
+            () = ctx.lost() => "the lock was lost",
+            () = timeout => "it passed its timeout",
+            () = cut => "the shutdown grace passed",
+            _ = hurry.wait_for(|h| *h) => "of a second signal",
+        };
+        eprintln!(
+            "distlock: stopping {:?} scheduled at {} because {why}: SIGTERM, SIGKILL after {}",
+            ctx.job(),
+            env.scheduled_at,
+            fmt_duration(self.grace)
+        );
+        cmd.stop().await;
+        // The scheduler cancels the run and records why.
+        std::future::pending().await
+    }
+}
