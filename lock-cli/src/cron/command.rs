@@ -4,9 +4,15 @@
 use std::ffi::OsString;
 use std::time::Duration;
 
+use std::future::Future;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use distlock::scheduler::{jiff, JobContext};
 use tokio::sync::watch;
 
-use super::{Stops, Task};
+use crate::units::fmt_duration;
+
 use crate::job::{status_code, Job};
 
 /// What the command of one fire time is told, in its environment.
@@ -119,5 +125,128 @@ fn describe(status: std::process::ExitStatus) -> String {
     match status.code() {
         Some(code) => format!("exit status {code}"),
         None => format!("killed by signal {}", code - 128),
+    }
+}
+
+/// How much longer than the CLI's own stop the scheduler's deadline (timeout, shutdown
+/// grace) is: time for a stopped command to be reaped before its run is cancelled.
+pub(super) const STOP_MARGIN: Duration = Duration::from_secs(1);
+
+/// A wall-clock instant in RFC 3339, UTC (`2026-03-29T01:30:00Z`).
+pub(crate) fn rfc3339(t: SystemTime) -> String {
+    match jiff::Timestamp::try_from(t) {
+        Ok(t) => t.to_string(),
+        Err(_) => format!("{t:?}"),
+    }
+}
+
+/// The commands running, and the stops of commands whose runs the scheduler cancelled
+/// (dropped) while they ran: those go on in the background, and the process does not exit
+/// before they are done.
+#[derive(Clone, Default)]
+pub(super) struct Stops(Arc<std::sync::Mutex<StopsState>>);
+
+#[derive(Default)]
+struct StopsState {
+    /// The process groups of the commands running now.
+    running: std::collections::HashSet<libc::pid_t>,
+    stopping: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Stops {
+    fn state(&self) -> std::sync::MutexGuard<'_, StopsState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn started(&self, pgid: libc::pid_t) {
+        self.state().running.insert(pgid);
+    }
+
+    /// The command of group `pgid` has exited and been reaped.
+    fn ended(&self, pgid: libc::pid_t) {
+        self.state().running.remove(&pgid);
+    }
+
+    fn spawn(&self, stop: impl Future<Output = ()> + Send + 'static) {
+        let handle = tokio::spawn(stop);
+        self.state().stopping.push(handle);
+    }
+
+    /// SIGKILL to every running command's process group, at once.
+    pub(super) fn kill_all(&self) {
+        for &pgid in &self.state().running {
+            crate::job::send(pgid, libc::SIGKILL);
+        }
+    }
+
+    pub(super) async fn wait(&self) {
+        loop {
+            let pending = std::mem::take(&mut self.state().stopping);
+            if pending.is_empty() {
+                return;
+            }
+            for handle in pending {
+                let _ = handle.await;
+            }
+        }
+    }
+}
+
+/// What every run of one job needs.
+#[derive(Clone)]
+pub(super) struct Task {
+    pub(super) command: Arc<Vec<String>>,
+    pub(super) grace: Duration,
+    pub(super) shutdown_grace: Duration,
+    pub(super) stops: Stops,
+    /// True once a second signal asked for everything to stop at once.
+    pub(super) hurry: watch::Receiver<bool>,
+}
+
+impl Task {
+    /// One run: the command to its end, or stopped when the run is to end early. An early
+    /// end leaves the outcome to the scheduler (timed-out, lock-lost, cut): once the command
+    /// is gone, this waits to be cancelled.
+    pub(super) async fn run(self, ctx: JobContext) -> Result<(), String> {
+        let scheduled_at = rfc3339(ctx.scheduled_at());
+        let env = RunEnv {
+            job: ctx.job(),
+            scheduled_at,
+            fence: ctx.fence(),
+            replica: ctx.replica(),
+        };
+        let mut cmd = Running::new(spawn(&self.command, &env)?, &self);
+        // The CLI stops the command that much before the scheduler's own deadline.
+        let timeout = async {
+            match ctx.deadline() {
+                Some(d) => {
+                    let stop_at = d.checked_sub(self.grace + STOP_MARGIN).unwrap_or(d);
+                    tokio::time::sleep_until(stop_at.into()).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let cut = async {
+            ctx.shutting_down().await;
+            tokio::time::sleep(self.shutdown_grace).await;
+        };
+        let mut hurry = self.hurry.clone();
+        let why = tokio::select! {
+            biased;
+            result = cmd.wait() => return result,
+            () = ctx.lost() => "the lock was lost",
+            () = timeout => "it passed its timeout",
+            () = cut => "the shutdown grace passed",
+            _ = hurry.wait_for(|h| *h) => "of a second signal",
+        };
+        eprintln!(
+            "distlock: stopping {:?} scheduled at {} because {why}: SIGTERM, SIGKILL after {}",
+            ctx.job(),
+            env.scheduled_at,
+            fmt_duration(self.grace)
+        );
+        cmd.stop().await;
+        // The scheduler cancels the run and records why.
+        std::future::pending().await
     }
 }

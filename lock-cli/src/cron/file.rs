@@ -469,6 +469,38 @@ impl Fields<'_> {
     }
 }
 
+/// A job the scheduler refused, as a line naming the job and the field.
+pub(super) fn add_error(
+    path: &std::path::Path,
+    spec: &JobSpec,
+    e: distlock::scheduler::Error,
+    target: &crate::common::Target,
+) -> CliError {
+    use distlock::scheduler::Error as E;
+    let job = format!("{:?}", spec.job.name());
+    let (field, message) = match e {
+        E::NeverFires { .. } => ("schedule", "the schedule never fires".to_owned()),
+        E::InvalidOption { reason, .. } => {
+            let field = if reason.contains("TTL") || reason.contains("ttl") {
+                "ttl"
+            } else if reason.contains("timeout") {
+                "timeout"
+            } else {
+                ""
+            };
+            (field, reason)
+        }
+        E::Lock(err) => return target.error(err),
+        other => ("", other.to_string()),
+    };
+    let place = if field.is_empty() {
+        format!("job {job}")
+    } else {
+        format!("job {job}, field `{field}`")
+    };
+    CliError::new(USAGE, format!("{}: {place}: {message}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

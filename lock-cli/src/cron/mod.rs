@@ -6,20 +6,18 @@ pub mod file;
 mod metrics;
 mod status;
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
 
 use clap::{Args, Subcommand};
-use distlock::scheduler::{self, jiff, JobContext, Scheduler};
+use distlock::scheduler::{self, jiff, Scheduler};
 use tokio::sync::watch;
 
 use crate::common::Target;
-use crate::exit::{CliError, Exit, INTERNAL, USAGE};
+use crate::exit::{CliError, Exit, INTERNAL};
 use crate::job::Signals;
 use crate::units::fmt_duration;
-use command::{RunEnv, Running};
+use command::{rfc3339, Stops, Task, STOP_MARGIN};
 
 pub const AFTER_HELP: &str = "\
 Examples:
@@ -151,10 +149,6 @@ fn parse_offset(s: &str) -> Result<i64, String> {
         .map_err(|_| "too large".to_owned())
 }
 
-/// How much longer than the CLI's own stop the scheduler's deadline (timeout, shutdown
-/// grace) is: time for a stopped command to be reaped before its run is cancelled.
-const STOP_MARGIN: Duration = Duration::from_secs(1);
-
 async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     let path = args.file.expect("clap requires FILE without a subcommand");
     // Everything that can be wrong with the file is found before connecting.
@@ -203,7 +197,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
         let job = job.run(move |ctx| task.clone().run(ctx));
         scheduler
             .add(job)
-            .map_err(|e| add_error(&path, spec, e, &target))?;
+            .map_err(|e| file::add_error(&path, spec, e, &target))?;
     }
     if !locker.capabilities().cross_process {
         eprintln!(
@@ -282,162 +276,11 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     Ok(Exit::Code(0))
 }
 
-/// A job the scheduler refused, as a line naming the job and the field.
-pub(super) fn add_error(
-    path: &std::path::Path,
-    spec: &file::JobSpec,
-    e: scheduler::Error,
-    target: &Target,
-) -> CliError {
-    use scheduler::Error as E;
-    let job = format!("{:?}", spec.job.name());
-    let (field, message) = match e {
-        E::NeverFires { .. } => ("schedule", "the schedule never fires".to_owned()),
-        E::InvalidOption { reason, .. } => {
-            let field = if reason.contains("TTL") || reason.contains("ttl") {
-                "ttl"
-            } else if reason.contains("timeout") {
-                "timeout"
-            } else {
-                ""
-            };
-            (field, reason)
-        }
-        E::Lock(err) => return target.error(err),
-        other => ("", other.to_string()),
-    };
-    let place = if field.is_empty() {
-        format!("job {job}")
-    } else {
-        format!("job {job}, field `{field}`")
-    };
-    CliError::new(USAGE, format!("{}: {place}: {message}", path.display()))
-}
-
 fn signal_name(sig: i32) -> &'static str {
     match sig {
         libc::SIGINT => "SIGINT",
         libc::SIGTERM => "SIGTERM",
         libc::SIGHUP => "SIGHUP",
         _ => "signal",
-    }
-}
-
-/// A wall-clock instant in RFC 3339, UTC (`2026-03-29T01:30:00Z`).
-pub(super) fn rfc3339(t: SystemTime) -> String {
-    match jiff::Timestamp::try_from(t) {
-        Ok(t) => t.to_string(),
-        Err(_) => format!("{t:?}"),
-    }
-}
-
-/// The commands running, and the stops of commands whose runs the scheduler cancelled
-/// (dropped) while they ran: those go on in the background, and the process does not exit
-/// before they are done.
-#[derive(Clone, Default)]
-struct Stops(Arc<std::sync::Mutex<StopsState>>);
-
-#[derive(Default)]
-struct StopsState {
-    /// The process groups of the commands running now.
-    running: std::collections::HashSet<libc::pid_t>,
-    stopping: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Stops {
-    fn state(&self) -> std::sync::MutexGuard<'_, StopsState> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn started(&self, pgid: libc::pid_t) {
-        self.state().running.insert(pgid);
-    }
-
-    /// The command of group `pgid` has exited and been reaped.
-    fn ended(&self, pgid: libc::pid_t) {
-        self.state().running.remove(&pgid);
-    }
-
-    fn spawn(&self, stop: impl Future<Output = ()> + Send + 'static) {
-        let handle = tokio::spawn(stop);
-        self.state().stopping.push(handle);
-    }
-
-    /// SIGKILL to every running command's process group, at once.
-    fn kill_all(&self) {
-        for &pgid in &self.state().running {
-            crate::job::send(pgid, libc::SIGKILL);
-        }
-    }
-
-    async fn wait(&self) {
-        loop {
-            let pending = std::mem::take(&mut self.state().stopping);
-            if pending.is_empty() {
-                return;
-            }
-            for handle in pending {
-                let _ = handle.await;
-            }
-        }
-    }
-}
-
-/// What every run of one job needs.
-#[derive(Clone)]
-struct Task {
-    command: Arc<Vec<String>>,
-    grace: Duration,
-    shutdown_grace: Duration,
-    stops: Stops,
-    /// True once a second signal asked for everything to stop at once.
-    hurry: watch::Receiver<bool>,
-}
-
-impl Task {
-    /// One run: the command to its end, or stopped when the run is to end early. An early
-    /// end leaves the outcome to the scheduler (timed-out, lock-lost, cut): once the command
-    /// is gone, this waits to be cancelled.
-    async fn run(self, ctx: JobContext) -> Result<(), String> {
-        let scheduled_at = rfc3339(ctx.scheduled_at());
-        let env = RunEnv {
-            job: ctx.job(),
-            scheduled_at,
-            fence: ctx.fence(),
-            replica: ctx.replica(),
-        };
-        let mut cmd = Running::new(command::spawn(&self.command, &env)?, &self);
-        // The CLI stops the command that much before the scheduler's own deadline.
-        let timeout = async {
-            match ctx.deadline() {
-                Some(d) => {
-                    let stop_at = d.checked_sub(self.grace + STOP_MARGIN).unwrap_or(d);
-                    tokio::time::sleep_until(stop_at.into()).await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        let cut = async {
-            ctx.shutting_down().await;
-            tokio::time::sleep(self.shutdown_grace).await;
-        };
-        let mut hurry = self.hurry.clone();
-        let why = tokio::select! {
-            biased;
-            result = cmd.wait() => return result,
-            () = ctx.lost() => "the lock was lost",
-            () = timeout => "it passed its timeout",
-            () = cut => "the shutdown grace passed",
-            _ = hurry.wait_for(|h| *h) => "of a second signal",
-        };
-        eprintln!(
-            "distlock: stopping {:?} scheduled at {} because {why}: SIGTERM, SIGKILL after {}",
-            ctx.job(),
-            env.scheduled_at,
-            fmt_duration(self.grace)
-        );
-        cmd.stop().await;
-        // The scheduler cancels the run and records why.
-        std::future::pending().await
     }
 }

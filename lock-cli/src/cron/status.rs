@@ -8,8 +8,8 @@ use clap::Args;
 use distlock::scheduler::{BoxError, RunRecord, Scheduler};
 use serde::Serialize;
 
+use super::command::rfc3339;
 use super::file;
-use super::rfc3339;
 use crate::common::{print_stdout, Target};
 use crate::exit::{CliError, Exit, INTERNAL, UNAVAILABLE};
 use crate::units::fmt_duration;
@@ -127,7 +127,7 @@ pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
         let name = job.name().to_owned();
         scheduler
             .add(job)
-            .map_err(|e| super::add_error(&args.file, spec, e, &target))?;
+            .map_err(|e| file::add_error(&args.file, spec, e, &target))?;
         let next = scheduler.next_fire(&name).ok();
         let read = |e: distlock::scheduler::Error| match e {
             distlock::scheduler::Error::Lock(e) => target.error(e),
