@@ -51,7 +51,7 @@ pub(crate) struct Ended {
     pub(crate) ran_until: Option<Instant>,
 }
 
-/// What a graceful [`shutdown`](Running::shutdown) did with the runs under way.
+/// What a graceful [`shutdown`](crate::Running::shutdown) did with the runs under way.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ShutdownReport {
     /// Runs under way when the shutdown began that ended within the grace period, as
