@@ -3,9 +3,11 @@
 
 mod clock;
 mod error;
+mod fire;
 mod history;
 mod job;
 mod observe;
+mod plan;
 mod runner;
 mod schedule;
 mod scheduler;

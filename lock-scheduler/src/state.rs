@@ -51,6 +51,13 @@ pub(crate) struct Ended {
     pub(crate) ran_until: Option<Instant>,
 }
 
+impl Control {
+    /// Whether the scheduler was told to stop firing.
+    pub(crate) fn stopping(&self) -> bool {
+        *self.state.stop.borrow()
+    }
+}
+
 /// What a graceful [`shutdown`](crate::Running::shutdown) did with the runs under way.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ShutdownReport {

@@ -3,13 +3,15 @@
 //! naming the job and the field.
 
 use std::collections::HashSet;
-use std::fmt;
+
 use std::path::Path;
 use std::time::Duration;
 
 use distlock::scheduler::{Job, OnBusy};
 use toml::{Table, Value};
 
+use super::fields::{syntax, unknown_fields, Fields};
+pub use super::fields::{FileError, Place};
 use crate::common::parse_duration;
 use crate::exit::{CliError, USAGE};
 
@@ -47,52 +49,6 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// See [`CronFile::history`].
 pub const DEFAULT_HISTORY: usize = distlock::scheduler::DEFAULT_KEEP;
-/// How long `on_busy = "wait"` waits at most; the scheduler ends every wait at the fire
-/// time's lateness bound anyway.
-const WAIT_AS_LONG_AS_ALLOWED: Duration = Duration::from_secs(24 * 3600);
-
-/// Where in the file a problem is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Place {
-    /// The TOML itself, at this line and column (1-based).
-    Syntax { line: usize, column: usize },
-    /// A top-level setting.
-    Top { field: String },
-    /// A job's field; `job` is its name, or `#N` (1-based) when it has none.
-    Job { job: String, field: String },
-    /// The file as a whole.
-    File,
-}
-
-/// A problem with the file: where, and what.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FileError {
-    /// Where.
-    pub place: Place,
-    /// What, in a few words.
-    pub message: String,
-}
-
-impl fmt::Display for FileError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.place {
-            Place::Syntax { line, column } => {
-                write!(f, "line {line}, column {column}: {}", self.message)
-            }
-            Place::Top { field } => write!(f, "field `{field}`: {}", self.message),
-            Place::Job { job, field } => write!(f, "job {job}, field `{field}`: {}", self.message),
-            Place::File => f.write_str(&self.message),
-        }
-    }
-}
-
-impl FileError {
-    /// The CLI error (exit 64): `FILE: job "x", field `schedule`: …`, on one line.
-    pub fn into_cli(self, path: &Path) -> CliError {
-        CliError::new(USAGE, format!("{}: {self}", path.display()))
-    }
-}
-
 const TOP_FIELDS: &[&str] = &[
     "time_zone",
     "timeout",
@@ -346,126 +302,6 @@ fn library_message(e: &distlock::scheduler::Error) -> String {
         E::InvalidJobName { reason, .. } => format!("not usable as a lock key: {reason}"),
         E::ZeroInterval { .. } => "the interval must be longer than zero".to_owned(),
         other => other.to_string(),
-    }
-}
-
-/// A TOML syntax error, at its line and column, on one line.
-fn syntax(text: &str, e: &toml::de::Error) -> FileError {
-    let (line, column) = match e.span() {
-        Some(span) => {
-            let before = &text[..span.start.min(text.len())];
-            let line = before.matches('\n').count() + 1;
-            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-            (line, column)
-        }
-        None => (1, 1),
-    };
-    let message = e.message().lines().next().unwrap_or("invalid TOML").trim();
-    FileError {
-        place: Place::Syntax { line, column },
-        message: format!("not valid TOML: {message}"),
-    }
-}
-
-fn unknown_fields(
-    table: &Table,
-    known: &[&str],
-    place: impl Fn(&str) -> Place,
-) -> Result<(), FileError> {
-    match table.keys().find(|k| !known.contains(&k.as_str())) {
-        None => Ok(()),
-        Some(k) => Err(FileError {
-            place: place(k),
-            message: format!("unknown field; known fields are {}", known.join(", ")),
-        }),
-    }
-}
-
-/// Typed reads of one table's fields.
-struct Fields<'a> {
-    table: &'a Table,
-    place: &'a dyn Fn(&str) -> Place,
-}
-
-impl Fields<'_> {
-    fn err(&self, field: &str, message: impl Into<String>) -> FileError {
-        FileError {
-            place: (self.place)(field),
-            message: message.into(),
-        }
-    }
-
-    fn text(&self, field: &str) -> Result<Option<String>, FileError> {
-        match self.table.get(field) {
-            None => Ok(None),
-            Some(Value::String(s)) if !s.trim().is_empty() => Ok(Some(s.clone())),
-            Some(Value::String(_)) => Err(self.err(field, "is empty")),
-            Some(other) => {
-                Err(self.err(field, format!("must be a string, not {}", other.type_str())))
-            }
-        }
-    }
-
-    fn required_text(&self, field: &str) -> Result<String, FileError> {
-        self.text(field)?
-            .ok_or_else(|| self.err(field, "missing (every job needs one)"))
-    }
-
-    fn duration(&self, field: &str) -> Result<Option<Duration>, FileError> {
-        match self.text(field) {
-            Ok(None) => Ok(None),
-            Ok(Some(s)) => parse_duration(&s)
-                .map(Some)
-                .map_err(|e| self.err(field, format!("{s:?} is not a duration: {e}"))),
-            Err(_) => Err(self.err(
-                field,
-                "must be a duration in quotes, like \"500ms\", \"30s\" or \"5m\"",
-            )),
-        }
-    }
-
-    fn positive_duration(&self, field: &str) -> Result<Option<Duration>, FileError> {
-        match self.duration(field)? {
-            Some(d) if d.is_zero() => Err(self.err(field, "must be greater than zero")),
-            d => Ok(d),
-        }
-    }
-
-    fn on_busy(&self) -> Result<Option<OnBusy>, FileError> {
-        let field = "on_busy";
-        let bad = || self.err(field, "must be \"skip\" or \"wait\"");
-        match self.text(field).map_err(|_| bad())? {
-            None => Ok(None),
-            Some(s) if s == "skip" => Ok(Some(OnBusy::Skip)),
-            Some(s) if s == "wait" => Ok(Some(OnBusy::Wait(WAIT_AS_LONG_AS_ALLOWED))),
-            Some(_) => Err(bad()),
-        }
-    }
-
-    fn command(&self) -> Result<Vec<String>, FileError> {
-        let field = "command";
-        let bad = || {
-            self.err(
-                field,
-                "must be a list of strings, the program then its arguments, like \
-                 [\"/usr/local/bin/backup\", \"--full\"]",
-            )
-        };
-        match self.table.get(field) {
-            None => Err(self.err(field, "missing (every job needs one)")),
-            Some(Value::Array(items)) => {
-                let args = items
-                    .iter()
-                    .map(|v| v.as_str().map(str::to_owned).ok_or_else(bad))
-                    .collect::<Result<Vec<_>, _>>()?;
-                match args.first() {
-                    None => Err(self.err(field, "is empty: name the program to run")),
-                    Some(p) if p.is_empty() => Err(self.err(field, "the program name is empty")),
-                    Some(_) => Ok(args),
-                }
-            }
-            Some(_) => Err(bad()),
-        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! and `distlock cron status`: what the lock server remembers of the runs.
 
 mod command;
+mod fields;
 pub mod file;
 mod metrics;
 mod status;
