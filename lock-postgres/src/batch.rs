@@ -168,13 +168,13 @@ impl Statements {
             OP,
             requests,
             rows,
-            |this, row| {
+            |this, _, row| {
                 Ok(Answer::HandedOver {
                     fence: Some(this.get(OP, row, 1)?),
                 })
             },
             // No row: the key no longer held the owner.
-            |_| Some(Answer::HandedOver { fence: None }),
+            || Some(Answer::HandedOver { fence: None }),
         )
     }
 
@@ -197,15 +197,15 @@ impl Statements {
             OP,
             requests,
             rows,
-            |this, row| {
+            |this, request, row| {
                 let owner: &str = this.get(OP, row, 1)?;
                 Ok(Answer::Acquired {
-                    granted: owner == this.owner_of(requests, row)?,
+                    granted: owner == request.owner(),
                     fence: this.get(OP, row, 2)?,
                     left: this.get(OP, row, 3)?,
                 })
             },
-            |_| None,
+            || None,
         )
     }
 
@@ -228,13 +228,13 @@ impl Statements {
             OP,
             requests,
             rows,
-            |this, row| {
+            |this, _, row| {
                 Ok(Answer::Released {
                     live: Some(this.get(OP, row, 1)?),
                 })
             },
             // No row: the key did not hold the owner.
-            |_| Some(Answer::Released { live: None }),
+            || Some(Answer::Released { live: None }),
         )
     }
 
@@ -246,8 +246,8 @@ impl Statements {
         op: &'static str,
         requests: &[Request],
         rows: Result<Vec<Row>, RequestError>,
-        answer: impl Fn(&Self, &Row) -> Result<Answer, RequestError>,
-        missing: impl Fn(&Request) -> Option<Answer>,
+        answer: impl Fn(&Self, &Request, &Row) -> Result<Answer, RequestError>,
+        missing: impl Fn() -> Option<Answer>,
     ) -> Vec<Result<Answer, RequestError>> {
         let rows = match rows {
             Ok(rows) => rows,
@@ -283,25 +283,12 @@ impl Statements {
         requests
             .iter()
             .map(|request| match by_key.get(request.key()) {
-                Some(row) => answer(self, row),
-                None => missing(request)
-                    .ok_or_else(|| self.bad_reply(op, "no row for a key of the group")),
+                Some(row) => answer(self, request, row),
+                None => {
+                    missing().ok_or_else(|| self.bad_reply(op, "no row for a key of the group"))
+                }
             })
             .collect()
-    }
-
-    /// The owner the group asked for the key of `row`.
-    fn owner_of<'r>(&self, requests: &'r [Request], row: &Row) -> Result<&'r str, RequestError> {
-        let key: &[u8] = self.get("acquire (grouped)", row, 0)?;
-        requests
-            .iter()
-            .find_map(|r| match r {
-                Request::Acquire { key: k, owner, .. } if k.as_slice() == key => {
-                    Some(owner.as_str())
-                }
-                _ => None,
-            })
-            .ok_or_else(|| self.bad_reply("acquire (grouped)", "a row for a key not asked"))
     }
 
     fn bad_reply(&self, op: &'static str, what: impl std::fmt::Display) -> RequestError {
@@ -325,6 +312,15 @@ impl Request {
             Request::Acquire { key, .. }
             | Request::Release { key, .. }
             | Request::HandOver { key, .. } => key,
+        }
+    }
+
+    /// The owner the request acts for (a hand-over: the one it passes the key from).
+    fn owner(&self) -> &str {
+        match self {
+            Request::Acquire { owner, .. }
+            | Request::Release { owner, .. }
+            | Request::HandOver { owner, .. } => owner,
         }
     }
 }
