@@ -111,12 +111,12 @@ impl SentinelConfig {
     }
 }
 
-/// Replaces the value of `sentinel_password` by `***`: for messages and `Debug`, where
+/// Replaces the value of `sentinel_password` by `redacted`: for messages and `Debug`, where
 /// [`LockUrl::redacted`] hides the user info's password only.
 pub(crate) fn hide_password(url: &mut LockUrl) {
     for (name, value) in &mut url.params {
         if name == "sentinel_password" {
-            *value = "***".to_owned();
+            *value = "redacted".to_owned();
         }
     }
 }
@@ -234,7 +234,7 @@ impl RedisBuilder {
     }
 
     /// The password the sentinels take (their `requirepass`); only for a configuration
-    /// made by [`sentinel`](Self::sentinel), ignored otherwise. Shown as `***` in
+    /// made by [`sentinel`](Self::sentinel), ignored otherwise. Shown as `redacted` in
     /// messages and `Debug`.
     pub fn sentinel_password(mut self, password: impl Into<String>) -> Self {
         if let Some(config) = self.sentinel_config_mut() {
