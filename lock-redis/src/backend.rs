@@ -46,8 +46,9 @@ impl RedisBackend {
         RedisBuilder::new(addr)
     }
 
-    /// Connects to the server a `redis://` or `rediss://` URL names and checks it answers
-    /// like Redis (this is what `distlock::connect` calls).
+    /// Connects to the server a `redis://` or `rediss://` URL names, or to the master a
+    /// `redis+sentinel://` URL's sentinels name, and checks it answers like Redis (this is
+    /// what `distlock::connect` calls).
     ///
     /// # Errors
     /// [`Error::InvalidUrl`](lock_core::Error::InvalidUrl) for another scheme, unknown

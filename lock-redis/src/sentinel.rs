@@ -250,6 +250,17 @@ impl RedisBuilder {
     }
 }
 
+impl crate::RedisBackend {
+    /// A builder for the master named `master` that the sentinels at `sentinels` monitor;
+    /// see [`RedisBuilder::sentinel`].
+    pub fn sentinel_builder(
+        sentinels: impl IntoIterator<Item = impl Into<String>>,
+        master: impl Into<String>,
+    ) -> RedisBuilder {
+        RedisBuilder::sentinel(sentinels, master)
+    }
+}
+
 /// Where connections go: one fixed server, or the master the sentinels name.
 #[derive(Clone)]
 pub(crate) enum Endpoint {
