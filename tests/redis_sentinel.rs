@@ -225,9 +225,10 @@ async fn failover_to_the_replica_keeps_fences_increasing() {
     );
     let new_master = deployment.wait_for_new_master(old_master, bound).await;
     assert_eq!(new_master, deployment.node_addr(replica));
+    // The promotion closed the client connections of the replica: a new one.
     let held: i64 = redis::cmd("EXISTS")
         .arg(&lock_key)
-        .query_async(&mut raw)
+        .query_async(&mut deployment.node_client(replica).await)
         .await
         .unwrap();
     assert_eq!(held, 1, "the lock was granted on the promoted replica");
