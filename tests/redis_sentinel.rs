@@ -59,12 +59,17 @@ async fn conformance_through_sentinels() {
 
     // Every sentinel answers that it monitors no such master: a configuration error, not
     // retried, said at once.
-    let unknown = deployment.url().replace("/distlock-test", "/no-such-master");
+    let unknown = deployment
+        .url()
+        .replace("/distlock-test", "/no-such-master");
     let started = Instant::now();
     match connect_err(&unknown).await {
         Error::Backend { source, .. } => {
             let text = source.to_string();
-            assert!(text.contains("monitors no master named `no-such-master`"), "{text}");
+            assert!(
+                text.contains("monitors no master named `no-such-master`"),
+                "{text}"
+            );
         }
         other => panic!("expected Backend, got {other:?}"),
     }
@@ -80,7 +85,10 @@ async fn bad_urls_are_refused() {
         ("redis+sentinel://127.0.0.1:1/", "master name"),
         ("redis+sentinel://127.0.0.1:1/m/db", "database index `db`"),
         ("redis+sentinel://127.0.0.1:0/m", "port"),
-        ("redis+sentinel://127.0.0.1:1/m?drift=0.1", "unknown parameter `drift`"),
+        (
+            "redis+sentinel://127.0.0.1:1/m?drift=0.1",
+            "unknown parameter `drift`",
+        ),
         (
             "redis+sentinel://:hunter2@127.0.0.1:1/m?sentinel_password=hunter2&timeout=0s",
             "greater than zero",
@@ -89,7 +97,10 @@ async fn bad_urls_are_refused() {
         match connect_err(url).await {
             Error::InvalidUrl { url: shown, reason } => {
                 assert!(reason.contains(needle), "{url}: {reason}");
-                assert!(!shown.contains("hunter2"), "{url}: password shown in {shown}");
+                assert!(
+                    !shown.contains("hunter2"),
+                    "{url}: password shown in {shown}"
+                );
             }
             other => panic!("{url}: expected InvalidUrl, got {other:?}"),
         }
@@ -136,7 +147,10 @@ async fn unreachable_sentinels_are_unavailable_within_the_timeout() {
             panic!("{url}: expected Unavailable, got {error:?}");
         };
         let text = source.to_string();
-        assert!(text.contains("no sentinel named a reachable master `m`"), "{text}");
+        assert!(
+            text.contains("no sentinel named a reachable master `m`"),
+            "{text}"
+        );
         for host in hosts.split(',') {
             assert!(text.contains(host), "{text} should name {host}");
         }
@@ -261,7 +275,10 @@ async fn failover_to_the_replica_keeps_fences_increasing() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eprintln!("old master demoted {:?} after its restart", restarted.elapsed());
+    eprintln!(
+        "old master demoted {:?} after its restart",
+        restarted.elapsed()
+    );
     for cmd in ["evalsha", "eval"] {
         assert_eq!(
             calls(&deployment, killed, cmd).await,

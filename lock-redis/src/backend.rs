@@ -46,6 +46,15 @@ impl RedisBackend {
         RedisBuilder::new(addr)
     }
 
+    /// A builder for the master named `master` that the sentinels at `sentinels` monitor;
+    /// see [`RedisBuilder::sentinel`].
+    pub fn sentinel_builder(
+        sentinels: impl IntoIterator<Item = impl Into<String>>,
+        master: impl Into<String>,
+    ) -> RedisBuilder {
+        RedisBuilder::sentinel(sentinels, master)
+    }
+
     /// Connects to the server a `redis://` or `rediss://` URL names, or to the master a
     /// `redis+sentinel://` URL's sentinels name, and checks it answers like Redis (this is
     /// what `distlock::connect` calls).

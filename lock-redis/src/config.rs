@@ -6,7 +6,7 @@ use std::time::Duration;
 use lock_core::url::{format_duration, parse_digits, Host, HostPort, UserInfo};
 use lock_core::{Error, LockUrl, Result};
 
-use crate::sentinel::{self, SentinelConfig};
+use crate::sentinel::url::{hide_password, SentinelConfig, SENTINEL_SCHEME};
 
 /// The port of a Redis server when an address or URL names none.
 pub const DEFAULT_PORT: u16 = 6379;
@@ -90,8 +90,11 @@ impl RedisBuilder {
     /// master's). No sentinel, no master name or a malformed database index is
     /// [`Error::InvalidUrl`].
     pub fn from_url(url: &LockUrl) -> Result<Self> {
-        if url.scheme == sentinel::SENTINEL_SCHEME {
-            return sentinel::builder_from_url(url);
+        if url.scheme == SENTINEL_SCHEME {
+            let (sentinel, builder) = SentinelConfig::from_url(url, Self::from_url)?;
+            let builder = builder.with_sentinel(sentinel);
+            builder.check()?;
+            return Ok(builder);
         }
         let tls = match url.scheme.as_str() {
             "redis" => false,
@@ -245,7 +248,7 @@ impl RedisBuilder {
     pub(crate) fn redacted(&self) -> String {
         match self.to_lock_url() {
             Some(mut url) => {
-                sentinel::hide_password(&mut url);
+                hide_password(&mut url);
                 url.redacted()
             }
             None => match (&self.addr, &self.sentinel) {

@@ -36,6 +36,6 @@ pub use baseline::BASELINE_CYCLE;
 pub use config::{database_path, url_database, DEFAULT_PORT};
 pub use config::{RedisBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 pub use handle::RedisNode;
-pub use sentinel::{DEFAULT_SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_URL_PARAMS};
 pub use node::{ABANDON_RETENTION, CAPABILITIES, FENCE_RETENTION, MAX_FENCE};
+pub use sentinel::{DEFAULT_SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_URL_PARAMS};
 pub use watch::ReleaseWatch;

@@ -1,15 +1,15 @@
-//! Redis Sentinel: the `redis+sentinel://` URL and builder, and how the master is found
-//! ([`Endpoint`]): the sentinels are asked in turn for the master's address, the node there
-//! is checked to be a master (`ROLE`), and only then used. The shared connection
-//! (`connection.rs`) and the release subscription (`watch.rs`) open every connection
-//! through an [`Endpoint`], so both follow the master after a failover.
+//! Redis Sentinel: the builder of a master named through its sentinels, and how the master
+//! is found ([`Endpoint`]): the sentinels are asked in turn for the master's address, the
+//! node there is checked to be a master (`ROLE`), and only then used. The shared
+//! connection (`connection.rs`) and the release subscription (`watch.rs`) open every
+//! connection through an [`Endpoint`], so both follow the master after a failover. The
+//! configuration and URL rules are in `sentinel/url.rs`.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use lock_core::url::{Host, HostPort, UserInfo};
-use lock_core::{Error, LockUrl, Result};
+use lock_core::url::HostPort;
 use redis::aio::MultiplexedConnection;
 use redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
@@ -18,153 +18,13 @@ use redis::{
 use tokio::time::Instant;
 
 use crate::codec::text;
-use crate::config::{url_database, RedisBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT};
+use crate::config::RedisBuilder;
 use crate::error::Failure;
 
-/// The scheme of a URL naming a master through its sentinels.
-pub const SENTINEL_SCHEME: &str = "redis+sentinel";
-/// The port of a sentinel when an address or URL names none.
-pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
-/// The URL parameters a `redis+sentinel://` URL may carry.
-pub const SENTINEL_URL_PARAMS: &[&str] =
-    &["prefix", "timeout", "sentinel_user", "sentinel_password"];
+pub(crate) mod url;
 
-/// The sentinels of one master, and the credentials the sentinels (not the master) take.
-#[derive(Clone, PartialEq, Eq)]
-pub(crate) struct SentinelConfig {
-    /// The sentinels' addresses, or the text of the first malformed one and why.
-    sentinels: std::result::Result<Vec<HostPort>, (String, String)>,
-    master: String,
-    username: Option<String>,
-    password: Option<String>,
-}
-
-impl SentinelConfig {
-    /// Refuses what `build` could not use: a malformed sentinel address, none at all, or
-    /// an empty master name.
-    pub(crate) fn check(&self, shown: &str, tls: bool) -> Result<()> {
-        if tls {
-            return Err(Error::invalid_url(
-                shown,
-                "TLS is not supported through sentinels yet (use redis+sentinel:// without TLS)",
-            ));
-        }
-        match &self.sentinels {
-            Err((addr, reason)) => Err(Error::invalid_url(
-                shown,
-                format!("sentinel address `{addr}`: {reason}"),
-            )),
-            Ok(list) if list.is_empty() => {
-                Err(Error::invalid_url(shown, "name at least one sentinel"))
-            }
-            Ok(_) if self.master.is_empty() => Err(Error::invalid_url(
-                shown,
-                "the master name (the sentinels' `sentinel monitor <name>`) is empty",
-            )),
-            Ok(_) => Ok(()),
-        }
-    }
-
-    /// The URL of a sentinel configuration: the sentinels as hosts, the master name and
-    /// database as the path, the sentinels' credentials as parameters after `params`.
-    pub(crate) fn lock_url(
-        &self,
-        userinfo: Option<UserInfo>,
-        db: u32,
-        mut params: Vec<(String, String)>,
-    ) -> Option<LockUrl> {
-        let hosts = self.sentinels.as_ref().ok()?;
-        let mut path = format!("/{}", self.master);
-        if db != 0 {
-            path.push_str(&format!("/{db}"));
-        }
-        if let Some(user) = &self.username {
-            params.push(("sentinel_user".to_owned(), user.clone()));
-        }
-        if let Some(password) = &self.password {
-            params.push(("sentinel_password".to_owned(), password.clone()));
-        }
-        Some(LockUrl {
-            scheme: SENTINEL_SCHEME.to_owned(),
-            userinfo,
-            hosts: hosts.iter().cloned().map(Host::from).collect(),
-            path,
-            params,
-        })
-    }
-
-    /// The text standing for a configuration whose sentinel addresses are malformed.
-    pub(crate) fn describe_invalid(&self) -> String {
-        match &self.sentinels {
-            Err((addr, _)) => format!("<invalid sentinel address {addr:?}>"),
-            Ok(_) => self.describe(),
-        }
-    }
-
-    /// `master `name` via sentinels a,b,c`: where errors say the requests went.
-    fn describe(&self) -> String {
-        let list: Vec<String> = match &self.sentinels {
-            Ok(list) => list.iter().map(ToString::to_string).collect(),
-            Err((addr, _)) => vec![addr.clone()],
-        };
-        format!("master `{}` via sentinels {}", self.master, list.join(","))
-    }
-}
-
-/// Replaces the value of `sentinel_password` by `redacted`: for messages and `Debug`, where
-/// [`LockUrl::redacted`] hides the user info's password only.
-pub(crate) fn hide_password(url: &mut LockUrl) {
-    for (name, value) in &mut url.params {
-        if name == "sentinel_password" {
-            *value = "redacted".to_owned();
-        }
-    }
-}
-
-/// The configuration a `redis+sentinel://` URL describes (see
-/// [`RedisBuilder::from_url`]).
-pub(crate) fn builder_from_url(url: &LockUrl) -> Result<RedisBuilder> {
-    let mut shown = url.clone();
-    hide_password(&mut shown);
-    if url.hosts.is_empty() {
-        return Err(shown.invalid(format!("{SENTINEL_SCHEME}:// needs at least one sentinel")));
-    }
-    let mut segments = url.path.strip_prefix('/').unwrap_or(&url.path).splitn(2, '/');
-    let master = segments.next().unwrap_or_default().to_owned();
-    if master.is_empty() {
-        return Err(shown.invalid(format!(
-            "{SENTINEL_SCHEME}:// needs the master name as its path: \
-             {SENTINEL_SCHEME}://host:port,host:port/<master-name>[/db]"
-        )));
-    }
-    let mut db_url = shown.clone();
-    db_url.path = segments.next().map(|db| format!("/{db}")).unwrap_or_default();
-    let db = url_database(&db_url)?;
-    shown.check_params(SENTINEL_URL_PARAMS)?;
-    let mut builder = RedisBuilder::sentinel(
-        url.host_ports(DEFAULT_SENTINEL_PORT)
-            .iter()
-            .map(ToString::to_string),
-        master,
-    )
-    .db(db)
-    .prefix(url.param("prefix").unwrap_or(DEFAULT_PREFIX))
-    .timeout(shown.duration_param("timeout")?.unwrap_or(DEFAULT_TIMEOUT));
-    if let Some(user) = url.username() {
-        builder = builder.username(user);
-    }
-    if let Some(password) = url.password() {
-        builder = builder.password(password);
-    }
-    if let Some(user) = url.param("sentinel_user") {
-        builder = builder.sentinel_username(user);
-    }
-    if let Some(password) = url.param("sentinel_password") {
-        builder = builder.sentinel_password(password);
-    }
-    builder.check()?;
-    Ok(builder)
-}
+pub(crate) use url::SentinelConfig;
+pub use url::{DEFAULT_SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_URL_PARAMS};
 
 impl RedisBuilder {
     /// A configuration for the master named `master` (the name in the sentinels'
@@ -202,26 +62,10 @@ impl RedisBuilder {
         sentinels: impl IntoIterator<Item = impl Into<String>>,
         master: impl Into<String>,
     ) -> RedisBuilder {
-        let sentinels: std::result::Result<Vec<HostPort>, (String, String)> = sentinels
-            .into_iter()
-            .map(|addr| {
-                let addr = addr.into();
-                HostPort::parse(&addr, DEFAULT_SENTINEL_PORT).map_err(|reason| (addr, reason))
-            })
-            .collect();
-        let first = match &sentinels {
-            Ok(list) => list.first().map(ToString::to_string),
-            Err(_) => None,
-        };
-        // The address is the first sentinel's (for messages); the sentinels decide.
-        RedisBuilder::new(first.unwrap_or_else(|| "sentinel".to_owned())).with_sentinel(
-            SentinelConfig {
-                sentinels,
-                master: master.into(),
-                username: None,
-                password: None,
-            },
-        )
+        let config = SentinelConfig::new(sentinels, master);
+        // The address is the first sentinel's (as a URL's); the sentinels decide.
+        let first = config.first().unwrap_or_else(|| "sentinel".to_owned());
+        RedisBuilder::new(first).with_sentinel(config)
     }
 
     /// The ACL user name the sentinels take (`AUTH` on each sentinel connection); only
@@ -247,17 +91,6 @@ impl RedisBuilder {
     /// sentinels.
     pub fn sentinel_master(&self) -> Option<&str> {
         self.sentinel_config().map(|c| c.master.as_str())
-    }
-}
-
-impl crate::RedisBackend {
-    /// A builder for the master named `master` that the sentinels at `sentinels` monitor;
-    /// see [`RedisBuilder::sentinel`].
-    pub fn sentinel_builder(
-        sentinels: impl IntoIterator<Item = impl Into<String>>,
-        master: impl Into<String>,
-    ) -> RedisBuilder {
-        RedisBuilder::sentinel(sentinels, master)
     }
 }
 
@@ -386,7 +219,9 @@ impl Sentinels {
             let sentinel = &sentinels[index];
             let now = Instant::now();
             if now >= deadline {
-                misses.push(Miss::transient(format!("{sentinel}: not asked, no time left")));
+                misses.push(Miss::transient(format!(
+                    "{sentinel}: not asked, no time left"
+                )));
                 continue;
             }
             let share = (deadline - now) / (n - turn) as u32;
@@ -427,8 +262,8 @@ impl Sentinels {
         if let Some(password) = &self.config.password {
             settings = settings.set_password(password);
         }
-        let client = open(&sentinel.host, sentinel.port, settings)
-            .map_err(|e| Miss::redis(&what, e))?;
+        let client =
+            open(&sentinel.host, sentinel.port, settings).map_err(|e| Miss::redis(&what, e))?;
         let mut conn = client
             .get_multiplexed_async_connection_with_config(config)
             .await
@@ -507,7 +342,6 @@ fn role_name(reply: &Value) -> Option<String> {
         _ => None,
     }
 }
-
 
 #[cfg(test)]
 mod tests;

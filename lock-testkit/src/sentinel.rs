@@ -90,30 +90,41 @@ impl RedisSentinels {
             .await;
         for i in 0..SENTINELS {
             let conf = deployment.dir.path().join(format!("sentinel-{i}.conf"));
-            let sentinel = start_node(&binary, deployment.dir.path(), &format!("sentinel-{i}"), |port, data| {
-                sentinel_args(port, data, &conf, master_port)
-            })
+            let sentinel = start_node(
+                &binary,
+                deployment.dir.path(),
+                &format!("sentinel-{i}"),
+                |port, data| sentinel_args(port, data, &conf, master_port),
+            )
             .await;
             deployment.sentinels.push(sentinel);
         }
         deployment
-            .wait_until("the sentinels to know the replica and each other", started, || async {
-                let mut ready = true;
-                for sentinel in &deployment.sentinels {
-                    let state = sentinel_master_state(loopback(sentinel.port)).await;
-                    ready &= state.is_some_and(|(replicas, others)| {
-                        replicas >= 1 && others == SENTINELS - 1
-                    });
-                }
-                ready
-            })
+            .wait_until(
+                "the sentinels to know the replica and each other",
+                started,
+                || async {
+                    let mut ready = true;
+                    for sentinel in &deployment.sentinels {
+                        let state = sentinel_master_state(loopback(sentinel.port)).await;
+                        ready &= state.is_some_and(|(replicas, others)| {
+                            replicas >= 1 && others == SENTINELS - 1
+                        });
+                    }
+                    ready
+                },
+            )
             .await;
         deployment
     }
 
     /// `redis+sentinel://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3/distlock-test`.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self.sentinel_addrs().iter().map(ToString::to_string).collect();
+        let hosts: Vec<String> = self
+            .sentinel_addrs()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         format!("redis+sentinel://{}/{SENTINEL_MASTER}", hosts.join(","))
     }
 
@@ -205,9 +216,9 @@ impl RedisSentinels {
         let _ = std::fs::remove_dir_all(&data);
         std::fs::create_dir_all(&data)
             .unwrap_or_else(|e| panic!("lock-testkit: cannot create {}: {e}", data.display()));
-        node.process
-            .respawn()
-            .unwrap_or_else(|e| panic!("lock-testkit: cannot respawn {}: {e}", node.process.name()));
+        node.process.respawn().unwrap_or_else(|e| {
+            panic!("lock-testkit: cannot respawn {}: {e}", node.process.name())
+        });
         let addr = loopback(node.port);
         node.process
             .wait_ready(Duration::from_secs(10), POLL, || ping(addr, false))
@@ -269,8 +280,11 @@ impl RedisSentinels {
     pub async fn node_client(&self, i: usize) -> redis::aio::MultiplexedConnection {
         let url = format!("redis://{}", self.node_addr(i));
         let client = redis::Client::open(url.as_str()).expect("a valid URL");
-        match tokio::time::timeout(Duration::from_secs(10), client.get_multiplexed_async_connection())
-            .await
+        match tokio::time::timeout(
+            Duration::from_secs(10),
+            client.get_multiplexed_async_connection(),
+        )
+        .await
         {
             Ok(Ok(connection)) => connection,
             Ok(Err(e)) => panic!("lock-testkit: cannot connect to {url}: {e}"),
@@ -336,7 +350,9 @@ async fn start_node(
         )
         .unwrap_or_else(|e| panic!("lock-testkit: cannot spawn {}: {e}", binary.display()));
         match process
-            .wait_ready(Duration::from_secs(10), POLL, || ping(loopback(port), false))
+            .wait_ready(Duration::from_secs(10), POLL, || {
+                ping(loopback(port), false)
+            })
             .await
         {
             Ok(()) => return Node { port, process },
@@ -352,7 +368,11 @@ async fn start_node(
 fn data_args(port: u16, data: &Path, replica_of: Option<u16>) -> Vec<OsString> {
     let mut args = redis_args(port, &RedisOptions::default(), data);
     if let Some(master) = replica_of {
-        args.extend(["--replicaof".into(), "127.0.0.1".into(), master.to_string().into()]);
+        args.extend([
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            master.to_string().into(),
+        ]);
     }
     args
 }
@@ -388,7 +408,10 @@ async fn request<T: redis::FromRedisValue>(addr: SocketAddr, cmd: redis::Cmd) ->
         let mut conn = client.get_multiplexed_async_connection().await.ok()?;
         cmd.query_async::<T>(&mut conn).await.ok()
     };
-    tokio::time::timeout(REQUEST_TIMEOUT, exchange).await.ok().flatten()
+    tokio::time::timeout(REQUEST_TIMEOUT, exchange)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// `INFO section` of the server at `addr`.

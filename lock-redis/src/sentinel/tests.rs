@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use lock_core::{Error, LockUrl, Result};
+
 use super::*;
 
 fn from(url: &str) -> Result<RedisBuilder> {
@@ -126,7 +128,9 @@ fn bad_builders_are_reported_by_check() {
 
 #[test]
 fn setters_for_sentinels_leave_a_direct_configuration_alone() {
-    let b = RedisBuilder::new("h").sentinel_password("x").sentinel_username("u");
+    let b = RedisBuilder::new("h")
+        .sentinel_password("x")
+        .sentinel_username("u");
     assert_eq!(b, RedisBuilder::new("h"));
     assert_eq!(b.sentinel_master(), None);
 }
