@@ -138,7 +138,7 @@ impl RedisNode {
             .map(|info| info.set_redis_settings(settings))
             .map_err(|e| Error::backend(NAME, e))?;
         let client = Client::open(info).map_err(|e| Error::backend(NAME, e))?;
-        Ok((Endpoint::Direct(client), addr))
+        Ok((Endpoint::Direct(Arc::new(client)), addr))
     }
 
     /// The operation timeout of this handle.
@@ -155,8 +155,8 @@ impl RedisNode {
         }
     }
 
-    /// `host:port` of the server; through sentinels, `master `<name>` via sentinels
-    /// <host:port>,…` (the master's address changes with failovers).
+    /// `host:port` of the server; through sentinels, ``master `NAME` via sentinels
+    /// HOST:PORT,…`` (the master's address changes with failovers).
     pub fn addr(&self) -> &str {
         &self.shared.addr
     }

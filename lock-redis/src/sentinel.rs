@@ -43,7 +43,7 @@ impl RedisBuilder {
     /// (and its replicas') credentials; the sentinels get none unless
     /// [`sentinel_username`](Self::sentinel_username) /
     /// [`sentinel_password`](Self::sentinel_password) are set. A malformed address, no
-    /// sentinel or an empty master name is reported by `build` as [`Error::InvalidUrl`].
+    /// sentinel or an empty master name is reported by `build` as [`Error::InvalidUrl`](lock_core::Error::InvalidUrl).
     ///
     /// # Examples
     ///
@@ -97,7 +97,7 @@ impl RedisBuilder {
 /// Where connections go: one fixed server, or the master the sentinels name.
 #[derive(Clone)]
 pub(crate) enum Endpoint {
-    Direct(Client),
+    Direct(Arc<Client>),
     Sentinel(Arc<Sentinels>),
 }
 
@@ -142,7 +142,7 @@ impl Endpoint {
     /// release subscription.
     pub(crate) async fn client(&self, deadline: Instant) -> std::result::Result<Client, Failure> {
         match self {
-            Endpoint::Direct(client) => Ok(client.clone()),
+            Endpoint::Direct(client) => Ok(Client::clone(client)),
             Endpoint::Sentinel(sentinels) => {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(None)
