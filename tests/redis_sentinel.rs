@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::{redis_backend as backend, skip, SLACK};
 use distlock::conformance::{self, Target};
 use distlock::redis::CAPABILITIES;
-use distlock::{Error, LockOptions};
+use distlock::{Attempt, Backend, Error, LockOptions};
 use lock_testkit::{RedisSentinels, DOWN_AFTER, FAILOVER_TIMEOUT};
 use tokio::net::TcpListener;
 
@@ -74,6 +74,103 @@ async fn conformance_through_sentinels() {
         other => panic!("expected Backend, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(1) + SLACK);
+}
+
+/// A replica refuses the lock scripts' writes with `READONLY`: a backend that finds itself
+/// on one (a master demoted under it) gets the transient `Unavailable`, never a grant or a
+/// release it did not make, and never a permanent error the Locker would not retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_is_never_written_and_answers_transiently() {
+    let deployment = RedisSentinels::start().await;
+    let master = backend(&format!("redis://{}", deployment.node_addr(0))).await;
+    let on_replica = backend(&format!("redis://{}", deployment.node_addr(1))).await;
+    let ttl = CAPABILITIES.effective_ttl(Duration::from_secs(10)).unwrap();
+    let owner = distlock::Owner::random();
+    // Held on the master (and replicated), so the replica's copy names the owner.
+    assert!(matches!(
+        master.try_acquire("k", owner, ttl).await.unwrap(),
+        Attempt::Granted { .. }
+    ));
+    let lock_key = master.node().lock_key("k");
+    let mut raw = deployment.node_client(1).await;
+    let started = Instant::now();
+    while redis::cmd("EXISTS")
+        .arg(&lock_key)
+        .query_async::<i64>(&mut raw)
+        .await
+        .unwrap()
+        == 0
+    {
+        assert!(started.elapsed() < Duration::from_secs(5), "not replicated");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for (what, result) in [
+        (
+            "a new lock",
+            on_replica
+                .try_acquire("free", distlock::Owner::random(), ttl)
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "the holder asking again",
+            on_replica.try_acquire("k", owner, ttl).await.map(|_| ()),
+        ),
+        (
+            "the release",
+            on_replica.node().release("k", owner).await.map(|_| ()),
+        ),
+    ] {
+        match result {
+            Err(e @ Error::Unavailable { .. }) => {
+                assert!(e.is_transient());
+                assert!(format!("{e:?}").contains("READONLY"), "{what}: {e:?}");
+            }
+            other => panic!("{what} on a replica: expected Unavailable, got {other:?}"),
+        }
+    }
+    assert!(
+        master.node().inspect("k").await.unwrap().is_some(),
+        "still held"
+    );
+}
+
+/// A manual failover (`SENTINEL FAILOVER`) demotes a live master: the backend moves to
+/// the new master and never writes to the demoted one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demoted_live_master_is_not_used() {
+    let deployment = RedisSentinels::start().await;
+    let locker = distlock::connect(&format!("{}?timeout=500ms", deployment.url()))
+        .await
+        .unwrap();
+    let mut last = locker.lock("k").await.unwrap().fence();
+    let old = deployment.master_index().await.unwrap();
+    let mut sentinel = redis::Client::open(format!("redis://{}", deployment.sentinel_addrs()[0]))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(lock_testkit::SENTINEL_MASTER)
+        .query_async(&mut sentinel)
+        .await
+        .unwrap();
+    let bound = DOWN_AFTER + 3 * FAILOVER_TIMEOUT + Duration::from_secs(3);
+    deployment
+        .wait_for_new_master(deployment.node_addr(old), bound)
+        .await;
+    deployment.wait_for_role(old, "slave", bound).await;
+    let writes_before = calls(&deployment, old, "evalsha").await;
+    let wait = LockOptions::new().wait_for(bound).watchdog(false);
+    for _ in 0..20 {
+        let guard = locker.acquire("k", &wait).await.unwrap();
+        assert!(guard.fence() > last);
+        last = guard.fence();
+        guard.release().await.unwrap();
+    }
+    assert_eq!(calls(&deployment, old, "evalsha").await, writes_before);
+    assert!(calls(&deployment, 1 - old, "evalsha").await >= 20);
 }
 
 /// Bad `redis+sentinel://` URLs are `InvalidUrl` before any I/O, with the passwords hidden.
