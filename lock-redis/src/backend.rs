@@ -46,8 +46,18 @@ impl RedisBackend {
         RedisBuilder::new(addr)
     }
 
-    /// Connects to the server a `redis://` or `rediss://` URL names and checks it answers
-    /// like Redis (this is what `distlock::connect` calls).
+    /// A builder for the master named `master` that the sentinels at `sentinels` monitor;
+    /// see [`RedisBuilder::sentinel`].
+    pub fn sentinel_builder(
+        sentinels: impl IntoIterator<Item = impl Into<String>>,
+        master: impl Into<String>,
+    ) -> RedisBuilder {
+        RedisBuilder::sentinel(sentinels, master)
+    }
+
+    /// Connects to the server a `redis://` or `rediss://` URL names, or to the master a
+    /// `redis+sentinel://` URL's sentinels name, and checks it answers like Redis (this is
+    /// what `distlock::connect` calls).
     ///
     /// # Errors
     /// [`Error::InvalidUrl`](lock_core::Error::InvalidUrl) for another scheme, unknown

@@ -6,6 +6,8 @@ use std::time::Duration;
 use lock_core::url::{format_duration, parse_digits, Host, HostPort, UserInfo};
 use lock_core::{Error, LockUrl, Result};
 
+use crate::sentinel::url::{hide_password, SentinelConfig, SENTINEL_SCHEME};
+
 /// The port of a Redis server when an address or URL names none.
 pub const DEFAULT_PORT: u16 = 6379;
 /// The key prefix used when none is given.
@@ -50,6 +52,8 @@ pub struct RedisBuilder {
     db: u32,
     prefix: String,
     timeout: Duration,
+    /// Sentinel mode: the master is the one these sentinels name (`sentinel.rs`).
+    sentinel: Option<SentinelConfig>,
 }
 
 impl RedisBuilder {
@@ -66,6 +70,7 @@ impl RedisBuilder {
             db: 0,
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
+            sentinel: None,
         }
     }
 
@@ -77,7 +82,20 @@ impl RedisBuilder {
     /// [`Error::InvalidUrl`] for another scheme, no host or several (several nodes are
     /// `redlock://`), a path that is not a database index, an unknown parameter, or a
     /// `timeout` that is not a positive duration such as `500ms` or `2s`.
+    ///
+    /// `redis+sentinel://[user[:password]@]host[:port],…/<master-name>[/db][?…]` names
+    /// the master through its sentinels (default port 26379; see
+    /// [`sentinel`](Self::sentinel)); it also takes `sentinel_user` and
+    /// `sentinel_password`, the sentinels' own credentials (the user info is the
+    /// master's). No sentinel, no master name or a malformed database index is
+    /// [`Error::InvalidUrl`].
     pub fn from_url(url: &LockUrl) -> Result<Self> {
+        if url.scheme == SENTINEL_SCHEME {
+            let (sentinel, builder) = SentinelConfig::from_url(url, Self::from_url)?;
+            let builder = builder.with_sentinel(sentinel);
+            builder.check()?;
+            return Ok(builder);
+        }
         let tls = match url.scheme.as_str() {
             "redis" => false,
             "rediss" => true,
@@ -107,6 +125,7 @@ impl RedisBuilder {
             db,
             prefix: url.param("prefix").unwrap_or(DEFAULT_PREFIX).to_owned(),
             timeout: DEFAULT_TIMEOUT,
+            sentinel: None,
         };
         if let Some(timeout) = url.duration_param("timeout")? {
             builder.timeout = timeout;
@@ -191,6 +210,9 @@ impl RedisBuilder {
                 "parameter `timeout` must be greater than zero",
             ));
         }
+        if let Some(sentinel) = &self.sentinel {
+            sentinel.check(&self.redacted(), self.tls)?;
+        }
         #[cfg(not(feature = "tls"))]
         if self.tls {
             return Err(Error::invalid_url(
@@ -205,6 +227,19 @@ impl RedisBuilder {
         self.addr.as_ref().ok()
     }
 
+    pub(crate) fn with_sentinel(mut self, sentinel: SentinelConfig) -> Self {
+        self.sentinel = Some(sentinel);
+        self
+    }
+
+    pub(crate) fn sentinel_config(&self) -> Option<&SentinelConfig> {
+        self.sentinel.as_ref()
+    }
+
+    pub(crate) fn sentinel_config_mut(&mut self) -> Option<&mut SentinelConfig> {
+        self.sentinel.as_mut()
+    }
+
     pub(crate) fn credentials(&self) -> (Option<&str>, Option<&str>) {
         (self.username.as_deref(), self.password.as_deref())
     }
@@ -212,10 +247,14 @@ impl RedisBuilder {
     /// The URL with the password hidden, for messages and `Debug`.
     pub(crate) fn redacted(&self) -> String {
         match self.to_lock_url() {
-            Some(url) => url.redacted(),
-            None => match &self.addr {
-                Err((addr, _)) => format!("<invalid address {addr:?}>"),
-                Ok(_) => unreachable!("to_lock_url only fails on a bad address"),
+            Some(mut url) => {
+                hide_password(&mut url);
+                url.redacted()
+            }
+            None => match (&self.addr, &self.sentinel) {
+                (_, Some(sentinel)) => sentinel.describe_invalid(),
+                (Err((addr, _)), None) => format!("<invalid address {addr:?}>"),
+                (Ok(_), None) => unreachable!("to_lock_url only fails on a bad address"),
             },
         }
     }
@@ -229,12 +268,16 @@ impl RedisBuilder {
         if self.timeout != DEFAULT_TIMEOUT {
             params.push(("timeout".to_owned(), format_duration(self.timeout)));
         }
+        let userinfo = UserInfo::from_parts(
+            self.username.as_deref().filter(|u| !u.is_empty()),
+            self.password.as_deref(),
+        );
+        if let Some(sentinel) = &self.sentinel {
+            return sentinel.lock_url(userinfo, self.db, params);
+        }
         Some(LockUrl {
             scheme: if self.tls { "rediss" } else { "redis" }.to_owned(),
-            userinfo: UserInfo::from_parts(
-                self.username.as_deref().filter(|u| !u.is_empty()),
-                self.password.as_deref(),
-            ),
+            userinfo,
             hosts: vec![Host::from(host.clone())],
             path: database_path(self.db),
             params,

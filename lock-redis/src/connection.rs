@@ -1,19 +1,21 @@
 //! The shared multiplexed connection to one server, reopened on demand after it broke
-//! ([`Connector`]), and how a script call goes over it (`EVALSHA`, then `EVAL`).
+//! ([`Connector`]) at the address its [`Endpoint`] gives (fixed, or the master the sentinels
+//! name), and how a script call goes over it (`EVALSHA`, then `EVAL`).
 
 use lock_core::sync::lock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{AsyncConnectionConfig, Cmd, ErrorKind, ServerErrorKind, Value};
 
 use crate::error::Failure;
 use crate::scripts::Script;
+use crate::sentinel::Endpoint;
 
 /// The shared multiplexed connection, reopened on demand after it broke.
 pub(crate) struct Connector {
-    client: Client,
+    endpoint: Endpoint,
     config: AsyncConnectionConfig,
     current: Mutex<Option<Link>>,
     /// Serialises reconnects, so concurrent operations share one new connection.
@@ -28,9 +30,9 @@ struct Link {
 }
 
 impl Connector {
-    pub(crate) fn new(client: Client) -> Self {
+    pub(crate) fn new(endpoint: Endpoint) -> Self {
         Connector {
-            client,
+            endpoint,
             // Our own deadline bounds connecting and every request, so that a timeout
             // always reads the same and counts from the start of the operation.
             config: AsyncConnectionConfig::new()
@@ -47,7 +49,10 @@ impl Connector {
     }
 
     /// The current connection, or a new one; `true` when it was opened by this call.
-    async fn link(&self) -> std::result::Result<(Link, bool), RedisError> {
+    async fn link(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> std::result::Result<(Link, bool), Failure> {
         if let Some(link) = self.cached() {
             return Ok((link, false));
         }
@@ -55,10 +60,7 @@ impl Connector {
         if let Some(link) = self.cached() {
             return Ok((link, false));
         }
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
+        let conn = self.endpoint.connect(&self.config, deadline).await?;
         let link = Link {
             conn,
             generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
@@ -75,6 +77,12 @@ impl Connector {
         }
     }
 
+    /// Forgets the current connection, whichever it is: its server answered as a replica
+    /// (`READONLY` inside a script's reply), so the next request looks for the master.
+    pub(crate) fn forget(&self) {
+        *lock(&self.current) = None;
+    }
+
     /// Sends `cmd` and reads its reply before `deadline`, calling `queued` once the request
     /// is queued on the connection.
     pub(crate) async fn send(
@@ -87,9 +95,9 @@ impl Connector {
         loop {
             let (mut link, fresh) = match self.cached() {
                 Some(link) => (link, false),
-                None => match tokio::time::timeout_at(deadline, self.link()).await {
+                None => match tokio::time::timeout_at(deadline, self.link(deadline)).await {
                     Err(_) => return Err(Failure::Timeout),
-                    Ok(Err(e)) => return Err(Failure::Redis(e)),
+                    Ok(Err(failure)) => return Err(failure),
                     Ok(Ok(link)) => link,
                 },
             };
@@ -112,7 +120,9 @@ impl Connector {
                     return Err(Failure::Timeout);
                 }
                 Ok(Err(e)) => {
-                    if e.is_io_error() || e.is_unrecoverable_error() {
+                    // READONLY: a demoted master; the next request looks for the master.
+                    let demoted = e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
+                    if e.is_io_error() || e.is_unrecoverable_error() || demoted {
                         self.discard(link.generation);
                     }
                     // The connection we kept had closed while idle (server restart, idle

@@ -26,6 +26,9 @@ pub(crate) enum Failure {
     Refused(String),
     /// The failure of a group this request was part of.
     Shared(Arc<Failure>),
+    /// No sentinel named a usable master (`sentinel.rs`): transient when some sentinel or
+    /// master could not be reached or was not a master yet (a failover under way).
+    Discovery { transient: bool, message: String },
 }
 
 impl Failure {
@@ -45,7 +48,10 @@ impl Failure {
     fn is_transient(&self) -> bool {
         match self {
             Failure::Timeout => true,
-            Failure::Reply(_) | Failure::Refused(_) => false,
+            Failure::Reply(_) => false,
+            // A node that became a replica refuses writes; the master is elsewhere.
+            Failure::Refused(message) => is_readonly(message),
+            Failure::Discovery { transient, .. } => *transient,
             Failure::Shared(failure) => failure.is_transient(),
             Failure::Redis(e) => match e.kind() {
                 ErrorKind::Io => true,
@@ -63,6 +69,11 @@ impl Failure {
             },
         }
     }
+}
+
+/// Whether a server's error message is `READONLY` (a replica refusing a write).
+pub(crate) fn is_readonly(message: &str) -> bool {
+    message.starts_with("READONLY")
 }
 
 /// The source of the errors a [`RedisNode`] returns: which server, which operation, what.
@@ -109,6 +120,7 @@ impl fmt::Display for NodeError {
                 )
             }
             Failure::Reply(what) => f.write_str(what),
+            Failure::Discovery { message, .. } => f.write_str(message),
             Failure::Refused(what) => write!(
                 f,
                 "the server refused an operation on the lock's keys: {what}"

@@ -18,6 +18,7 @@ use crate::connection::Connector;
 use crate::error::{Failure, NodeError, NAME};
 use crate::ops::{Op, Ops, Out};
 use crate::scripts::Script;
+use crate::sentinel::Endpoint;
 use crate::watch::ReleaseWatch;
 
 /// One Redis server and the single-node lock protocol on it: take, extend, release, inspect
@@ -55,7 +56,8 @@ pub struct RedisNode {
 struct Shared {
     config: RedisBuilder,
     addr: String,
-    client: Client,
+    /// The server, or the sentinels naming it: where every connection goes.
+    endpoint: Endpoint,
     channel: String,
     /// Prefix of this node's release notices, so its own watch can skip them.
     origin: String,
@@ -82,6 +84,40 @@ impl RedisNode {
             // rustls needs a process-wide crypto provider; keep one the application chose.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
+        let mut settings = RedisConnectionInfo::default().set_db(i64::from(config.database()));
+        let (username, password) = config.credentials();
+        if let Some(username) = username {
+            settings = settings.set_username(username);
+        }
+        if let Some(password) = password {
+            settings = settings.set_password(password);
+        }
+        let (endpoint, addr) = match Endpoint::for_sentinels(&config, &settings) {
+            Some(found) => found,
+            None => Self::direct(&config, settings)?,
+        };
+        let timeout = config.operation_timeout();
+        let channel = format!("{}released:{}", config.key_prefix(), config.database());
+        let link = Arc::new(Connector::new(endpoint.clone()));
+        let ops = GroupCommit::new(Ops::new(Arc::downgrade(&link), channel.clone()));
+        let node = RedisNode {
+            shared: Arc::new(Shared {
+                link,
+                addr,
+                endpoint,
+                channel,
+                origin: format!("{} ", Owner::random()),
+                config,
+                ops,
+            }),
+            timeout,
+        };
+        node.ping().await?;
+        Ok(node)
+    }
+
+    /// The endpoint of the one server `config` names, and its `host:port`.
+    fn direct(config: &RedisBuilder, settings: RedisConnectionInfo) -> Result<(Endpoint, String)> {
         let host = config
             .host_port()
             .cloned()
@@ -97,37 +133,12 @@ impl RedisNode {
         } else {
             ConnectionAddr::Tcp(host.host.clone(), host.port)
         };
-        let mut settings = RedisConnectionInfo::default().set_db(i64::from(config.database()));
-        let (username, password) = config.credentials();
-        if let Some(username) = username {
-            settings = settings.set_username(username);
-        }
-        if let Some(password) = password {
-            settings = settings.set_password(password);
-        }
         let info: ConnectionInfo = connection_addr
             .into_connection_info()
             .map(|info| info.set_redis_settings(settings))
             .map_err(|e| Error::backend(NAME, e))?;
         let client = Client::open(info).map_err(|e| Error::backend(NAME, e))?;
-        let timeout = config.operation_timeout();
-        let channel = format!("{}released:{}", config.key_prefix(), config.database());
-        let link = Arc::new(Connector::new(client.clone()));
-        let ops = GroupCommit::new(Ops::new(Arc::downgrade(&link), channel.clone()));
-        let node = RedisNode {
-            shared: Arc::new(Shared {
-                link,
-                addr,
-                client,
-                channel,
-                origin: format!("{} ", Owner::random()),
-                config,
-                ops,
-            }),
-            timeout,
-        };
-        node.ping().await?;
-        Ok(node)
+        Ok((Endpoint::Direct(Arc::new(client)), addr))
     }
 
     /// The operation timeout of this handle.
@@ -144,7 +155,8 @@ impl RedisNode {
         }
     }
 
-    /// `host:port` of the server.
+    /// `host:port` of the server; through sentinels, ``master `NAME` via sentinels
+    /// HOST:PORT,…`` (the master's address changes with failovers).
     pub fn addr(&self) -> &str {
         &self.shared.addr
     }
@@ -231,7 +243,7 @@ impl RedisNode {
     /// [`ReleaseWatch`] is dropped. `None` outside a tokio runtime.
     pub fn watch_releases(&self, notices: Arc<ReleaseNotices>) -> Option<ReleaseWatch> {
         ReleaseWatch::start(
-            self.shared.client.clone(),
+            self.shared.endpoint.clone(),
             self.shared.channel.clone(),
             self.shared.origin.clone(),
             self.timeout,

@@ -14,7 +14,9 @@
 // - connection: the shared multiplexed connection, `EVALSHA`/`EVAL`;
 // - codec: keys, owner tokens, milliseconds, simple replies;
 // - error: request failures and the errors they become;
-// - scripts: the Lua scripts; watch: the release subscription; config: the builder.
+// - scripts: the Lua scripts; watch: the release subscription; config: the builder;
+// - sentinel: `redis+sentinel://` and the master's discovery (`Endpoint`), under
+//   connection and watch.
 mod backend;
 mod baseline;
 mod codec;
@@ -26,6 +28,7 @@ mod node;
 mod ops;
 mod records;
 mod scripts;
+mod sentinel;
 mod watch;
 
 pub use backend::RedisBackend;
@@ -34,4 +37,5 @@ pub use config::{database_path, url_database, DEFAULT_PORT};
 pub use config::{RedisBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 pub use handle::RedisNode;
 pub use node::{ABANDON_RETENTION, CAPABILITIES, FENCE_RETENTION, MAX_FENCE};
+pub use sentinel::{DEFAULT_SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_URL_PARAMS};
 pub use watch::ReleaseWatch;

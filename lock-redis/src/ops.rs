@@ -9,7 +9,7 @@ use redis::Value;
 
 use crate::codec::text;
 use crate::connection::Connector;
-use crate::error::Failure;
+use crate::error::{is_readonly, Failure};
 use crate::scripts;
 
 /// A callback run once a release request is queued on the connection.
@@ -109,7 +109,7 @@ impl Ops {
                     }
                 })
                 .await?;
-            return acquire_answers(&reply, acquires.len());
+            return forget_if_replica(&link, acquire_answers(&reply, acquires.len()));
         }
         if releases.len() != ops.len() {
             return Err(Failure::Reply("a group mixed acquires and releases".into()));
@@ -134,7 +134,7 @@ impl Ops {
                 }
             })
             .await?;
-        release_answers(&reply, releases.len())
+        forget_if_replica(&link, release_answers(&reply, releases.len()))
     }
 }
 
@@ -183,6 +183,23 @@ impl GroupSend for Ops {
             (Op::Acquire(_), Op::Acquire(_)) | (Op::Release(_), Op::Release(_))
         )
     }
+}
+
+/// `answers` as they are; a `READONLY` among them (the node became a replica: its writes
+/// all failed) makes the connection's next request look for the master again.
+fn forget_if_replica(
+    link: &Connector,
+    answers: std::result::Result<Vec<Out>, Failure>,
+) -> std::result::Result<Vec<Out>, Failure> {
+    if let Ok(answers) = &answers {
+        if answers
+            .iter()
+            .any(|answer| matches!(answer, Out::Refused(message) if is_readonly(message)))
+        {
+            link.forget();
+        }
+    }
+    answers
 }
 
 /// The failure of an answer of the wrong kind (which the group commit never produces).

@@ -164,11 +164,16 @@ for i = 1, #KEYS / 3 do
     if refused(holder) then
       err = holder.err
     elseif mine(holder, owner) then
-      redis.pcall('PEXPIRE', lock, ttl)
+      -- Refused on a replica (READONLY): the grant is not renewed, so it is not granted.
+      local pushed = redis.pcall('PEXPIRE', lock, ttl)
+      if refused(pushed) then
+        err = pushed.err
+      else
 "#,
     current_fence!(),
     r#"
-      if not fence then redis.pcall('DEL', lock) end
+        if not fence then redis.pcall('DEL', lock) end
+      end
     else
       fence = false
       if type(holder) == 'string' and #holder == 32 then redis.pcall('APPEND', lock, '*') end
@@ -245,7 +250,7 @@ return 0
 /// [`awaited_helpers`]), for one caller or a group.
 /// KEYS: the locks. ARGV: channel, then owner and notice for each lock. Returns, for each
 /// lock in order, 1 when deleted, 0 when it was not ours (then nothing changes), and an
-/// error message (a string) when the server refused to read that lock's key (e.g.
+/// error message (a string) when the server refused to read or delete that lock's key (e.g.
 /// `WRONGTYPE`). As in [`ACQUIRE`], `redis.pcall` keeps an error on one lock from
 /// aborting the others' releases.
 pub(crate) static RELEASE: Script = Script::new(concat!(
@@ -257,9 +262,14 @@ for i = 1, #KEYS do
   if type(holder) == 'table' and holder.err then
     out[i] = tostring(holder.err)
   elseif mine(holder, ARGV[2 * i]) then
-    redis.pcall('DEL', KEYS[i])
-    if awaited(holder) then redis.pcall('PUBLISH', ARGV[1], ARGV[2 * i + 1]) end
-    out[i] = 1
+    local deleted = redis.pcall('DEL', KEYS[i])
+    if type(deleted) == 'table' and deleted.err then
+      -- Refused on a replica (READONLY): nothing was released.
+      out[i] = tostring(deleted.err)
+    else
+      if awaited(holder) then redis.pcall('PUBLISH', ARGV[1], ARGV[2 * i + 1]) end
+      out[i] = 1
+    end
   else
     out[i] = 0
   end

@@ -1,12 +1,15 @@
-//! The release subscription: one pub/sub connection feeding a [`ReleaseNotices`] hub.
+//! The release subscription: one pub/sub connection feeding a [`ReleaseNotices`] hub,
+//! opened through the node's `Endpoint` (so through sentinels it follows the master).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use lock_core::ReleaseNotices;
-use redis::Client;
 use tokio::task::AbortHandle;
+
+use crate::error::Failure;
+use crate::sentinel::Endpoint;
 
 /// First pause before resubscribing after a failure; doubles up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(20);
@@ -31,14 +34,14 @@ impl Drop for ReleaseWatch {
 
 impl ReleaseWatch {
     pub(crate) fn start(
-        client: Client,
+        endpoint: Endpoint,
         channel: String,
         origin: String,
         timeout: Duration,
         notices: Arc<ReleaseNotices>,
     ) -> Option<ReleaseWatch> {
         let handle = tokio::runtime::Handle::try_current().ok()?;
-        let task = handle.spawn(run(client, channel, origin, timeout, notices));
+        let task = handle.spawn(run(endpoint, channel, origin, timeout, notices));
         Some(ReleaseWatch {
             task: task.abort_handle(),
         })
@@ -46,7 +49,7 @@ impl ReleaseWatch {
 }
 
 async fn run(
-    client: Client,
+    endpoint: Endpoint,
     channel: String,
     origin: String,
     timeout: Duration,
@@ -54,10 +57,16 @@ async fn run(
 ) {
     let mut backoff = lock_core::Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
     loop {
-        let subscribed = tokio::time::timeout(timeout, async {
-            let (mut sink, stream) = client.get_async_pubsub().await?.split();
-            sink.subscribe(&channel).await?;
-            Ok::<_, redis::RedisError>((sink, stream))
+        let deadline = tokio::time::Instant::now() + timeout;
+        let subscribed = tokio::time::timeout_at(deadline, async {
+            let client = endpoint.client(deadline).await?;
+            let (mut sink, stream) = client
+                .get_async_pubsub()
+                .await
+                .map_err(Failure::Redis)?
+                .split();
+            sink.subscribe(&channel).await.map_err(Failure::Redis)?;
+            Ok::<_, Failure>((sink, stream))
         })
         .await;
         match subscribed {
@@ -84,7 +93,7 @@ async fn run(
                 }
                 tracing::debug!(channel, "release subscription lost; resubscribing");
             }
-            Ok(Err(e)) => tracing::debug!(channel, error = %e, "release subscription failed"),
+            Ok(Err(e)) => tracing::debug!(channel, error = ?e, "release subscription failed"),
             Err(_) => tracing::debug!(channel, "release subscription timed out"),
         }
         tokio::time::sleep(backoff.next_delay()).await;

@@ -9,6 +9,7 @@ mod postgres;
 mod process;
 mod proxy;
 mod redis;
+mod sentinel;
 
 pub use crate::binary::find_binary;
 pub use crate::etcd::{EtcdCluster, EtcdServer};
@@ -16,3 +17,4 @@ pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};
 pub use crate::proxy::{FaultProxy, ProxyMode};
 pub use crate::redis::{RedisNodes, RedisOptions, RedisServer};
+pub use crate::sentinel::{RedisSentinels, DOWN_AFTER, FAILOVER_TIMEOUT, SENTINEL_MASTER};
