@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 
 mod binary;
+mod cluster;
 mod etcd;
 mod http;
 mod ports;
@@ -11,6 +12,7 @@ mod proxy;
 mod redis;
 
 pub use crate::binary::find_binary;
+pub use crate::cluster::{ClusterNode, RedisCluster};
 pub use crate::etcd::{EtcdCluster, EtcdServer};
 pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};

@@ -279,8 +279,8 @@ impl Drop for RedisServer {
     }
 }
 
-/// `redis-server` command line.
-fn redis_args(port: u16, options: &RedisOptions, data_dir: &Path) -> Vec<OsString> {
+/// `redis-server` command line (the cluster kit adds its options to it).
+pub(crate) fn redis_args(port: u16, options: &RedisOptions, data_dir: &Path) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec![
         "--port".into(),
         port.to_string().into(),
@@ -312,7 +312,7 @@ fn redis_args(port: u16, options: &RedisOptions, data_dir: &Path) -> Vec<OsStrin
 
 /// Speaks RESP directly: `PING` on a fresh connection, expecting `+PONG`
 /// (or `-NOAUTH` when `password` is set, which proves the server is alive).
-async fn ping(addr: SocketAddr, password: bool) -> bool {
+pub(crate) async fn ping(addr: SocketAddr, password: bool) -> bool {
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await?;
         stream.write_all(b"*1\r\n$4\r\nPING\r\n").await?;
