@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | `memory://` | `memory` (default) | in-process keyed async mutex |
 //! | `redis://[user:pass@]host[:port][/db][?prefix=…&timeout=…]`, `rediss://…` | `redis` | one Redis |
+//! | `redis+cluster://[user:pass@]host:port,host:port,…[?prefix=…&timeout=…]` | `redis` | a Redis Cluster (seed nodes) |
 //! | `redlock://host:port,host:port,…[?drift=…]` | `redlock` | Redlock quorum over N Redis nodes |
 //! | `etcd://host:port[,host:port…][?prefix=…&timeout=…]` | `etcd` | etcd leases |
 //! | `postgres://[user:pass@]host[:port][/db][?table=…&schema=…&timeout=…]`, `postgresql://…` | `postgres` | a PostgreSQL lease table |
@@ -51,6 +52,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("memory", "memory"),
     ("redis", "redis"),
     ("rediss", "redis"),
+    ("redis+cluster", "redis"),
     ("redlock", "redlock"),
     ("etcd", "etcd"),
     ("postgres", "postgres"),
@@ -72,7 +74,7 @@ pub async fn connect(url: &str) -> Result<Locker> {
         #[cfg(feature = "memory")]
         "memory" => Ok(Locker::new(lock_memory::MemoryBackend::from_url(&url)?)),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Locker::new(lock_redis::RedisBackend::connect(&url).await?)),
+        "redis" | "rediss" | "redis+cluster" => Ok(Locker::new(lock_redis::RedisBackend::connect(&url).await?)),
         #[cfg(feature = "redlock")]
         "redlock" => Ok(Locker::new(
             lock_redlock::RedlockBackend::connect(&url).await?,
@@ -171,6 +173,7 @@ mod tests {
             ("memory", "memory"),
             ("redis", "redis"),
             ("rediss", "redis"),
+            ("redis+cluster", "redis"),
             ("redlock", "redlock"),
             ("etcd", "etcd"),
             ("postgres", "postgres"),

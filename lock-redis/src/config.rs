@@ -50,6 +50,10 @@ pub struct RedisBuilder {
     db: u32,
     prefix: String,
     timeout: Duration,
+    /// Redis Cluster: every seed node (the first is also `addr`); `None` for one server.
+    seeds: Option<Vec<HostPort>>,
+    /// Group concurrent acquires and releases into one script call (default on).
+    grouping: bool,
 }
 
 impl RedisBuilder {
@@ -66,6 +70,8 @@ impl RedisBuilder {
             db: 0,
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
+            seeds: None,
+            grouping: true,
         }
     }
 
@@ -81,9 +87,10 @@ impl RedisBuilder {
         let tls = match url.scheme.as_str() {
             "redis" => false,
             "rediss" => true,
+            cluster::SCHEME => return Self::from_cluster_url(url),
             other => {
                 return Err(url.invalid(format!(
-                    "the Redis backend takes redis:// or rediss:// URLs, not {other}://"
+                    "the Redis backend takes redis://, rediss:// or redis+cluster:// URLs, not {other}://"
                 )))
             }
         };
@@ -107,6 +114,8 @@ impl RedisBuilder {
             db,
             prefix: url.param("prefix").unwrap_or(DEFAULT_PREFIX).to_owned(),
             timeout: DEFAULT_TIMEOUT,
+            seeds: None,
+            grouping: true,
         };
         if let Some(timeout) = url.duration_param("timeout")? {
             builder.timeout = timeout;
@@ -153,6 +162,20 @@ impl RedisBuilder {
         self
     }
 
+    /// Whether acquires and releases that arrive while earlier calls are on their way go
+    /// together as one script call (`lock_core::group`; on a cluster, only those of one
+    /// hash slot). Default on; off, every request is its own call, none waits for another
+    /// (requests on one key still reach the server in order).
+    pub fn grouping(mut self, on: bool) -> Self {
+        self.grouping = on;
+        self
+    }
+
+    /// Whether grouping is on (see [`grouping`](Self::grouping)).
+    pub fn is_grouping(&self) -> bool {
+        self.grouping
+    }
+
     /// Whether TLS is on.
     pub fn is_tls(&self) -> bool {
         self.tls
@@ -191,6 +214,7 @@ impl RedisBuilder {
                 "parameter `timeout` must be greater than zero",
             ));
         }
+        self.check_cluster()?;
         #[cfg(not(feature = "tls"))]
         if self.tls {
             return Err(Error::invalid_url(
@@ -228,6 +252,9 @@ impl RedisBuilder {
         }
         if self.timeout != DEFAULT_TIMEOUT {
             params.push(("timeout".to_owned(), format_duration(self.timeout)));
+        }
+        if let Some(seeds) = &self.seeds {
+            return Some(self.cluster_url(seeds, params));
         }
         Some(LockUrl {
             scheme: if self.tls { "rediss" } else { "redis" }.to_owned(),
@@ -283,5 +310,6 @@ fn parse_addr(addr: String) -> std::result::Result<HostPort, (String, String)> {
     HostPort::parse(&addr, DEFAULT_PORT).map_err(|reason| (addr, reason))
 }
 
+mod cluster;
 #[cfg(test)]
 mod tests;

@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::group::{GroupCommit, GroupKey};
+use lock_core::url::HostPort;
 use lock_core::{Error, Owner, ReleaseNotices, Result};
 use redis::{
     Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value,
 };
 
+use crate::cluster::{self, Target};
 use crate::codec::{hex, key};
 use crate::config::RedisBuilder;
 use crate::connection::Connector;
@@ -55,7 +57,9 @@ pub struct RedisNode {
 struct Shared {
     config: RedisBuilder,
     addr: String,
-    client: Client,
+    /// Where the release subscription listens: the server, or each seed of a cluster in
+    /// turn.
+    watch_clients: Vec<Client>,
     channel: String,
     /// Prefix of this node's release notices, so its own watch can skip them.
     origin: String,
@@ -86,39 +90,38 @@ impl RedisNode {
             .host_port()
             .cloned()
             .ok_or_else(|| Error::invalid_url(&config.redacted(), "malformed address"))?;
-        let addr = host.to_string();
-        let connection_addr = if config.is_tls() {
-            ConnectionAddr::TcpTls {
-                host: host.host.clone(),
-                port: host.port,
-                insecure: false,
-                tls_params: None,
-            }
-        } else {
-            ConnectionAddr::Tcp(host.host.clone(), host.port)
-        };
-        let mut settings = RedisConnectionInfo::default().set_db(i64::from(config.database()));
-        let (username, password) = config.credentials();
-        if let Some(username) = username {
-            settings = settings.set_username(username);
-        }
-        if let Some(password) = password {
-            settings = settings.set_password(password);
-        }
-        let info: ConnectionInfo = connection_addr
-            .into_connection_info()
-            .map(|info| info.set_redis_settings(settings))
-            .map_err(|e| Error::backend(NAME, e))?;
-        let client = Client::open(info).map_err(|e| Error::backend(NAME, e))?;
         let timeout = config.operation_timeout();
+        let open = |info: ConnectionInfo| Client::open(info).map_err(|e| Error::backend(NAME, e));
+        let (addr, target, watch_clients) = if config.is_cluster() {
+            let seeds: Vec<ConnectionInfo> = config
+                .seed_nodes()
+                .iter()
+                .map(|seed| connection_info(&config, seed))
+                .collect::<Result<_>>()?;
+            let watch_clients = seeds.iter().cloned().map(open).collect::<Result<_>>()?;
+            let addr = config.seed_nodes().iter().map(HostPort::to_string);
+            let addr = addr.collect::<Vec<_>>().join(",");
+            let target = Target::Cluster(cluster::client(seeds, timeout)?);
+            (addr, target, watch_clients)
+        } else {
+            let client = open(connection_info(&config, &host)?)?;
+            (host.to_string(), Target::Single(client.clone()), vec![client])
+        };
         let channel = format!("{}released:{}", config.key_prefix(), config.database());
-        let link = Arc::new(Connector::new(client.clone()));
-        let ops = GroupCommit::new(Ops::new(Arc::downgrade(&link), channel.clone()));
+        let link = Arc::new(Connector::new(target));
+        let ops = Ops::new(Arc::downgrade(&link), channel.clone(), config.is_cluster());
+        let ops = if !config.is_grouping() {
+            GroupCommit::with_limits(ops, usize::MAX, 1)
+        } else if config.is_cluster() {
+            GroupCommit::with_limits(ops, CLUSTER_IN_FLIGHT, lock_core::group::MAX_GROUP)
+        } else {
+            GroupCommit::new(ops)
+        };
         let node = RedisNode {
             shared: Arc::new(Shared {
                 link,
                 addr,
-                client,
+                watch_clients,
                 channel,
                 origin: format!("{} ", Owner::random()),
                 config,
@@ -231,7 +234,7 @@ impl RedisNode {
     /// [`ReleaseWatch`] is dropped. `None` outside a tokio runtime.
     pub fn watch_releases(&self, notices: Arc<ReleaseNotices>) -> Option<ReleaseWatch> {
         ReleaseWatch::start(
-            self.shared.client.clone(),
+            self.shared.watch_clients.clone(),
             self.shared.channel.clone(),
             self.shared.origin.clone(),
             self.timeout,
@@ -309,6 +312,36 @@ impl RedisNode {
         }
         .into_error()
     }
+}
+
+/// Calls on their way at once through a cluster node's group commit: its calls go to
+/// several masters, and each group holds keys of one slot only (see `design.md`).
+const CLUSTER_IN_FLIGHT: usize = 16;
+
+/// How to reach the server at `host` with `config`'s TLS, credentials and database.
+fn connection_info(config: &RedisBuilder, host: &HostPort) -> Result<ConnectionInfo> {
+    let connection_addr = if config.is_tls() {
+        ConnectionAddr::TcpTls {
+            host: host.host.clone(),
+            port: host.port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host.host.clone(), host.port)
+    };
+    let mut settings = RedisConnectionInfo::default().set_db(i64::from(config.database()));
+    let (username, password) = config.credentials();
+    if let Some(username) = username {
+        settings = settings.set_username(username);
+    }
+    if let Some(password) = password {
+        settings = settings.set_password(password);
+    }
+    connection_addr
+        .into_connection_info()
+        .map(|info| info.set_redis_settings(settings))
+        .map_err(|e| Error::backend(NAME, e))
 }
 
 impl RedisBuilder {

@@ -30,15 +30,20 @@ impl Drop for ReleaseWatch {
 }
 
 impl ReleaseWatch {
+    /// Subscribes through `clients[0]`, and after each failure through the next one (the
+    /// seed nodes of a cluster, where a `PUBLISH` on any node reaches every node).
     pub(crate) fn start(
-        client: Client,
+        clients: Vec<Client>,
         channel: String,
         origin: String,
         timeout: Duration,
         notices: Arc<ReleaseNotices>,
     ) -> Option<ReleaseWatch> {
         let handle = tokio::runtime::Handle::try_current().ok()?;
-        let task = handle.spawn(run(client, channel, origin, timeout, notices));
+        if clients.is_empty() {
+            return None;
+        }
+        let task = handle.spawn(run(clients, channel, origin, timeout, notices));
         Some(ReleaseWatch {
             task: task.abort_handle(),
         })
@@ -46,14 +51,15 @@ impl ReleaseWatch {
 }
 
 async fn run(
-    client: Client,
+    clients: Vec<Client>,
     channel: String,
     origin: String,
     timeout: Duration,
     notices: Arc<ReleaseNotices>,
 ) {
     let mut backoff = lock_core::Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
-    loop {
+    for turn in 0.. {
+        let client = &clients[turn % clients.len()];
         let subscribed = tokio::time::timeout(timeout, async {
             let (mut sink, stream) = client.get_async_pubsub().await?.split();
             sink.subscribe(&channel).await?;
@@ -87,7 +93,10 @@ async fn run(
             Ok(Err(e)) => tracing::debug!(channel, error = %e, "release subscription failed"),
             Err(_) => tracing::debug!(channel, "release subscription timed out"),
         }
-        tokio::time::sleep(backoff.next_delay()).await;
+        // Only after trying every node in a row is there a pause.
+        if (turn + 1) % clients.len() == 0 {
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
     }
 }
 
