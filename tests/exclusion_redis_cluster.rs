@@ -34,8 +34,9 @@ async fn exclusion_redis_cluster() {
         Fault::new("a master paused (SIGSTOP) past the longest TTL and the node timeout", move || {
             let (cluster, probe) = (cluster.clone(), probe.clone());
             async move {
-                // Every master holds some of the checker's keys; pause the one of key 0's.
-                let master = cluster.master_of_key(&probe.lock_key("k0")).await;
+                // Pause the master of the first key the checker contends for.
+                let first = ExclusionConfig::from_env().key_names().remove(0);
+                let master = cluster.master_of_key(&probe.lock_key(&first)).await;
                 cluster.node(master).pause();
                 tokio::time::sleep(past).await;
                 cluster.node(master).resume();

@@ -343,6 +343,25 @@ impl RedisCluster {
         masters
     }
 
+    /// The indices of the serving replicas of node `master` that are in sync with it
+    /// (`INFO replication` on the master: `state=online`).
+    ///
+    /// # Panics
+    ///
+    /// If the master does not answer.
+    pub async fn replicas_of(&self, master: usize) -> Vec<usize> {
+        let info = self.nodes[master]
+            .info("INFO", Some("replication"))
+            .await
+            .unwrap_or_else(|e| panic!("lock-testkit: node {master}: {e}"));
+        info.lines()
+            .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+            .filter_map(|l| l.split(",port=").nth(1)?.split(',').next()?.parse::<u16>().ok())
+            .filter_map(|port| self.nodes.iter().position(|n| n.port == port))
+            .filter(|&i| self.nodes[i].is_serving())
+            .collect()
+    }
+
     /// Waits until a node other than `old` serves `slot` as master (its replica was
     /// promoted after `old` was killed or paused), and the cluster is settled again
     /// ([`wait_settled`](Self::wait_settled)); returns the new master's index.
