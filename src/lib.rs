@@ -74,7 +74,9 @@ pub async fn connect(url: &str) -> Result<Locker> {
         #[cfg(feature = "memory")]
         "memory" => Ok(Locker::new(lock_memory::MemoryBackend::from_url(&url)?)),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+cluster" => Ok(Locker::new(lock_redis::RedisBackend::connect(&url).await?)),
+        "redis" | "rediss" | "redis+cluster" => {
+            Ok(Locker::new(lock_redis::RedisBackend::connect(&url).await?))
+        }
         #[cfg(feature = "redlock")]
         "redlock" => Ok(Locker::new(
             lock_redlock::RedlockBackend::connect(&url).await?,

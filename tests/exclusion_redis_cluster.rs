@@ -31,18 +31,21 @@ async fn exclusion_redis_cluster() {
     let past = TTL_MAX + Duration::from_millis(900);
     let pause = {
         let (cluster, probe) = (cluster.clone(), probe.clone());
-        Fault::new("a master paused (SIGSTOP) past the longest TTL and the node timeout", move || {
-            let (cluster, probe) = (cluster.clone(), probe.clone());
-            async move {
-                // Pause the master of the first key the checker contends for.
-                let first = ExclusionConfig::from_env().key_names().remove(0);
-                let master = cluster.master_of_key(&probe.lock_key(&first)).await;
-                cluster.node(master).pause();
-                tokio::time::sleep(past).await;
-                cluster.node(master).resume();
-                cluster.wait_settled().await;
-            }
-        })
+        Fault::new(
+            "a master paused (SIGSTOP) past the longest TTL and the node timeout",
+            move || {
+                let (cluster, probe) = (cluster.clone(), probe.clone());
+                async move {
+                    // Pause the master of the first key the checker contends for.
+                    let first = ExclusionConfig::from_env().key_names().remove(0);
+                    let master = cluster.master_of_key(&probe.lock_key(&first)).await;
+                    cluster.node(master).pause();
+                    tokio::time::sleep(past).await;
+                    cluster.node(master).resume();
+                    cluster.wait_settled().await;
+                }
+            },
+        )
     };
     let (node, probe_cluster) = (probe.clone(), cluster.clone());
     let report = Exclusion::new(lockers)

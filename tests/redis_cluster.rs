@@ -6,20 +6,35 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::redis_backend as backend;
-use distlock::conformance::{run_all, Target};
 use distlock::redis::{RedisBackend, RedisNode, CAPABILITIES};
 use distlock::{Attempt, Error, LockOptions, Locker, Owner};
 use lock_testkit::RedisCluster;
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// The cluster of this binary: 3 masters, no replicas (nothing here kills a node).
-async fn cluster() -> &'static RedisCluster {
-    static CLUSTER: OnceCell<RedisCluster> = OnceCell::const_new();
-    CLUSTER.get_or_init(|| RedisCluster::start(3, 0)).await
+static CLUSTER: OnceCell<RedisCluster> = OnceCell::const_new();
+/// Tests share the cluster (read); one that counts the servers' calls has it alone (write).
+static QUIET: RwLock<()> = RwLock::const_new(());
+
+/// The shared cluster, and the turn to use it alongside the other tests.
+async fn cluster() -> (&'static RedisCluster, RwLockReadGuard<'static, ()>) {
+    let turn = QUIET.read().await;
+    (
+        CLUSTER.get_or_init(|| RedisCluster::start(3, 0)).await,
+        turn,
+    )
+}
+
+/// The shared cluster, with no other test using it meanwhile.
+async fn quiet_cluster() -> (&'static RedisCluster, RwLockWriteGuard<'static, ()>) {
+    let turn = QUIET.write().await;
+    (
+        CLUSTER.get_or_init(|| RedisCluster::start(3, 0)).await,
+        turn,
+    )
 }
 
 /// The cluster URL with `prefix` (each test its own keys) and a 2 s timeout.
@@ -50,14 +65,14 @@ async fn calls(cluster: &RedisCluster, cmd: &str) -> u64 {
 /// The whole conformance suite on the cluster, the backend used directly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_direct() {
-    let cluster = cluster().await;
+    let (cluster, _turn) = cluster().await;
     common::conformance_direct(backend(&url(cluster, "direct")).await).await;
 }
 
 /// The whole suite through the facade's `distlock::connect("redis+cluster://…")`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_through_connect() {
-    let cluster = cluster().await;
+    let (cluster, _turn) = cluster().await;
     common::conformance_through_connect(&url(cluster, "connect"), |caps| {
         assert_eq!(caps, &CAPABILITIES)
     })
@@ -68,7 +83,7 @@ async fn conformance_through_connect() {
 /// (lock, fence counter) on the master of the lock's slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_live_on_the_master_of_their_slot() {
-    let cluster = cluster().await;
+    let (cluster, _turn) = cluster().await;
     let node: RedisNode = backend(&url(cluster, "spread")).await.node().clone();
     let ttl = CAPABILITIES.effective_ttl(Duration::from_secs(10)).unwrap();
     let mut masters = HashMap::new();
@@ -114,18 +129,46 @@ fn names_by_slot(node: &RedisNode, n: usize, size: usize) -> Vec<Vec<String>> {
     full
 }
 
-/// Concurrent acquires and releases on keys of many slots: every caller gets its own
-/// answer (grants with their fence, refusals for the held key, releases of its own locks
-/// only), nothing is refused for crossing slots, and keys of one slot still go together.
+/// Concurrent acquires and releases on keys of many slots, grouping on (groups per slot)
+/// and off (the cluster default): every caller gets its own answer (grants with their
+/// fence, refusals for the held key, releases of its own locks only), nothing is refused
+/// for crossing slots, and with grouping on keys of one slot go together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grouped_operations_over_many_slots_get_their_own_answers() {
-    let cluster = cluster().await;
-    let node: RedisNode = backend(&url(cluster, "group")).await.node().clone();
+    let (cluster, _alone) = quiet_cluster().await;
+    for grouping in [true, false] {
+        let node = RedisBackend::cluster_builder(cluster.seeds())
+            .prefix(format!("group{grouping}:"))
+            .grouping(grouping)
+            .build_node()
+            .await
+            .unwrap();
+        let acquiring = concurrent_cycles(cluster, &node).await;
+        if grouping {
+            // 64 acquires in 8 slots, each slot's 8 at once: fewer calls than requests.
+            assert!(
+                acquiring < 64,
+                "64 concurrent acquires in 8 slots took {acquiring} script calls: not grouped"
+            );
+        } else {
+            assert!(
+                acquiring >= 64,
+                "{acquiring} calls for 64 ungrouped acquires"
+            );
+        }
+    }
+}
+
+/// 64 concurrent acquires (one key held already) then releases on `node`, keys in 8
+/// slots, each checked; the script calls the acquires took.
+async fn concurrent_cycles(cluster: &RedisCluster, node: &RedisNode) -> u64 {
     let ttl = CAPABILITIES.effective_ttl(Duration::from_secs(10)).unwrap();
-    let groups = names_by_slot(&node, 8, 8);
+    let groups = names_by_slot(node, 8, 8);
     let taken = groups[3][5].clone();
     assert!(matches!(
-        node.try_acquire(&taken, Owner::random(), ttl).await.unwrap(),
+        node.try_acquire(&taken, Owner::random(), ttl)
+            .await
+            .unwrap(),
         Attempt::Granted { .. }
     ));
     let names: Vec<String> = groups.iter().flatten().cloned().collect();
@@ -159,12 +202,7 @@ async fn grouped_operations_over_many_slots_get_their_own_answers() {
     for name in &names {
         assert_eq!(node.inspect(name).await.unwrap().is_some(), name == &taken);
     }
-    // 64 acquires in 8 slots: grouped per slot (one call at most per request, and fewer
-    // when several of a slot arrive together; here each slot's 8 arrive at once).
-    assert!(
-        acquiring < names.len() as u64,
-        "64 concurrent acquires in 8 slots took {acquiring} script calls: not grouped"
-    );
+    acquiring
 }
 
 /// A release through a backend connected through one node wakes, through the release
@@ -172,7 +210,7 @@ async fn grouped_operations_over_many_slots_get_their_own_answers() {
 /// on a third: the `PUBLISH` crosses the cluster bus. Long before the 30 s TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_a_waiter_connected_through_another_node() {
-    let cluster = cluster().await;
+    let (cluster, _turn) = cluster().await;
     let seeds = cluster.seeds();
     let via = |i: usize| {
         RedisBackend::cluster_builder([seeds[i].clone()])
@@ -192,11 +230,16 @@ async fn a_release_wakes_a_waiter_connected_through_another_node() {
     let (a, b) = (Locker::new(a), Locker::new(b));
     let ttl = Duration::from_secs(30);
     for round in 0..3 {
-        let guard = a.acquire(&name, &LockOptions::new().ttl(ttl)).await.unwrap();
+        let guard = a
+            .acquire(&name, &LockOptions::new().ttl(ttl))
+            .await
+            .unwrap();
         let waiter = {
             let (b, name) = (b.clone(), name.clone());
             tokio::spawn(async move {
-                let opts = LockOptions::new().ttl(ttl).wait_for(Duration::from_secs(10));
+                let opts = LockOptions::new()
+                    .ttl(ttl)
+                    .wait_for(Duration::from_secs(10));
                 let g = b.acquire(&name, &opts).await;
                 (Instant::now(), g)
             })
@@ -220,7 +263,10 @@ async fn a_release_wakes_a_waiter_connected_through_another_node() {
 async fn bad_cluster_urls_are_refused() {
     for (url, needle) in [
         ("redis+cluster://127.0.0.1:1/2", "only database 0"),
-        ("redis+cluster://127.0.0.1:1,127.0.0.1:2/0", "only database 0"),
+        (
+            "redis+cluster://127.0.0.1:1,127.0.0.1:2/0",
+            "only database 0",
+        ),
         ("redis+cluster://127.0.0.1:1?db=2", "unknown parameter `db`"),
         ("redis+cluster://127.0.0.1:1?timeout=0s", "timeout"),
         ("redis+cluster://", "at least one seed"),
@@ -233,9 +279,18 @@ async fn bad_cluster_urls_are_refused() {
         }
     }
     for (builder, needle) in [
-        (RedisBackend::cluster_builder(["127.0.0.1:1"]).db(3), "only database 0"),
-        (RedisBackend::cluster_builder(["127.0.0.1:1"]).tls(true), "TLS"),
-        (RedisBackend::cluster_builder(Vec::<String>::new()), "at least one seed"),
+        (
+            RedisBackend::cluster_builder(["127.0.0.1:1"]).db(3),
+            "only database 0",
+        ),
+        (
+            RedisBackend::cluster_builder(["127.0.0.1:1"]).tls(true),
+            "TLS",
+        ),
+        (
+            RedisBackend::cluster_builder(Vec::<String>::new()),
+            "at least one seed",
+        ),
         (RedisBackend::cluster_builder(["h:99999"]), "port"),
     ] {
         match builder.build().await {
@@ -254,18 +309,30 @@ async fn bad_cluster_urls_are_refused() {
         "redis+cluster://:pw@a:7000,b:6379?prefix=p%3A"
     );
     assert!(!format!("{b:?}").contains("pw"), "{b:?}");
-    let back = distlock::redis::RedisBuilder::from_url(&distlock::LockUrl::parse(&b.url().unwrap()).unwrap()).unwrap();
+    let back = distlock::redis::RedisBuilder::from_url(
+        &distlock::LockUrl::parse(&b.url().unwrap()).unwrap(),
+    )
+    .unwrap();
     assert_eq!(back, b);
     assert!(back.is_cluster());
 }
 
-/// One seed node is enough to find the whole cluster.
+/// One seed node is enough to find the whole cluster: locks on every master are taken
+/// and released through a backend given only one node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_seed_finds_the_cluster() {
-    let cluster = cluster().await;
+    let (cluster, _turn) = cluster().await;
     let url = format!("redis+cluster://{}?prefix=one%3A", cluster.seeds()[1]);
-    let backend = backend(&url).await;
-    run_all(&Target::new(Arc::new(backend))).await;
+    let locker = Locker::new(backend(&url).await);
+    let node = backend(&url).await.node().clone();
+    let mut masters = std::collections::HashSet::new();
+    for i in 0..24 {
+        let name = format!("one/{i}");
+        let guard = locker.acquire(&name, &LockOptions::new()).await.unwrap();
+        masters.insert(cluster.master_of_key(&node.lock_key(&name)).await);
+        guard.release().await.unwrap();
+    }
+    assert_eq!(masters.len(), 3, "locks on every master through one seed");
 }
 
 /// An unreachable cluster is the transient `Unavailable`, within the timeout.
@@ -278,5 +345,9 @@ async fn an_unreachable_cluster_is_unavailable() {
         .await
         .expect_err("nothing listens on port 1");
     assert!(err.is_transient(), "{err}");
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
 }

@@ -18,7 +18,10 @@ async fn cluster() -> (&'static RedisCluster, MutexGuard<'static, ()>) {
     static CLUSTER: OnceCell<RedisCluster> = OnceCell::const_new();
     static TURN: Mutex<()> = Mutex::const_new(());
     let turn = TURN.lock().await;
-    (CLUSTER.get_or_init(|| RedisCluster::start(3, 1)).await, turn)
+    (
+        CLUSTER.get_or_init(|| RedisCluster::start(3, 1)).await,
+        turn,
+    )
 }
 
 /// A waiter whose backend subscribed through a node that then dies is still woken by the
@@ -48,11 +51,16 @@ async fn the_release_watch_survives_the_loss_of_its_node() {
             // Let the watch see its connection close and resubscribe elsewhere.
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        let guard = holder.acquire("w", &LockOptions::new().ttl(ttl)).await.unwrap();
+        let guard = holder
+            .acquire("w", &LockOptions::new().ttl(ttl))
+            .await
+            .unwrap();
         let task = {
             let waiter = waiter.clone();
             tokio::spawn(async move {
-                let opts = LockOptions::new().ttl(ttl).wait_for(Duration::from_secs(10));
+                let opts = LockOptions::new()
+                    .ttl(ttl)
+                    .wait_for(Duration::from_secs(10));
                 let g = waiter.acquire("w", &opts).await;
                 (Instant::now(), g)
             })
@@ -110,7 +118,11 @@ async fn a_failover_resumes_acquisitions_with_increasing_fences() {
     eprintln!("failover to node {promoted} after {:?}", killed.elapsed());
     let g = locker.acquire(&name, &opts).await.unwrap();
     eprintln!("first grant {:?} after the kill", killed.elapsed());
-    assert!(g.fence() > last, "fence {} after the failover, {last} before", g.fence());
+    assert!(
+        g.fence() > last,
+        "fence {} after the failover, {last} before",
+        g.fence()
+    );
     last = g.fence();
     g.release().await.unwrap();
     // The promoted replica's counter behind the fences given (lost replication).
@@ -123,7 +135,11 @@ async fn a_failover_resumes_acquisitions_with_increasing_fences() {
         .unwrap();
     for _ in 0..5 {
         let g = locker.acquire(&name, &opts).await.unwrap();
-        assert!(g.fence() > last, "fence {} after a stale counter, {last} before", g.fence());
+        assert!(
+            g.fence() > last,
+            "fence {} after a stale counter, {last} before",
+            g.fence()
+        );
         last = g.fence();
         g.release().await.unwrap();
     }

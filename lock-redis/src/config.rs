@@ -164,8 +164,9 @@ impl RedisBuilder {
 
     /// Whether acquires and releases that arrive while earlier calls are on their way go
     /// together as one script call (`lock_core::group`; on a cluster, only those of one
-    /// hash slot). Default on; off, every request is its own call, none waits for another
-    /// (requests on one key still reach the server in order).
+    /// hash slot, with up to 16 calls on their way). Default on for one server, off for a
+    /// cluster; off, every request is its own call and none waits for another (requests
+    /// on one key still reach the server in order).
     pub fn grouping(mut self, on: bool) -> Self {
         self.grouping = on;
         self

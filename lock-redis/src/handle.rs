@@ -105,7 +105,11 @@ impl RedisNode {
             (addr, target, watch_clients)
         } else {
             let client = open(connection_info(&config, &host)?)?;
-            (host.to_string(), Target::Single(client.clone()), vec![client])
+            (
+                host.to_string(),
+                Target::Single(client.clone()),
+                vec![client],
+            )
         };
         let channel = format!("{}released:{}", config.key_prefix(), config.database());
         let link = Arc::new(Connector::new(target));

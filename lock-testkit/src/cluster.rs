@@ -193,7 +193,8 @@ impl Drop for ClusterNode {
 }
 
 async fn connect(port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).map_err(|e| e.to_string())?;
+    let client =
+        redis::Client::open(format!("redis://127.0.0.1:{port}")).map_err(|e| e.to_string())?;
     match tokio::time::timeout(QUERY_TIMEOUT, client.get_multiplexed_async_connection()).await {
         Ok(Ok(conn)) => Ok(conn),
         Ok(Err(e)) => Err(e.to_string()),
@@ -225,7 +226,10 @@ impl RedisCluster {
     /// `masters` is below 3 (Redis Cluster needs three), a node does not start, or the
     /// cluster does not settle within 30 s.
     pub async fn start(masters: usize, replicas_per_master: usize) -> RedisCluster {
-        assert!(masters >= 3, "lock-testkit: a Redis Cluster needs at least 3 masters");
+        assert!(
+            masters >= 3,
+            "lock-testkit: a Redis Cluster needs at least 3 masters"
+        );
         let server = find_binary("redis-server", "redis-server");
         let cli = find_binary("redis-cli", "redis-tools");
         let mut nodes = Vec::new();
@@ -284,7 +288,10 @@ impl RedisCluster {
 
     /// `127.0.0.1:port` of every node, in start order (seed nodes for a cluster client).
     pub fn seeds(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect()
+        self.nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect()
     }
 
     /// `redis://127.0.0.1:port` of every node, in start order.
@@ -311,7 +318,10 @@ impl RedisCluster {
     ///
     /// If no serving node answers, or none knows a master for the slot.
     pub async fn master_of_slot(&self, slot: u16) -> usize {
-        let map = self.slot_map().await.unwrap_or_else(|e| panic!("lock-testkit: {e}"));
+        let map = self
+            .slot_map()
+            .await
+            .unwrap_or_else(|e| panic!("lock-testkit: {e}"));
         map.iter()
             .find(|(start, end, _)| (*start..=*end).contains(&slot))
             .map(|(_, _, master)| *master)
@@ -333,7 +343,10 @@ impl RedisCluster {
     ///
     /// As [`master_of_slot`](Self::master_of_slot).
     pub async fn masters(&self) -> Vec<usize> {
-        let map = self.slot_map().await.unwrap_or_else(|e| panic!("lock-testkit: {e}"));
+        let map = self
+            .slot_map()
+            .await
+            .unwrap_or_else(|e| panic!("lock-testkit: {e}"));
         let mut masters: Vec<usize> = Vec::new();
         for (_, _, master) in map {
             if !masters.contains(&master) {
@@ -356,7 +369,14 @@ impl RedisCluster {
             .unwrap_or_else(|e| panic!("lock-testkit: node {master}: {e}"));
         info.lines()
             .filter(|l| l.starts_with("slave") && l.contains("state=online"))
-            .filter_map(|l| l.split(",port=").nth(1)?.split(',').next()?.parse::<u16>().ok())
+            .filter_map(|l| {
+                l.split(",port=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u16>()
+                    .ok()
+            })
             .filter_map(|port| self.nodes.iter().position(|n| n.port == port))
             .filter(|&i| self.nodes[i].is_serving())
             .collect()
@@ -402,7 +422,9 @@ impl RedisCluster {
             let problem = self.settled().await;
             let Err(problem) = problem else { return };
             if started.elapsed() > SETTLE_TIMEOUT {
-                panic!("lock-testkit: the cluster did not settle within {SETTLE_TIMEOUT:?}: {problem}");
+                panic!(
+                    "lock-testkit: the cluster did not settle within {SETTLE_TIMEOUT:?}: {problem}"
+                );
             }
             tokio::time::sleep(POLL).await;
         }
@@ -410,18 +432,31 @@ impl RedisCluster {
 
     async fn settled(&self) -> Result<(), String> {
         let mut first: Option<Vec<(u16, u16, usize)>> = None;
-        for (i, node) in self.nodes.iter().enumerate().filter(|(_, n)| n.is_serving()) {
-            let info = node.info("CLUSTER", Some("INFO")).await.map_err(|e| format!("node {i}: {e}"))?;
+        for (i, node) in self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.is_serving())
+        {
+            let info = node
+                .info("CLUSTER", Some("INFO"))
+                .await
+                .map_err(|e| format!("node {i}: {e}"))?;
             if !info.contains("cluster_state:ok") {
                 return Err(format!("node {i} is not in cluster_state:ok"));
             }
-            let map = self.node_slot_map(node).await.map_err(|e| format!("node {i}: {e}"))?;
+            let map = self
+                .node_slot_map(node)
+                .await
+                .map_err(|e| format!("node {i}: {e}"))?;
             let covered: u32 = map.iter().map(|(s, e, _)| u32::from(e - s) + 1).sum();
             if covered != u32::from(SLOTS) {
                 return Err(format!("node {i} maps {covered} slots"));
             }
             if let Some((_, _, m)) = map.iter().find(|(_, _, m)| !self.nodes[*m].is_serving()) {
-                return Err(format!("node {i} still names node {m} (not serving) a master"));
+                return Err(format!(
+                    "node {i} still names node {m} (not serving) a master"
+                ));
             }
             match &first {
                 None => first = Some(map),
@@ -430,8 +465,12 @@ impl RedisCluster {
                 }
                 Some(_) => {}
             }
-            let replication = node.info("INFO", Some("replication")).await.map_err(|e| format!("node {i}: {e}"))?;
-            if replication.contains("role:slave") && !replication.contains("master_link_status:up") {
+            let replication = node
+                .info("INFO", Some("replication"))
+                .await
+                .map_err(|e| format!("node {i}: {e}"))?;
+            if replication.contains("role:slave") && !replication.contains("master_link_status:up")
+            {
                 return Err(format!("replica {i} is not in sync with its master"));
             }
         }
@@ -457,21 +496,30 @@ impl RedisCluster {
     async fn node_slot_map(&self, node: &ClusterNode) -> Result<Vec<(u16, u16, usize)>, String> {
         let reply = node.query(redis::cmd("CLUSTER").arg("SLOTS")).await?;
         let bad = || format!("unexpected CLUSTER SLOTS reply {reply:?}");
-        let Value::Array(ranges) = &reply else { return Err(bad()) };
+        let Value::Array(ranges) = &reply else {
+            return Err(bad());
+        };
         let mut map = Vec::new();
         for range in ranges {
-            let Value::Array(parts) = range else { return Err(bad()) };
+            let Value::Array(parts) = range else {
+                return Err(bad());
+            };
             let [Value::Int(start), Value::Int(end), Value::Array(master), ..] = parts.as_slice()
             else {
                 return Err(bad());
             };
-            let Some(Value::Int(port)) = master.get(1) else { return Err(bad()) };
+            let Some(Value::Int(port)) = master.get(1) else {
+                return Err(bad());
+            };
             let index = self
                 .nodes
                 .iter()
                 .position(|n| i64::from(n.port) == *port)
                 .ok_or_else(|| format!("CLUSTER SLOTS names an unknown port {port}"))?;
-            let (start, end) = (u16::try_from(*start).map_err(|_| bad())?, u16::try_from(*end).map_err(|_| bad())?);
+            let (start, end) = (
+                u16::try_from(*start).map_err(|_| bad())?,
+                u16::try_from(*end).map_err(|_| bad())?,
+            );
             map.push((start, end, index));
         }
         map.sort_unstable();

@@ -14,7 +14,9 @@ impl RedisBuilder {
     /// map and then talks to every master directly, following `MOVED`/`ASK` redirections
     /// and failovers. One seed is enough to find the cluster; give several, so that the
     /// cluster is found, and release notices heard, while one of them is down. Database 0
-    /// (a cluster has no other), no TLS, prefix and timeout as for [`new`](Self::new).
+    /// (a cluster has no other), no TLS, prefix and timeout as for [`new`](Self::new),
+    /// and [`grouping`](Self::grouping) off: every request is its own call (measured
+    /// faster on a cluster, see the design notes of [`RedisBackend`](crate::RedisBackend)).
     /// A malformed or missing seed is reported by `build` as [`Error::InvalidUrl`].
     pub fn cluster<S: Into<String>>(seeds: impl IntoIterator<Item = S>) -> Self {
         let mut parsed = Vec::new();
@@ -38,6 +40,7 @@ impl RedisBuilder {
         RedisBuilder {
             addr,
             seeds: Some(parsed),
+            grouping: false,
             ..RedisBuilder::new("")
         }
     }
@@ -78,6 +81,7 @@ impl RedisBuilder {
             password: url.password().map(str::to_owned),
             prefix: url.param("prefix").unwrap_or(DEFAULT_PREFIX).to_owned(),
             seeds: Some(seeds),
+            grouping: false,
             ..RedisBuilder::new("")
         };
         if let Some(timeout) = url.duration_param("timeout")? {
