@@ -18,7 +18,9 @@ use redis::{Client, Cmd, ConnectionInfo, RedisResult, Value};
 
 use crate::error::NAME;
 
-/// Where a node handle's requests go.
+/// Where a node handle's requests go. One per node handle, so the size of a variant does
+/// not matter.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Target {
     /// One server.
     Single(Client),

@@ -87,7 +87,7 @@ impl RedisBuilder {
         let tls = match url.scheme.as_str() {
             "redis" => false,
             "rediss" => true,
-            cluster::SCHEME => return Self::from_cluster_url(url),
+            "redis+cluster" => return Self::from_cluster_url(url),
             other => {
                 return Err(url.invalid(format!(
                     "the Redis backend takes redis://, rediss:// or redis+cluster:// URLs, not {other}://"

@@ -6,7 +6,7 @@ use lock_core::{Error, LockUrl, Result};
 use super::{parse_addr, RedisBuilder, DEFAULT_PORT, DEFAULT_PREFIX, URL_PARAMS};
 
 /// The scheme of a Redis Cluster URL.
-pub(super) const SCHEME: &str = "redis+cluster";
+pub(crate) const SCHEME: &str = "redis+cluster";
 
 impl RedisBuilder {
     /// A configuration for the Redis Cluster reached through `seeds` (each `host`,
