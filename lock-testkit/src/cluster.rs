@@ -16,7 +16,7 @@ use crate::redis::{ping, redis_args, RedisOptions};
 
 /// `cluster-node-timeout`: how long a node may be silent before the others count it as
 /// failing and its replica takes over (a failover then takes about twice this).
-pub const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
+pub const CLUSTER_NODE_TIMEOUT: Duration = Duration::from_millis(1000);
 /// How long starting a cluster, or waiting for it to settle after a fault, may take.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long one node may take to start.
@@ -26,7 +26,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Bound on one query of a node (connect included).
 const QUERY_TIMEOUT: Duration = Duration::from_millis(500);
 /// The number of hash slots of a Redis Cluster.
-pub const SLOTS: u16 = 16384;
+pub const CLUSTER_SLOTS: u16 = 16384;
 
 /// One `redis-server` of a [`RedisCluster`] (`cluster-enabled yes`), with its own ports
 /// (client and cluster bus) and temporary directory (its `nodes.conf` and log).
@@ -60,7 +60,7 @@ impl ClusterNode {
                 "--cluster-config-file".into(),
                 OsString::from(nodes_conf),
                 "--cluster-node-timeout".into(),
-                NODE_TIMEOUT.as_millis().to_string().into(),
+                CLUSTER_NODE_TIMEOUT.as_millis().to_string().into(),
                 "--cluster-port".into(),
                 bus_port.to_string().into(),
             ]);
@@ -128,14 +128,14 @@ impl ClusterNode {
     }
 
     /// Kills the node with `SIGKILL` and reaps it. Its replica, if any, is promoted by the
-    /// cluster after about twice [`NODE_TIMEOUT`] ([`RedisCluster::wait_failover`]).
+    /// cluster after about twice [`CLUSTER_NODE_TIMEOUT`] ([`RedisCluster::wait_failover`]).
     pub fn kill(&self) {
         self.process.kill();
         self.paused.store(false, Ordering::SeqCst);
     }
 
     /// Freezes the node with `SIGSTOP`: connections stay open, nothing is answered. A pause
-    /// longer than [`NODE_TIMEOUT`] lets the cluster fail a master over to its replica.
+    /// longer than [`CLUSTER_NODE_TIMEOUT`] lets the cluster fail a master over to its replica.
     pub fn pause(&self) {
         self.process.pause();
         self.paused.store(true, Ordering::SeqCst);
@@ -204,7 +204,7 @@ async fn connect(port: u16) -> Result<redis::aio::MultiplexedConnection, String>
 
 /// A Redis Cluster on loopback: `masters` masters sharing the 16384 slots, each with
 /// `replicas_per_master` replicas, every node a [`ClusterNode`] (`cluster-enabled yes`,
-/// `cluster-node-timeout` [`NODE_TIMEOUT`], no persistence), the slots assigned with
+/// `cluster-node-timeout` [`CLUSTER_NODE_TIMEOUT`], no persistence), the slots assigned with
 /// `redis-cli --cluster create … --cluster-replicas N --cluster-yes`.
 ///
 /// Nodes are numbered in start order; which of them are masters is read from the cluster
@@ -307,7 +307,7 @@ impl RedisCluster {
     /// The hash slot of `key` (CRC16 of its hash tag, or of the whole key, mod 16384).
     pub fn slot_of(key: &str) -> u16 {
         let slot = redis::cluster_routing::Slot::for_key(key);
-        (0..SLOTS)
+        (0..CLUSTER_SLOTS)
             .find(|&s| redis::cluster_routing::Slot::new(s) == Some(slot))
             .expect("a slot is below 16384")
     }
@@ -450,7 +450,7 @@ impl RedisCluster {
                 .await
                 .map_err(|e| format!("node {i}: {e}"))?;
             let covered: u32 = map.iter().map(|(s, e, _)| u32::from(e - s) + 1).sum();
-            if covered != u32::from(SLOTS) {
+            if covered != u32::from(CLUSTER_SLOTS) {
                 return Err(format!("node {i} maps {covered} slots"));
             }
             if let Some((_, _, m)) = map.iter().find(|(_, _, m)| !self.nodes[*m].is_serving()) {
@@ -492,10 +492,12 @@ impl RedisCluster {
         Err(last)
     }
 
-    /// `CLUSTER SLOTS` of `node`: `(first slot, last slot, master index)` ranges, sorted.
+    /// `CLUSTER CLUSTER_SLOTS` of `node`: `(first slot, last slot, master index)` ranges, sorted.
     async fn node_slot_map(&self, node: &ClusterNode) -> Result<Vec<(u16, u16, usize)>, String> {
-        let reply = node.query(redis::cmd("CLUSTER").arg("SLOTS")).await?;
-        let bad = || format!("unexpected CLUSTER SLOTS reply {reply:?}");
+        let reply = node
+            .query(redis::cmd("CLUSTER").arg("CLUSTER_SLOTS"))
+            .await?;
+        let bad = || format!("unexpected CLUSTER CLUSTER_SLOTS reply {reply:?}");
         let Value::Array(ranges) = &reply else {
             return Err(bad());
         };
@@ -515,7 +517,7 @@ impl RedisCluster {
                 .nodes
                 .iter()
                 .position(|n| i64::from(n.port) == *port)
-                .ok_or_else(|| format!("CLUSTER SLOTS names an unknown port {port}"))?;
+                .ok_or_else(|| format!("CLUSTER CLUSTER_SLOTS names an unknown port {port}"))?;
             let (start, end) = (
                 u16::try_from(*start).map_err(|_| bad())?,
                 u16::try_from(*end).map_err(|_| bad())?,

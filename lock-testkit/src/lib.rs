@@ -12,7 +12,7 @@ mod proxy;
 mod redis;
 
 pub use crate::binary::find_binary;
-pub use crate::cluster::{ClusterNode, RedisCluster};
+pub use crate::cluster::{ClusterNode, RedisCluster, CLUSTER_NODE_TIMEOUT, CLUSTER_SLOTS};
 pub use crate::etcd::{EtcdCluster, EtcdServer};
 pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};
