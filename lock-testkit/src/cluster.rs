@@ -495,7 +495,7 @@ impl RedisCluster {
     /// `CLUSTER CLUSTER_SLOTS` of `node`: `(first slot, last slot, master index)` ranges, sorted.
     async fn node_slot_map(&self, node: &ClusterNode) -> Result<Vec<(u16, u16, usize)>, String> {
         let reply = node
-            .query(redis::cmd("CLUSTER").arg("CLUSTER_SLOTS"))
+            .query(redis::cmd("CLUSTER").arg("SLOTS"))
             .await?;
         let bad = || format!("unexpected CLUSTER CLUSTER_SLOTS reply {reply:?}");
         let Value::Array(ranges) = &reply else {
