@@ -492,12 +492,12 @@ impl RedisCluster {
         Err(last)
     }
 
-    /// `CLUSTER CLUSTER_SLOTS` of `node`: `(first slot, last slot, master index)` ranges, sorted.
+    /// `CLUSTER SLOTS` of `node`: `(first slot, last slot, master index)` ranges, sorted.
     async fn node_slot_map(&self, node: &ClusterNode) -> Result<Vec<(u16, u16, usize)>, String> {
         let reply = node
             .query(redis::cmd("CLUSTER").arg("SLOTS"))
             .await?;
-        let bad = || format!("unexpected CLUSTER CLUSTER_SLOTS reply {reply:?}");
+        let bad = || format!("unexpected CLUSTER SLOTS reply {reply:?}");
         let Value::Array(ranges) = &reply else {
             return Err(bad());
         };
@@ -517,7 +517,7 @@ impl RedisCluster {
                 .nodes
                 .iter()
                 .position(|n| i64::from(n.port) == *port)
-                .ok_or_else(|| format!("CLUSTER CLUSTER_SLOTS names an unknown port {port}"))?;
+                .ok_or_else(|| format!("CLUSTER SLOTS names an unknown port {port}"))?;
             let (start, end) = (
                 u16::try_from(*start).map_err(|_| bad())?,
                 u16::try_from(*end).map_err(|_| bad())?,
