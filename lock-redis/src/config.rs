@@ -90,7 +90,7 @@ impl RedisBuilder {
             "redis+cluster" => return Self::from_cluster_url(url),
             other => {
                 return Err(url.invalid(format!(
-                    "the Redis backend takes redis://, rediss:// or redis+cluster:// URLs, not {other}://"
+                    "the Redis backend takes redis:// or rediss:// URLs (or redis+cluster://), not {other}://"
                 )))
             }
         };

@@ -494,9 +494,7 @@ impl RedisCluster {
 
     /// `CLUSTER SLOTS` of `node`: `(first slot, last slot, master index)` ranges, sorted.
     async fn node_slot_map(&self, node: &ClusterNode) -> Result<Vec<(u16, u16, usize)>, String> {
-        let reply = node
-            .query(redis::cmd("CLUSTER").arg("SLOTS"))
-            .await?;
+        let reply = node.query(redis::cmd("CLUSTER").arg("SLOTS")).await?;
         let bad = || format!("unexpected CLUSTER SLOTS reply {reply:?}");
         let Value::Array(ranges) = &reply else {
             return Err(bad());
