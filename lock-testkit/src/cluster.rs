@@ -192,6 +192,22 @@ impl Drop for ClusterNode {
     }
 }
 
+/// CRC16/XMODEM (polynomial 0x1021, initial 0), the checksum of Redis Cluster key slots.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
 async fn connect(port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
     let client =
         redis::Client::open(format!("redis://127.0.0.1:{port}")).map_err(|e| e.to_string())?;
@@ -304,12 +320,16 @@ impl RedisCluster {
         format!("redis+cluster://{}", self.seeds().join(","))
     }
 
-    /// The hash slot of `key` (CRC16 of its hash tag, or of the whole key, mod 16384).
+    /// The hash slot of `key`, as the cluster computes it: CRC16 (XMODEM) of its hash tag
+    /// (the text between the first `{` and the next `}`, when not empty), or of the whole
+    /// key, mod 16384. Computed here, independently of the client library under test.
     pub fn slot_of(key: &str) -> u16 {
-        let slot = redis::cluster_routing::Slot::for_key(key);
-        (0..CLUSTER_SLOTS)
-            .find(|&s| redis::cluster_routing::Slot::new(s) == Some(slot))
-            .expect("a slot is below 16384")
+        let bytes = key.as_bytes();
+        let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+            let close = bytes[open + 1..].iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &bytes[open + 1..open + 1 + close])
+        });
+        crc16(tagged.unwrap_or(bytes)) % CLUSTER_SLOTS
     }
 
     /// The index of the node serving `slot` as master, as a serving node reports it.
@@ -524,5 +544,22 @@ impl RedisCluster {
         }
         map.sort_unstable();
         Ok(map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_computed_as_the_cluster_does() {
+        // The check value of CRC16/XMODEM, and slots `CLUSTER KEYSLOT` gives.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(RedisCluster::slot_of("foo"), 12182);
+        assert_eq!(
+            RedisCluster::slot_of("{user1000}.following"),
+            RedisCluster::slot_of("user1000")
+        );
+        assert_eq!(RedisCluster::slot_of("{}x"), crc16(b"{}x") % CLUSTER_SLOTS);
     }
 }
