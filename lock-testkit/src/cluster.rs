@@ -14,6 +14,9 @@ use crate::ports::{free_ports, loopback, START_ATTEMPTS};
 use crate::process::ManagedProcess;
 use crate::redis::{ping, redis_args, RedisOptions};
 
+mod slots;
+use slots::crc16;
+
 /// `cluster-node-timeout`: how long a node may be silent before the others count it as
 /// failing and its replica takes over (a failover then takes about twice this).
 pub const CLUSTER_NODE_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -190,22 +193,6 @@ impl Drop for ClusterNode {
     fn drop(&mut self) {
         self.process.kill();
     }
-}
-
-/// CRC16/XMODEM (polynomial 0x1021, initial 0), the checksum of Redis Cluster key slots.
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in bytes {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
 }
 
 async fn connect(port: u16) -> Result<redis::aio::MultiplexedConnection, String> {
@@ -515,51 +502,7 @@ impl RedisCluster {
     /// `CLUSTER SLOTS` of `node`: `(first slot, last slot, master index)` ranges, sorted.
     async fn node_slot_map(&self, node: &ClusterNode) -> Result<Vec<(u16, u16, usize)>, String> {
         let reply = node.query(redis::cmd("CLUSTER").arg("SLOTS")).await?;
-        let bad = || format!("unexpected CLUSTER SLOTS reply {reply:?}");
-        let Value::Array(ranges) = &reply else {
-            return Err(bad());
-        };
-        let mut map = Vec::new();
-        for range in ranges {
-            let Value::Array(parts) = range else {
-                return Err(bad());
-            };
-            let [Value::Int(start), Value::Int(end), Value::Array(master), ..] = parts.as_slice()
-            else {
-                return Err(bad());
-            };
-            let Some(Value::Int(port)) = master.get(1) else {
-                return Err(bad());
-            };
-            let index = self
-                .nodes
-                .iter()
-                .position(|n| i64::from(n.port) == *port)
-                .ok_or_else(|| format!("CLUSTER SLOTS names an unknown port {port}"))?;
-            let (start, end) = (
-                u16::try_from(*start).map_err(|_| bad())?,
-                u16::try_from(*end).map_err(|_| bad())?,
-            );
-            map.push((start, end, index));
-        }
-        map.sort_unstable();
-        Ok(map)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slots_are_computed_as_the_cluster_does() {
-        // The check value of CRC16/XMODEM, and slots `CLUSTER KEYSLOT` gives.
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(RedisCluster::slot_of("foo"), 12182);
-        assert_eq!(
-            RedisCluster::slot_of("{user1000}.following"),
-            RedisCluster::slot_of("user1000")
-        );
-        assert_eq!(RedisCluster::slot_of("{}x"), crc16(b"{}x") % CLUSTER_SLOTS);
+        let ports: Vec<u16> = self.nodes.iter().map(|n| n.port).collect();
+        slots::parse_slot_map(&reply, &ports)
     }
 }
