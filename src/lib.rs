@@ -157,7 +157,7 @@ mod tests {
                     assert!(reason.starts_with("unknown scheme `"), "{reason}");
                     assert!(
                         reason.ends_with(
-                            "(expected memory, redis, rediss, redlock, etcd, postgres, postgresql)"
+                            "(expected memory, redis, rediss, redis+cluster, redlock, etcd, postgres, postgresql)"
                         ),
                         "{reason}"
                     );
