@@ -48,7 +48,8 @@ impl Failure {
             Failure::Reply(_) | Failure::Refused(_) => false,
             Failure::Shared(failure) => failure.is_transient(),
             Failure::Redis(e) => match e.kind() {
-                ErrorKind::Io => true,
+                // A cluster client without a connection to the slot's node (mid-failover).
+                ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => true,
                 ErrorKind::Server(kind) => matches!(
                     kind,
                     ServerErrorKind::BusyLoading
@@ -158,5 +159,7 @@ mod tests {
         assert!(Failure::Redis(io).is_transient());
         let auth = RedisError::from((ErrorKind::AuthenticationFailed, "bad"));
         assert!(!Failure::Redis(auth).is_transient());
+        let no_node = RedisError::from((ErrorKind::ClusterConnectionNotFound, "none"));
+        assert!(Failure::Redis(no_node).is_transient());
     }
 }
