@@ -8,6 +8,7 @@
 //! | `memory://` | `memory` (default) | in-process keyed async mutex |
 //! | `redis://[user:pass@]host[:port][/db][?prefix=…&timeout=…]`, `rediss://…` | `redis` | one Redis |
 //! | `redis+sentinel://[user:pass@]host[:port],…/<master>[/db][?prefix=…&timeout=…&sentinel_password=…]` | `redis` | the master a set of Redis Sentinels names, followed across failovers |
+//! | `redis+cluster://[user:pass@]host:port,host:port,…[?prefix=…&timeout=…]` | `redis` | a Redis Cluster (seed nodes) |
 //! | `redlock://host:port,host:port,…[?drift=…]` | `redlock` | Redlock quorum over N Redis nodes |
 //! | `etcd://host:port[,host:port…][?prefix=…&timeout=…]` | `etcd` | etcd leases |
 //! | `postgres://[user:pass@]host[:port][/db][?table=…&schema=…&timeout=…]`, `postgresql://…` | `postgres` | a PostgreSQL lease table |
@@ -53,6 +54,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("redis", "redis"),
     ("rediss", "redis"),
     ("redis+sentinel", "redis"),
+    ("redis+cluster", "redis"),
     ("redlock", "redlock"),
     ("etcd", "etcd"),
     ("postgres", "postgres"),
@@ -74,7 +76,7 @@ pub async fn connect(url: &str) -> Result<Locker> {
         #[cfg(feature = "memory")]
         "memory" => Ok(Locker::new(lock_memory::MemoryBackend::from_url(&url)?)),
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redis+sentinel" => {
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
             Ok(Locker::new(lock_redis::RedisBackend::connect(&url).await?))
         }
         #[cfg(feature = "redlock")]
@@ -157,7 +159,7 @@ mod tests {
                     assert!(reason.starts_with("unknown scheme `"), "{reason}");
                     assert!(
                         reason.ends_with(
-                            "(expected memory, redis, rediss, redis+sentinel, redlock, etcd, postgres, postgresql)"
+                            "(expected memory, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd, postgres, postgresql)"
                         ),
                         "{reason}"
                     );
@@ -176,6 +178,7 @@ mod tests {
             ("redis", "redis"),
             ("rediss", "redis"),
             ("redis+sentinel", "redis"),
+            ("redis+cluster", "redis"),
             ("redlock", "redlock"),
             ("etcd", "etcd"),
             ("postgres", "postgres"),

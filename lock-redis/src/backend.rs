@@ -55,9 +55,17 @@ impl RedisBackend {
         RedisBuilder::sentinel(sentinels, master)
     }
 
-    /// Connects to the server a `redis://` or `rediss://` URL names, or to the master a
-    /// `redis+sentinel://` URL's sentinels name, and checks it answers like Redis (this is
-    /// what `distlock::connect` calls).
+    /// A builder for the Redis Cluster reached through `seeds` (`host:port` each; see
+    /// [`RedisBuilder::cluster`]); its locks are spread over the cluster's masters by the
+    /// hash tag of their name.
+    pub fn cluster_builder<S: Into<String>>(seeds: impl IntoIterator<Item = S>) -> RedisBuilder {
+        RedisBuilder::cluster(seeds)
+    }
+
+    /// Connects to the server a `redis://` or `rediss://` URL names, to the master a
+    /// `redis+sentinel://` URL's sentinels name, or to the cluster a `redis+cluster://`
+    /// URL's seed nodes belong to, and checks it answers like Redis (this is what
+    /// `distlock::connect` calls).
     ///
     /// # Errors
     /// [`Error::InvalidUrl`](lock_core::Error::InvalidUrl) for another scheme, unknown

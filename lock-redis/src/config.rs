@@ -54,6 +54,10 @@ pub struct RedisBuilder {
     timeout: Duration,
     /// Sentinel mode: the master is the one these sentinels name (`sentinel.rs`).
     sentinel: Option<SentinelConfig>,
+    /// Redis Cluster: every seed node (the first is also `addr`); `None` for one server.
+    seeds: Option<Vec<HostPort>>,
+    /// Group concurrent acquires and releases into one script call (default on).
+    grouping: bool,
 }
 
 impl RedisBuilder {
@@ -71,6 +75,8 @@ impl RedisBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             sentinel: None,
+            seeds: None,
+            grouping: true,
         }
     }
 
@@ -99,9 +105,10 @@ impl RedisBuilder {
         let tls = match url.scheme.as_str() {
             "redis" => false,
             "rediss" => true,
+            "redis+cluster" => return Self::from_cluster_url(url),
             other => {
                 return Err(url.invalid(format!(
-                    "the Redis backend takes redis:// or rediss:// URLs, not {other}://"
+                    "the Redis backend takes redis:// or rediss:// URLs (or redis+cluster://), not {other}://"
                 )))
             }
         };
@@ -126,6 +133,8 @@ impl RedisBuilder {
             prefix: url.param("prefix").unwrap_or(DEFAULT_PREFIX).to_owned(),
             timeout: DEFAULT_TIMEOUT,
             sentinel: None,
+            seeds: None,
+            grouping: true,
         };
         if let Some(timeout) = url.duration_param("timeout")? {
             builder.timeout = timeout;
@@ -172,6 +181,21 @@ impl RedisBuilder {
         self
     }
 
+    /// Whether acquires and releases that arrive while earlier calls are on their way go
+    /// together as one script call (`lock_core::group`; on a cluster, only those of one
+    /// hash slot, with up to 16 calls on their way). Default on for one server, off for a
+    /// cluster; off, every request is its own call and none waits for another (requests
+    /// on one key still reach the server in order).
+    pub fn grouping(mut self, on: bool) -> Self {
+        self.grouping = on;
+        self
+    }
+
+    /// Whether grouping is on (see [`grouping`](Self::grouping)).
+    pub fn is_grouping(&self) -> bool {
+        self.grouping
+    }
+
     /// Whether TLS is on.
     pub fn is_tls(&self) -> bool {
         self.tls
@@ -213,6 +237,7 @@ impl RedisBuilder {
         if let Some(sentinel) = &self.sentinel {
             sentinel.check(&self.redacted(), self.tls)?;
         }
+        self.check_cluster()?;
         #[cfg(not(feature = "tls"))]
         if self.tls {
             return Err(Error::invalid_url(
@@ -275,6 +300,9 @@ impl RedisBuilder {
         if let Some(sentinel) = &self.sentinel {
             return sentinel.lock_url(userinfo, self.db, params);
         }
+        if let Some(seeds) = &self.seeds {
+            return Some(self.cluster_url(seeds, params));
+        }
         Some(LockUrl {
             scheme: if self.tls { "rediss" } else { "redis" }.to_owned(),
             userinfo,
@@ -326,5 +354,6 @@ fn parse_addr(addr: String) -> std::result::Result<HostPort, (String, String)> {
     HostPort::parse(&addr, DEFAULT_PORT).map_err(|reason| (addr, reason))
 }
 
+mod cluster;
 #[cfg(test)]
 mod tests;

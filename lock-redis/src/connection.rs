@@ -1,6 +1,7 @@
 //! The shared multiplexed connection to one server, reopened on demand after it broke
 //! ([`Connector`]) at the address its [`Endpoint`] gives (fixed, or the master the sentinels
-//! name), and how a script call goes over it (`EVALSHA`, then `EVAL`).
+//! name), or the cluster connection to a Redis Cluster (see `cluster.rs`), and how a script
+//! call goes over it (`EVALSHA`, then `EVAL`).
 
 use lock_core::sync::lock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,13 +10,13 @@ use std::sync::Mutex;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, ServerErrorKind, Value};
 
+use crate::cluster::{ClusterLink, Target};
 use crate::error::Failure;
 use crate::scripts::Script;
-use crate::sentinel::Endpoint;
 
 /// The shared multiplexed connection, reopened on demand after it broke.
 pub(crate) struct Connector {
-    endpoint: Endpoint,
+    target: Target,
     config: AsyncConnectionConfig,
     current: Mutex<Option<Link>>,
     /// Serialises reconnects, so concurrent operations share one new connection.
@@ -25,14 +26,23 @@ pub(crate) struct Connector {
 
 #[derive(Clone)]
 struct Link {
-    conn: MultiplexedConnection,
+    conn: Conn,
     generation: u64,
 }
 
+/// One server's connection, or a cluster's.
+#[derive(Clone)]
+enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterLink),
+}
+
 impl Connector {
-    pub(crate) fn new(endpoint: Endpoint) -> Self {
+    /// The connector of `target` (one server, directly or through sentinels, or a
+    /// cluster).
+    pub(crate) fn new(target: Target) -> Self {
         Connector {
-            endpoint,
+            target,
             // Our own deadline bounds connecting and every request, so that a timeout
             // always reads the same and counts from the start of the operation.
             config: AsyncConnectionConfig::new()
@@ -60,7 +70,14 @@ impl Connector {
         if let Some(link) = self.cached() {
             return Ok((link, false));
         }
-        let conn = self.endpoint.connect(&self.config, deadline).await?;
+        let conn = match &self.target {
+            Target::Endpoint(endpoint) => {
+                Conn::Single(endpoint.connect(&self.config, deadline).await?)
+            }
+            Target::Cluster(client) => {
+                Conn::Cluster(ClusterLink::open(client).await.map_err(Failure::Redis)?)
+            }
+        };
         let link = Link {
             conn,
             generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
@@ -101,15 +118,23 @@ impl Connector {
                     Ok(Ok(link)) => link,
                 },
             };
-            let mut request = std::pin::pin!(link.conn.send_packed_command(cmd));
-            // The first poll queues the request on the connection, whose driver writes
-            // requests in queue order; only then may `queued` let others queue behind it.
-            let sent = match futures::poll!(request.as_mut()) {
-                std::task::Poll::Ready(reply) => Ok(reply),
-                std::task::Poll::Pending => {
-                    queued();
-                    tokio::time::timeout_at(deadline, request).await
+            let sent = match &mut link.conn {
+                Conn::Single(conn) => {
+                    let mut request = std::pin::pin!(conn.send_packed_command(cmd));
+                    // The first poll queues the request on the connection, whose driver
+                    // writes requests in queue order; only then may `queued` let others
+                    // queue behind it.
+                    match futures::poll!(request.as_mut()) {
+                        std::task::Poll::Ready(reply) => Ok(reply),
+                        std::task::Poll::Pending => {
+                            queued();
+                            tokio::time::timeout_at(deadline, request).await
+                        }
+                    }
                 }
+                // A cluster connection may reorder requests (redirections, reconnections,
+                // one connection per node): nothing counts as queued before its answer.
+                Conn::Cluster(conn) => tokio::time::timeout_at(deadline, conn.send(cmd)).await,
             };
             // Error replies arrive as values; the protocol treats them as errors.
             match sent.map(|reply| reply.and_then(Value::extract_error)) {

@@ -54,7 +54,8 @@ impl Failure {
             Failure::Discovery { transient, .. } => *transient,
             Failure::Shared(failure) => failure.is_transient(),
             Failure::Redis(e) => match e.kind() {
-                ErrorKind::Io => true,
+                // A cluster client without a connection to the slot's node (mid-failover).
+                ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => true,
                 ErrorKind::Server(kind) => matches!(
                     kind,
                     ServerErrorKind::BusyLoading
@@ -170,5 +171,7 @@ mod tests {
         assert!(Failure::Redis(io).is_transient());
         let auth = RedisError::from((ErrorKind::AuthenticationFailed, "bad"));
         assert!(!Failure::Redis(auth).is_transient());
+        let no_node = RedisError::from((ErrorKind::ClusterConnectionNotFound, "none"));
+        assert!(Failure::Redis(no_node).is_transient());
     }
 }

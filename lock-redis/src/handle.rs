@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::group::{GroupCommit, GroupKey};
+use lock_core::url::HostPort;
 use lock_core::{Error, Owner, ReleaseNotices, Result};
 use redis::{
     Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo, Value,
 };
 
+use crate::cluster::{self, Target};
 use crate::codec::{hex, key};
 use crate::config::RedisBuilder;
 use crate::connection::Connector;
@@ -56,8 +58,9 @@ pub struct RedisNode {
 struct Shared {
     config: RedisBuilder,
     addr: String,
-    /// The server, or the sentinels naming it: where every connection goes.
-    endpoint: Endpoint,
+    /// Where the release subscription listens: the server (directly or through the
+    /// sentinels), or each seed of a cluster in turn.
+    watch_endpoints: Vec<Endpoint>,
     channel: String,
     /// Prefix of this node's release notices, so its own watch can skip them.
     origin: String,
@@ -84,6 +87,7 @@ impl RedisNode {
             // rustls needs a process-wide crypto provider; keep one the application chose.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
+        let open = |info: ConnectionInfo| Client::open(info).map_err(|e| Error::backend(NAME, e));
         let mut settings = RedisConnectionInfo::default().set_db(i64::from(config.database()));
         let (username, password) = config.credentials();
         if let Some(username) = username {
@@ -92,19 +96,49 @@ impl RedisNode {
         if let Some(password) = password {
             settings = settings.set_password(password);
         }
-        let (endpoint, addr) = match Endpoint::for_sentinels(&config, &settings) {
-            Some(found) => found,
-            None => Self::direct(&config, settings)?,
-        };
         let timeout = config.operation_timeout();
+        let (addr, target, watch_endpoints) = if config.is_cluster() {
+            let seeds: Vec<ConnectionInfo> = config
+                .seed_nodes()
+                .iter()
+                .map(|seed| connection_info(&config, seed, &settings))
+                .collect::<Result<_>>()?;
+            let watch = seeds
+                .iter()
+                .map(|info| Ok(Endpoint::Direct(Arc::new(open(info.clone())?))))
+                .collect::<Result<_>>()?;
+            let addr = config.seed_nodes().iter().map(HostPort::to_string);
+            let addr = addr.collect::<Vec<_>>().join(",");
+            let target = Target::Cluster(cluster::client(seeds, timeout)?);
+            (addr, target, watch)
+        } else {
+            let (endpoint, addr) = match Endpoint::for_sentinels(&config, &settings) {
+                Some(found) => found,
+                None => {
+                    let host = config.host_port().cloned().ok_or_else(|| {
+                        Error::invalid_url(&config.redacted(), "malformed address")
+                    })?;
+                    let client = open(connection_info(&config, &host, &settings)?)?;
+                    (Endpoint::Direct(Arc::new(client)), host.to_string())
+                }
+            };
+            (addr, Target::Endpoint(endpoint.clone()), vec![endpoint])
+        };
         let channel = format!("{}released:{}", config.key_prefix(), config.database());
-        let link = Arc::new(Connector::new(endpoint.clone()));
-        let ops = GroupCommit::new(Ops::new(Arc::downgrade(&link), channel.clone()));
+        let link = Arc::new(Connector::new(target));
+        let ops = Ops::new(Arc::downgrade(&link), channel.clone(), config.is_cluster());
+        let ops = if !config.is_grouping() {
+            GroupCommit::with_limits(ops, usize::MAX, 1)
+        } else if config.is_cluster() {
+            GroupCommit::with_limits(ops, CLUSTER_IN_FLIGHT, lock_core::group::MAX_GROUP)
+        } else {
+            GroupCommit::new(ops)
+        };
         let node = RedisNode {
             shared: Arc::new(Shared {
                 link,
                 addr,
-                endpoint,
+                watch_endpoints,
                 channel,
                 origin: format!("{} ", Owner::random()),
                 config,
@@ -114,31 +148,6 @@ impl RedisNode {
         };
         node.ping().await?;
         Ok(node)
-    }
-
-    /// The endpoint of the one server `config` names, and its `host:port`.
-    fn direct(config: &RedisBuilder, settings: RedisConnectionInfo) -> Result<(Endpoint, String)> {
-        let host = config
-            .host_port()
-            .cloned()
-            .ok_or_else(|| Error::invalid_url(&config.redacted(), "malformed address"))?;
-        let addr = host.to_string();
-        let connection_addr = if config.is_tls() {
-            ConnectionAddr::TcpTls {
-                host: host.host.clone(),
-                port: host.port,
-                insecure: false,
-                tls_params: None,
-            }
-        } else {
-            ConnectionAddr::Tcp(host.host.clone(), host.port)
-        };
-        let info: ConnectionInfo = connection_addr
-            .into_connection_info()
-            .map(|info| info.set_redis_settings(settings))
-            .map_err(|e| Error::backend(NAME, e))?;
-        let client = Client::open(info).map_err(|e| Error::backend(NAME, e))?;
-        Ok((Endpoint::Direct(Arc::new(client)), addr))
     }
 
     /// The operation timeout of this handle.
@@ -243,7 +252,7 @@ impl RedisNode {
     /// [`ReleaseWatch`] is dropped. `None` outside a tokio runtime.
     pub fn watch_releases(&self, notices: Arc<ReleaseNotices>) -> Option<ReleaseWatch> {
         ReleaseWatch::start(
-            self.shared.endpoint.clone(),
+            self.shared.watch_endpoints.clone(),
             self.shared.channel.clone(),
             self.shared.origin.clone(),
             self.timeout,
@@ -321,6 +330,32 @@ impl RedisNode {
         }
         .into_error()
     }
+}
+
+/// Calls on their way at once through a cluster node's group commit: its calls go to
+/// several masters, and each group holds keys of one slot only (see `design.md`).
+const CLUSTER_IN_FLIGHT: usize = 16;
+
+/// How to reach the server at `host` with `config`'s TLS, credentials and database.
+fn connection_info(
+    config: &RedisBuilder,
+    host: &HostPort,
+    settings: &RedisConnectionInfo,
+) -> Result<ConnectionInfo> {
+    let connection_addr = if config.is_tls() {
+        ConnectionAddr::TcpTls {
+            host: host.host.clone(),
+            port: host.port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(host.host.clone(), host.port)
+    };
+    connection_addr
+        .into_connection_info()
+        .map(|info| info.set_redis_settings(settings.clone()))
+        .map_err(|e| Error::backend(NAME, e))
 }
 
 impl RedisBuilder {

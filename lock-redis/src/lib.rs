@@ -12,6 +12,7 @@
 //   request is sent and its failure reported;
 // - ops: grouped acquires and releases (`lock_core::group`);
 // - connection: the shared multiplexed connection, `EVALSHA`/`EVAL`;
+// - cluster: the Redis Cluster client and key slots (used by connection, handle, ops);
 // - codec: keys, owner tokens, milliseconds, simple replies;
 // - error: request failures and the errors they become;
 // - scripts: the Lua scripts; watch: the release subscription; config: the builder;
@@ -19,6 +20,7 @@
 //   connection and watch.
 mod backend;
 mod baseline;
+mod cluster;
 mod codec;
 mod config;
 mod connection;

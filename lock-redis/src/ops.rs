@@ -7,6 +7,7 @@ use std::time::Duration;
 use lock_core::group::GroupSend;
 use redis::Value;
 
+use crate::cluster;
 use crate::codec::text;
 use crate::connection::Connector;
 use crate::error::{is_readonly, Failure};
@@ -62,13 +63,19 @@ pub(crate) struct Ops {
     link: Weak<Connector>,
     /// The release channel, an argument of the release script.
     channel: String,
+    /// On a Redis Cluster a script may only touch keys of one slot: groups are per slot.
+    cluster: bool,
 }
 
 impl Ops {
     /// The grouped operations over `link` (the node's connection, owned by the node: a
     /// request that finds it gone ends with [`gone`]).
-    pub(crate) fn new(link: Weak<Connector>, channel: String) -> Ops {
-        Ops { link, channel }
+    pub(crate) fn new(link: Weak<Connector>, channel: String, cluster: bool) -> Ops {
+        Ops {
+            link,
+            channel,
+            cluster,
+        }
     }
 
     /// Runs `ops` (all acquires or all releases) as one script call; `dispatched` is called
@@ -176,12 +183,13 @@ impl GroupSend for Ops {
         Arc::new(Failure::Timeout)
     }
 
-    /// A group is one script call: acquires or releases, not both.
+    /// A group is one script call: acquires or releases, not both; on a cluster, of one
+    /// hash slot (a lock's keys share its slot, so the lock keys decide).
     fn groups_with(&self, first: &Self::Request, other: &Self::Request) -> bool {
         matches!(
             (&first.1, &other.1),
             (Op::Acquire(_), Op::Acquire(_)) | (Op::Release(_), Op::Release(_))
-        )
+        ) && (!self.cluster || cluster::slot_of(&first.0) == cluster::slot_of(&other.0))
     }
 }
 

@@ -33,15 +33,20 @@ impl Drop for ReleaseWatch {
 }
 
 impl ReleaseWatch {
+    /// Subscribes through `endpoints[0]`, and after each failure through the next one (the
+    /// seed nodes of a cluster, where a `PUBLISH` on any node reaches every node).
     pub(crate) fn start(
-        endpoint: Endpoint,
+        endpoints: Vec<Endpoint>,
         channel: String,
         origin: String,
         timeout: Duration,
         notices: Arc<ReleaseNotices>,
     ) -> Option<ReleaseWatch> {
         let handle = tokio::runtime::Handle::try_current().ok()?;
-        let task = handle.spawn(run(endpoint, channel, origin, timeout, notices));
+        if endpoints.is_empty() {
+            return None;
+        }
+        let task = handle.spawn(run(endpoints, channel, origin, timeout, notices));
         Some(ReleaseWatch {
             task: task.abort_handle(),
         })
@@ -49,14 +54,15 @@ impl ReleaseWatch {
 }
 
 async fn run(
-    endpoint: Endpoint,
+    endpoints: Vec<Endpoint>,
     channel: String,
     origin: String,
     timeout: Duration,
     notices: Arc<ReleaseNotices>,
 ) {
     let mut backoff = lock_core::Backoff::new(MIN_BACKOFF, MAX_BACKOFF);
-    loop {
+    for turn in 0.. {
+        let endpoint = &endpoints[turn % endpoints.len()];
         let deadline = tokio::time::Instant::now() + timeout;
         let subscribed = tokio::time::timeout_at(deadline, async {
             let client = endpoint.client(deadline).await?;
@@ -96,7 +102,10 @@ async fn run(
             Ok(Err(e)) => tracing::debug!(channel, error = ?e, "release subscription failed"),
             Err(_) => tracing::debug!(channel, "release subscription timed out"),
         }
-        tokio::time::sleep(backoff.next_delay()).await;
+        // Only after trying every node in a row is there a pause.
+        if (turn + 1) % endpoints.len() == 0 {
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 
 mod binary;
+mod cluster;
 mod etcd;
 mod http;
 mod ports;
@@ -12,6 +13,7 @@ mod redis;
 mod sentinel;
 
 pub use crate::binary::find_binary;
+pub use crate::cluster::{ClusterNode, RedisCluster, CLUSTER_NODE_TIMEOUT, CLUSTER_SLOTS};
 pub use crate::etcd::{EtcdCluster, EtcdServer};
 pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};

@@ -279,7 +279,7 @@ impl Drop for RedisServer {
     }
 }
 
-/// `redis-server` command line.
+/// `redis-server` command line (the cluster kit adds its options to it).
 pub(crate) fn redis_args(port: u16, options: &RedisOptions, data_dir: &Path) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec![
         "--port".into(),

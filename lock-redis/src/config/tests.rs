@@ -253,3 +253,49 @@ fn timeouts_are_human_durations() {
     );
     assert_refused("redis://h?timeout=0", "greater than zero");
 }
+
+#[test]
+fn cluster_urls_give_seed_nodes_and_round_trip() {
+    let b = from("redis+cluster://u:pw@a,b:7001,[::1]:7002?prefix=x%3A&timeout=250ms").unwrap();
+    assert!(b.is_cluster());
+    let seeds: Vec<String> = b.seed_nodes().iter().map(ToString::to_string).collect();
+    assert_eq!(seeds, ["a:6379", "b:7001", "[::1]:7002"]);
+    assert_eq!(b.host_port().unwrap().to_string(), "a:6379");
+    assert_eq!(b.credentials(), (Some("u"), Some("pw")));
+    assert_eq!((b.database(), b.key_prefix()), (0, "x:"));
+    assert_eq!(b.operation_timeout(), Duration::from_millis(250));
+    assert!(!b.is_grouping(), "grouping is off by default on a cluster");
+    assert_eq!(from(&b.url().unwrap()).unwrap(), b);
+    assert!(!format!("{b:?}").contains("pw"));
+    // One seed is accepted: it finds the rest of the cluster.
+    assert_eq!(from("redis+cluster://h").unwrap().seed_nodes().len(), 1);
+    assert!(!from("redis://h").unwrap().is_cluster());
+    assert!(from("redis://h").unwrap().is_grouping());
+}
+
+#[test]
+fn bad_cluster_urls_are_invalid_url_errors() {
+    for (url, needle) in [
+        ("redis+cluster://h/0", "only database 0"),
+        ("redis+cluster://h/3", "only database 0"),
+        ("redis+cluster://h?foo=1", "unknown parameter `foo`"),
+        ("redis+cluster://", "at least one seed"),
+    ] {
+        match from(url) {
+            Err(Error::InvalidUrl { reason, .. }) => {
+                assert!(reason.contains(needle), "{url}: {reason}")
+            }
+            other => panic!("{url}: expected InvalidUrl, got {other:?}"),
+        }
+    }
+    for (builder, needle) in [
+        (RedisBuilder::cluster(["h"]).db(1), "only database 0"),
+        (RedisBuilder::cluster(["h"]).tls(true), "TLS"),
+        (RedisBuilder::cluster(["h", "bad:port"]), "port"),
+    ] {
+        match builder.check() {
+            Err(Error::InvalidUrl { reason, .. }) => assert!(reason.contains(needle), "{reason}"),
+            other => panic!("expected InvalidUrl, got {other:?}"),
+        }
+    }
+}

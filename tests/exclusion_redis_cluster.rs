@@ -1,0 +1,77 @@
+//! The randomized exclusion checker on a real 3-master Redis Cluster: three Lockers, each
+//! over its own cluster backend, and a fault round after the normal one: the master of
+//! the checker's keys paused (SIGSTOP) past the longest TTL and past the cluster's node
+//! timeout (the cluster marks it failed; with no replica to take over, its slots are
+//! unavailable until it is back). No exception is allowed: a pause loses nothing.
+//! `DISTLOCK_SOAK_SECS` runs it longer, `DISTLOCK_CHECK_SEED` replays a seed.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Fault};
+use distlock::Locker;
+use lock_testkit::RedisCluster;
+
+/// The longest TTL the checker draws (its default range for Redis: 100 ms … 600 ms).
+const TTL_MAX: Duration = Duration::from_millis(600);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_redis_cluster() {
+    let cluster = Arc::new(RedisCluster::start(3, 0).await);
+    let url = format!("{}?prefix=excl%3A", cluster.url());
+    let mut lockers = Vec::new();
+    for _ in 0..3 {
+        lockers.push(Locker::new(common::redis_backend(&url).await));
+    }
+    let probe = common::redis_backend(&url).await.node().clone();
+    let config = ExclusionConfig::from_env().ttl_range(Duration::from_millis(100), TTL_MAX);
+    // Past the longest TTL and past `cluster-node-timeout` (1 s).
+    let past = TTL_MAX + Duration::from_millis(900);
+    let pause = {
+        let (cluster, probe) = (cluster.clone(), probe.clone());
+        Fault::new(
+            "a master paused (SIGSTOP) past the longest TTL and the node timeout",
+            move || {
+                let (cluster, probe) = (cluster.clone(), probe.clone());
+                async move {
+                    // Pause the master of the first key the checker contends for.
+                    let first = ExclusionConfig::from_env().key_names().remove(0);
+                    let master = cluster.master_of_key(&probe.lock_key(&first)).await;
+                    cluster.node(master).pause();
+                    tokio::time::sleep(past).await;
+                    cluster.node(master).resume();
+                    cluster.wait_settled().await;
+                }
+            },
+        )
+    };
+    let (node, probe_cluster) = (probe.clone(), cluster.clone());
+    let report = Exclusion::new(lockers)
+        .config(config)
+        .fault(pause)
+        .keys_left(move |names| {
+            let (node, cluster) = (node.clone(), probe_cluster.clone());
+            async move {
+                let mut left = Vec::new();
+                for name in names {
+                    let key = node.lock_key(&name);
+                    let master = cluster.master_of_key(&key).await;
+                    let mut raw = cluster.node(master).client().await;
+                    let exists: i64 = redis::cmd("EXISTS")
+                        .arg(&key)
+                        .query_async(&mut raw)
+                        .await
+                        .unwrap();
+                    if exists == 1 {
+                        left.push(key);
+                    }
+                }
+                left
+            }
+        })
+        .run()
+        .await;
+    report.assert_clean();
+}
