@@ -3,16 +3,20 @@
 
 mod binary;
 mod etcd;
+mod etcd_auth;
 mod http;
 mod ports;
 mod postgres;
 mod process;
 mod proxy;
 mod redis;
+mod tls;
 
 pub use crate::binary::find_binary;
-pub use crate::etcd::{EtcdCluster, EtcdServer};
+pub use crate::etcd::{EtcdCluster, EtcdOptions, EtcdServer};
+pub use crate::etcd_auth::EtcdUser;
 pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};
 pub use crate::proxy::{FaultProxy, ProxyMode};
 pub use crate::redis::{RedisNodes, RedisOptions, RedisServer};
+pub use crate::tls::{ServerTls, TestCerts};
