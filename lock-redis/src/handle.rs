@@ -109,7 +109,19 @@ impl RedisNode {
             .into_connection_info()
             .map(|info| info.set_redis_settings(settings))
             .map_err(|e| Error::backend(NAME, e))?;
-        let client = Client::open(info).map_err(|e| Error::backend(NAME, e))?;
+        let client = match tls_certificates(&config)? {
+            None => Client::open(info),
+            #[cfg(feature = "tls")]
+            Some(certificates) => Client::build_with_tls(info, certificates),
+            #[cfg(not(feature = "tls"))]
+            Some(never) => match never {},
+        }
+        .map_err(|e| {
+            Error::invalid_url(
+                &config.redacted(),
+                format!("unusable TLS certificates: {e}"),
+            )
+        })?;
         let timeout = config.operation_timeout();
         let channel = format!("{}released:{}", config.key_prefix(), config.database());
         let link = Arc::new(Connector::new(client.clone()));
@@ -309,6 +321,48 @@ impl RedisNode {
         }
         .into_error()
     }
+}
+
+/// The CA and client certificate of a TLS configuration, read from their files; `None`
+/// when the configuration names neither (the system's roots, no client certificate).
+///
+/// # Errors
+/// [`Error::InvalidUrl`] naming the file when one cannot be read.
+#[cfg(feature = "tls")]
+fn tls_certificates(config: &RedisBuilder) -> Result<Option<redis::TlsCertificates>> {
+    let read = |what: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| {
+            Error::invalid_url(
+                &config.redacted(),
+                format!("cannot read the {what} file {}: {e}", path.display()),
+            )
+        })
+    };
+    let client = config.tls_client_cert();
+    if !config.is_tls() || (config.tls_ca_file().is_none() && client.is_none()) {
+        return Ok(None);
+    }
+    let root_cert = match config.tls_ca_file() {
+        Some(path) => Some(read("CA", path)?),
+        None => None,
+    };
+    let client_tls = match client {
+        Some((cert, key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("client certificate", cert)?,
+            client_key: read("client key", key)?,
+        }),
+        None => None,
+    };
+    Ok(Some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
+}
+
+/// Without the `tls` feature no configuration reaches here with TLS (`check` refuses it).
+#[cfg(not(feature = "tls"))]
+fn tls_certificates(_config: &RedisBuilder) -> Result<Option<std::convert::Infallible>> {
+    Ok(None)
 }
 
 impl RedisBuilder {
