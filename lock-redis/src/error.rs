@@ -81,31 +81,15 @@ pub(crate) enum TlsProblem {
 /// The TLS problem behind `e`, if rustls reported one.
 #[cfg(feature = "tls")]
 pub(crate) fn tls_problem(e: &RedisError) -> Option<TlsProblem> {
-    type Shared = Arc<dyn std::error::Error + Send + Sync>;
-    let mut source = std::error::Error::source(e);
-    while let Some(error) = source {
-        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
-            return Some(match tls {
-                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
-                    TlsProblem::Untrusted
-                }
-                rustls::Error::InvalidMessage(_)
-                | rustls::Error::InappropriateMessage { .. }
-                | rustls::Error::InappropriateHandshakeMessage { .. } => TlsProblem::NotTls,
-                _ => TlsProblem::Refused,
-            });
+    Some(match lock_core::find_cause::<rustls::Error>(e)? {
+        rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
+            TlsProblem::Untrusted
         }
-        // redis-rs keeps an I/O error in an `Arc`, and an I/O error keeps rustls' inside
-        // (`source` looks past both).
-        source = if let Some(shared) = error.downcast_ref::<Shared>() {
-            Some(shared.as_ref() as _)
-        } else if let Some(io) = error.downcast_ref::<std::io::Error>() {
-            io.get_ref().map(|inner| inner as _)
-        } else {
-            error.source()
-        };
-    }
-    None
+        rustls::Error::InvalidMessage(_)
+        | rustls::Error::InappropriateMessage { .. }
+        | rustls::Error::InappropriateHandshakeMessage { .. } => TlsProblem::NotTls,
+        _ => TlsProblem::Refused,
+    })
 }
 
 #[cfg(not(feature = "tls"))]
