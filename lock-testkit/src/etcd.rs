@@ -10,6 +10,7 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::binary::find_binary;
+use crate::etcd_tls::{self, EtcdOptions};
 use crate::http;
 use crate::ports::{free_ports, loopback, START_ATTEMPTS};
 use crate::process::{ManagedProcess, StartError};
@@ -28,20 +29,6 @@ const LEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Raft timings for test clusters: fast failover.
 const HEARTBEAT_MS: &str = "50";
 const ELECTION_MS: &str = "500";
-
-/// Options for [`EtcdServer::start_with`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EtcdOptions {
-    /// Serve clients over TLS only (`https://` listen and advertise URLs with the certificate
-    /// and key of `tls`; `--client-cert-auth --trusted-ca-file` when it demands client
-    /// certificates). Readiness is then probed on a plain-text metrics port
-    /// (`--listen-metrics-urls`), and [`EtcdServer::url`] carries the CA (and the client
-    /// certificate) as distlock parameters. The files must outlive the server (keep the
-    /// [`TestCerts`](crate::TestCerts)). Default: none (plain text).
-    pub tls: Option<ServerTls>,
-    /// Appended to etcd's command line (for example `["--auth-token-ttl", "1"]`).
-    pub extra_args: Vec<String>,
-}
 
 /// One etcd member: a child process with its own client port, peer port and
 /// temporary data directory on `127.0.0.1`.
@@ -108,18 +95,7 @@ impl EtcdServer {
     /// A distlock URL for this member: `etcd://127.0.0.1:PORT`, and with TLS
     /// `?tls=true&ca=CA_FILE` (plus `&cert=…&key=…` when it demands a client certificate).
     pub fn url(&self) -> String {
-        let mut url = format!("etcd://{}", self.endpoint());
-        if let Some(tls) = &self.tls {
-            url.push_str(&format!("?tls=true&ca={}", tls.ca.display()));
-            if tls.client_certs {
-                url.push_str(&format!(
-                    "&cert={}&key={}",
-                    tls.client_cert.display(),
-                    tls.client_key.display()
-                ));
-            }
-        }
-        url
+        etcd_tls::url(&self.endpoint(), self.tls.as_ref())
     }
 
     /// The TLS this member serves clients with, if any.
@@ -399,21 +375,7 @@ impl EtcdCluster {
                     "error".into(),
                 ];
                 if let (Some(tls), Some(metrics_port)) = (tls, metrics_port) {
-                    args.extend([
-                        "--cert-file".into(),
-                        tls.cert.clone().into(),
-                        "--key-file".into(),
-                        tls.key.clone().into(),
-                        "--listen-metrics-urls".into(),
-                        format!("http://127.0.0.1:{metrics_port}").into(),
-                    ]);
-                    if tls.client_certs {
-                        args.extend([
-                            "--client-cert-auth".into(),
-                            "--trusted-ca-file".into(),
-                            tls.ca.clone().into(),
-                        ]);
-                    }
+                    args.extend(etcd_tls::tls_args(tls, metrics_port));
                 }
                 args.extend(extra_args.iter().map(OsString::from));
                 let process = ManagedProcess::spawn(

@@ -4,6 +4,7 @@
 mod binary;
 mod etcd;
 mod etcd_auth;
+mod etcd_tls;
 mod http;
 mod ports;
 mod postgres;
@@ -13,8 +14,9 @@ mod redis;
 mod tls;
 
 pub use crate::binary::find_binary;
-pub use crate::etcd::{EtcdCluster, EtcdOptions, EtcdServer};
+pub use crate::etcd::{EtcdCluster, EtcdServer};
 pub use crate::etcd_auth::EtcdUser;
+pub use crate::etcd_tls::EtcdOptions;
 pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};
 pub use crate::proxy::{FaultProxy, ProxyMode};

@@ -393,7 +393,7 @@ fn redis_client(options: &RedisOptions, port: u16) -> redis::RedisResult<redis::
 /// a TLS one.
 enum Probe {
     Plain { addr: SocketAddr, password: bool },
-    Tls(redis::Client),
+    Tls(Box<redis::Client>),
 }
 
 impl Probe {
@@ -403,9 +403,9 @@ impl Probe {
                 addr: loopback(port),
                 password: options.password.is_some(),
             },
-            Some(_) => Probe::Tls(redis_client(options, port).unwrap_or_else(|e| {
+            Some(_) => Probe::Tls(Box::new(redis_client(options, port).unwrap_or_else(|e| {
                 panic!("lock-testkit: cannot make a TLS client for port {port}: {e}")
-            })),
+            }))),
         }
     }
 
