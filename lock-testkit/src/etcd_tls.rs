@@ -11,7 +11,7 @@ pub struct EtcdOptions {
     /// Serve clients over TLS only (`https://` listen and advertise URLs with the certificate
     /// and key of `tls`; `--client-cert-auth --trusted-ca-file` when it demands client
     /// certificates). Readiness is then probed on a plain-text metrics port
-    /// (`--listen-metrics-urls`), and [`EtcdServer::url`] carries the CA (and the client
+    /// (`--listen-metrics-urls`), and [`EtcdServer::url`](crate::EtcdServer::url) carries the CA (and the client
     /// certificate) as distlock parameters. The files must outlive the server (keep the
     /// [`TestCerts`](crate::TestCerts)). Default: none (plain text).
     pub tls: Option<ServerTls>,
