@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and test of distlock on a fresh Debian machine: installs the real
-# servers the tests start (redis-server, etcd, postgresql), protoc (etcd-client's build)
+# servers the tests start (redis-server, etcd, postgresql), protoc and protobuf's
+# well-known types (etcd-client's build)
 # and faketime (the clock-skew tests) when they are missing, then the module-cycle check,
 # fmt, clippy, tests (all features) and docs.
 set -euo pipefail
@@ -10,6 +11,8 @@ missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# etcd-client 0.21's build also needs protobuf's well-known types (google/protobuf/*.proto).
+[ -f /usr/include/google/protobuf/timestamp.proto ] || missing+=(libprotobuf-dev)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 # libfaketime: the clock-skew tests run a distlock whose wall clock is off.
 ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || missing+=(faketime)

@@ -6,11 +6,11 @@
 //! | URL | feature | backend |
 //! |---|---|---|
 //! | `memory://` | `memory` (default) | in-process keyed async mutex |
-//! | `redis://[user:pass@]host[:port][/db][?prefix=…&timeout=…]`, `rediss://…` | `redis` | one Redis |
+//! | `redis://[user:pass@]host[:port][/db][?prefix=…&timeout=…]`, `rediss://…[?ca=…&cert=…&key=…]` | `redis` | one Redis |
 //! | `redis+sentinel://[user:pass@]host[:port],…/<master>[/db][?prefix=…&timeout=…&sentinel_password=…]` | `redis` | the master a set of Redis Sentinels names, followed across failovers |
 //! | `redis+cluster://[user:pass@]host:port,host:port,…[?prefix=…&timeout=…]` | `redis` | a Redis Cluster (seed nodes) |
 //! | `redlock://host:port,host:port,…[?drift=…]` | `redlock` | Redlock quorum over N Redis nodes |
-//! | `etcd://host:port[,host:port…][?prefix=…&timeout=…]` | `etcd` | etcd leases |
+//! | `etcd://[user:pass@]host:port[,host:port…][?prefix=…&timeout=…&tls=true&ca=…&cert=…&key=…]` | `etcd` | etcd leases |
 //! | `postgres://[user:pass@]host[:port][/db][?table=…&schema=…&timeout=…]`, `postgresql://…` | `postgres` | a PostgreSQL lease table |
 //!
 //! A URL whose backend is not compiled in is [`Error::FeatureDisabled`], naming the feature.

@@ -312,13 +312,12 @@ async fn a_waiter_whose_lease_expires_before_its_grant_is_never_granted() {
     let mut client = etcd_client::Client::connect([server.endpoint()], None)
         .await
         .unwrap();
-    let (_watcher, mut events) = client
-        .watch(
-            format!("{}{k}", distlock::etcd::DEFAULT_PREFIX),
-            Some(WatchOptions::new()),
-        )
-        .await
-        .unwrap();
+    let mut events = created_watch(
+        &mut client,
+        format!("{}{k}", distlock::etcd::DEFAULT_PREFIX),
+        WatchOptions::new(),
+    )
+    .await;
     let puts = Arc::new(AtomicUsize::new(0));
     let counter = {
         let puts = puts.clone();
@@ -693,21 +692,35 @@ async fn an_expired_auth_token_is_renewed() {
 // Hand-over inside one Locker
 // ---------------------------------------------------------------------------------------
 
+/// A watch of `key` that etcd has created: every event after the call returns is seen.
+async fn created_watch(
+    client: &mut etcd_client::Client,
+    key: impl Into<Vec<u8>>,
+    options: etcd_client::WatchOptions,
+) -> etcd_client::WatchStream {
+    let mut stream = client.watch(key, Some(options)).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.message())
+        .await
+        .expect("etcd answers a new watch")
+        .unwrap()
+        .expect("an open watch");
+    assert!(
+        first.created() && !first.canceled(),
+        "the first answer creates the watch"
+    );
+    stream
+}
+
 /// Counts the delete events of `full_key` from a watch of its own.
 async fn count_deletes(endpoint: String, full_key: String) -> (Arc<AtomicUsize>, impl Drop) {
     use etcd_client::{EventType, WatchOptions};
-    let client = etcd_client::Client::connect([endpoint], None)
+    let mut client = etcd_client::Client::connect([endpoint], None)
         .await
         .unwrap();
-    let (watcher, mut stream) = client
-        .watch_client()
-        .watch(full_key, Some(WatchOptions::new()))
-        .await
-        .unwrap();
+    let mut stream = created_watch(&mut client, full_key, WatchOptions::new()).await;
     let deletes = Arc::new(AtomicUsize::new(0));
     let counted = deletes.clone();
     let task = tokio::spawn(async move {
-        let _watcher = watcher;
         while let Ok(Some(response)) = stream.message().await {
             let n = response
                 .events()
@@ -971,10 +984,7 @@ async fn the_raw_baseline_leaves_locks_alone_and_nothing_behind() {
     let mut client = etcd_client::Client::connect([server.endpoint()], None)
         .await
         .unwrap();
-    let (_watcher, mut stream) = client
-        .watch("", Some(WatchOptions::new().with_all_keys()))
-        .await
-        .unwrap();
+    let mut stream = created_watch(&mut client, "", WatchOptions::new().with_all_keys()).await;
     const CYCLES: usize = 5;
     for _ in 0..CYCLES {
         raw.raw_cycle(&k, ttl).await.unwrap();

@@ -184,5 +184,52 @@ pub fn redact(url: &str) -> String {
     }
 }
 
+/// The first error of type `T` in `error`'s chain of causes (`error` itself included), for
+/// a backend to tell what its client library's error is made of (a TLS refusal inside an
+/// I/O error, for instance).
+///
+/// Unlike walking [`source`](std::error::Error::source) alone, this also looks inside an
+/// [`std::io::Error`] (whose `source` skips the error it carries) and inside an
+/// `Arc<dyn Error + Send + Sync>` (as some client libraries keep their causes).
+pub fn find_cause<'a, T: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(found) = error.downcast_ref::<T>() {
+            return Some(found);
+        }
+        next = if let Some(shared) = error.downcast_ref::<Shared>() {
+            Some(shared.as_ref() as _)
+        } else if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            io.get_ref().map(|inner| inner as _)
+        } else {
+            error.source()
+        };
+    }
+    None
+}
+
 /// `Result` with distlock's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::find_cause;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("inner")]
+    struct Inner;
+
+    /// A cause is found inside an I/O error and an `Arc`, and nothing where there is none.
+    #[test]
+    fn find_cause_looks_inside_io_errors_and_arcs() {
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, Inner);
+        assert!(find_cause::<Inner>(&io).is_some());
+        let shared: std::sync::Arc<dyn std::error::Error + Send + Sync> = std::sync::Arc::new(io);
+        assert!(find_cause::<Inner>(&shared).is_some());
+        let plain = std::io::Error::from(std::io::ErrorKind::TimedOut);
+        assert!(find_cause::<Inner>(&plain).is_none());
+    }
+}

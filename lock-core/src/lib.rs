@@ -19,7 +19,7 @@ pub mod conformance;
 
 pub use backend::{Admin, Attempt, Backend, Baseline, HandOver, Holder, Immediate};
 pub use capabilities::{Capabilities, ClockDrift, Ttl};
-pub use error::{BoxError, Error, Result};
+pub use error::{find_cause, BoxError, Error, Result};
 pub use lease::{Lease, LockKey, Owner};
 pub use locker::{
     validate_key, Event, LockGuard, Locker, LockerStats, Observer, Outcome, MAX_KEY_LEN,

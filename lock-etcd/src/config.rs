@@ -1,6 +1,7 @@
 //! Where the cluster is and how to talk to it: [`EtcdBuilder`].
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lock_core::{Error, LockUrl, Result};
@@ -12,7 +13,7 @@ pub const DEFAULT_PREFIX: &str = "distlock/";
 /// The per-operation timeout used when none is given.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The URL parameters an `etcd://` URL may carry.
-pub const URL_PARAMS: &[&str] = &["prefix", "timeout"];
+pub const URL_PARAMS: &[&str] = &["prefix", "timeout", "tls", "ca", "cert", "key"];
 
 /// Typed configuration of an etcd cluster, and the way to connect to it.
 ///
@@ -46,6 +47,11 @@ pub struct EtcdBuilder {
     pub(crate) password: Option<String>,
     pub(crate) prefix: String,
     pub(crate) timeout: Duration,
+    pub(crate) tls: bool,
+    /// PEM files: the CA to trust instead of the system's roots, and the client certificate
+    /// and key for members that demand one (`--client-cert-auth`).
+    pub(crate) ca_file: Option<PathBuf>,
+    pub(crate) client_cert: Option<(PathBuf, PathBuf)>,
 }
 
 impl EtcdBuilder {
@@ -63,6 +69,9 @@ impl EtcdBuilder {
             password: None,
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
+            tls: false,
+            ca_file: None,
+            client_cert: None,
         }
     }
 
@@ -70,10 +79,17 @@ impl EtcdBuilder {
     /// `etcd://[user:password@]host[:port][,host[:port]…][?prefix=…&timeout=…]` (default port
     /// 2379, no path).
     ///
+    /// TLS (etcd's `https://` client URLs) is asked for with parameters, not a scheme:
+    /// `tls=true` verifies the members against the system's root certificates; `ca=PATH` (a
+    /// PEM file) trusts that CA instead; `cert=PATH&key=PATH` presents a client certificate
+    /// (PEM) to members started with `--client-cert-auth`. `ca`, `cert` and `key` imply
+    /// `tls=true`.
+    ///
     /// # Errors
     /// [`Error::InvalidUrl`] for another scheme, no host, a path, an unknown parameter, an
     /// empty `prefix`, a `timeout` that is not a positive duration such as `500ms` or `2s`,
-    /// or a password without a user name.
+    /// a password without a user name, a `tls` that is not `true` or `false`, `tls=false`
+    /// with `ca`, `cert` or `key`, or `cert` without `key` (or the reverse).
     pub fn from_url(url: &LockUrl) -> Result<Self> {
         if url.scheme != "etcd" {
             return Err(url.invalid(format!(
@@ -101,6 +117,29 @@ impl EtcdBuilder {
             password: url.password().map(str::to_owned),
             prefix: url.param("prefix").unwrap_or(DEFAULT_PREFIX).to_owned(),
             timeout: DEFAULT_TIMEOUT,
+            tls: false,
+            ca_file: url.param("ca").map(PathBuf::from),
+            client_cert: match (url.param("cert"), url.param("key")) {
+                (Some(cert), Some(key)) => Some((cert.into(), key.into())),
+                (None, None) => None,
+                _ => return Err(url.invalid(
+                    "parameters `cert` and `key` go together (a client certificate and its key)",
+                )),
+            },
+        };
+        let files = builder.ca_file.is_some() || builder.client_cert.is_some();
+        builder.tls = match url.param("tls") {
+            None => files,
+            Some("true") => true,
+            Some("false") if files => {
+                return Err(url.invalid("`ca`, `cert` and `key` need TLS, not `tls=false`"))
+            }
+            Some("false") => false,
+            Some(other) => {
+                return Err(url.invalid(format!(
+                    "parameter `tls` is `true` or `false`, not `{other}`"
+                )))
+            }
         };
         if let Some(timeout) = url.duration_param("timeout")? {
             builder.timeout = timeout;
@@ -136,6 +175,48 @@ impl EtcdBuilder {
         self
     }
 
+    /// Connects to the members with TLS when `on` (their `https://` client URLs),
+    /// verifying their certificates against the system's root certificates unless a
+    /// [`ca_file`](Self::ca_file) is given.
+    pub fn tls(mut self, on: bool) -> Self {
+        self.tls = on;
+        self
+    }
+
+    /// Trusts the CA certificates in the PEM file at `path` instead of the system's roots,
+    /// and turns TLS on. The file is read when connecting.
+    pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
+        self.tls = true;
+        self
+    }
+
+    /// Presents the client certificate in the PEM file `cert`, with its private key in
+    /// `key`, to members that demand one (`--client-cert-auth`), and turns TLS on. The files
+    /// are read when connecting.
+    pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.client_cert = Some((cert.into(), key.into()));
+        self.tls = true;
+        self
+    }
+
+    /// Whether TLS is on.
+    pub fn is_tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The CA file trusted instead of the system's roots, if any.
+    pub fn tls_ca_file(&self) -> Option<&Path> {
+        self.ca_file.as_deref()
+    }
+
+    /// The client certificate and key files, if any.
+    pub fn tls_client_cert(&self) -> Option<(&Path, &Path)> {
+        self.client_cert
+            .as_ref()
+            .map(|(cert, key)| (cert.as_path(), key.as_path()))
+    }
+
     /// The configured endpoints.
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
@@ -157,8 +238,18 @@ impl EtcdBuilder {
         if self.endpoints.is_empty() {
             return refuse("at least one etcd endpoint is needed".into());
         }
+        if !self.tls && (self.ca_file.is_some() || self.client_cert.is_some()) {
+            return refuse("a CA file or a client certificate needs TLS".into());
+        }
+        #[cfg(not(feature = "tls"))]
+        if self.tls {
+            return refuse(
+                "TLS needs the `tls` feature of lock-etcd, which is not compiled in".into(),
+            );
+        }
+        let scheme = if self.tls { "https://" } else { "http://" };
         for endpoint in &self.endpoints {
-            let bare = endpoint.strip_prefix("http://").unwrap_or(endpoint);
+            let bare = endpoint.strip_prefix(scheme).unwrap_or(endpoint);
             let well_formed = !bare.is_empty()
                 && !bare.contains("://")
                 && !bare.contains('/')
@@ -167,7 +258,7 @@ impl EtcdBuilder {
                     .any(|c| c.is_whitespace() || c.is_control() || c == '@');
             if !well_formed {
                 return refuse(format!(
-                    "endpoint `{endpoint}` is not host:port or http://host:port"
+                    "endpoint `{endpoint}` is not host:port or {scheme}host:port"
                 ));
             }
         }
@@ -196,6 +287,15 @@ impl EtcdBuilder {
             self.prefix,
             self.timeout.as_millis()
         ));
+        if self.tls {
+            url.push_str("&tls=true");
+        }
+        if let Some(ca) = &self.ca_file {
+            url.push_str(&format!("&ca={}", ca.display()));
+        }
+        if let Some((cert, key)) = &self.client_cert {
+            url.push_str(&format!("&cert={}&key={}", cert.display(), key.display()));
+        }
         url
     }
 }
@@ -209,6 +309,9 @@ impl fmt::Debug for EtcdBuilder {
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
+            .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
+            .field("client_cert", &self.client_cert)
             .finish()
     }
 }
@@ -262,6 +365,33 @@ mod tests {
         assert_refused("etcd://a?colour=red", "unknown parameter `colour`");
         assert_refused("etcd://a?prefix=", "must not be empty");
         assert_refused("redis://a", "etcd://");
+    }
+
+    /// `tls`, `ca`, `cert` and `key`: the files imply TLS, and contradictions are refused.
+    #[test]
+    fn tls_parameters() {
+        let b = from("etcd://h?tls=true").unwrap();
+        assert!(b.is_tls() && b.tls_ca_file().is_none());
+        let b = from("etcd://h?ca=/c.pem&cert=/a.pem&key=/k.pem").unwrap();
+        assert!(b.is_tls());
+        assert_eq!(b.tls_ca_file(), Some(Path::new("/c.pem")));
+        assert_eq!(
+            b.tls_client_cert(),
+            Some((Path::new("/a.pem"), Path::new("/k.pem")))
+        );
+        assert!(!from("etcd://h?tls=false").unwrap().is_tls());
+        assert!(!from("etcd://h").unwrap().is_tls());
+        assert_refused("etcd://h?tls=yes", "`true` or `false`");
+        assert_refused("etcd://h?tls=false&ca=/c.pem", "need TLS");
+        assert_refused("etcd://h?cert=/a.pem", "go together");
+        assert_refused("etcd://h?key=/k.pem&tls=true", "go together");
+        let https = EtcdBuilder::new(["https://h:2379"]).tls(true);
+        assert!(https.check().is_ok());
+        assert!(EtcdBuilder::new(["https://h:2379"]).check().is_err());
+        assert!(EtcdBuilder::new(["http://h:2379"])
+            .tls(true)
+            .check()
+            .is_err());
     }
 
     /// `?timeout=` takes the CLI's durations.

@@ -10,7 +10,7 @@ use lock_core::{Capabilities, LockUrl, ReleaseNotices, Result};
 use crate::backend::EtcdBackend;
 use crate::batch;
 use crate::config::EtcdBuilder;
-use crate::error::{failed, timed_out, unexpected, NAME};
+use crate::error::{failed, on_connect, timed_out, unexpected, NAME};
 use crate::held::HeldTable;
 use crate::leases::{new_lease_id, secs, Pool, HEADROOM_SECS};
 use crate::members::Members;
@@ -56,7 +56,13 @@ impl EtcdBackend {
             let password = cfg.password.clone().unwrap_or_default();
             options = options.with_user(name.clone(), password);
         }
-        let members = Members::connect(&cfg.endpoints, options, timeout, &doing).await?;
+        #[cfg(feature = "tls")]
+        if cfg.tls {
+            options = options.with_tls(tls_options(&cfg)?);
+        }
+        let members = Members::connect(&cfg.endpoints, options, timeout, &doing)
+            .await
+            .map_err(on_connect(cfg.tls))?;
         let client = members.client();
         let connect = async {
             // The shortest lease the server grants: it raises shorter TTLs to its minimum.
@@ -79,7 +85,8 @@ impl EtcdBackend {
         };
         let min_secs = tokio::time::timeout(timeout, connect)
             .await
-            .unwrap_or_else(|_| Err(timed_out(&doing, timeout)))?;
+            .unwrap_or_else(|_| Err(timed_out(&doing, timeout)))
+            .map_err(on_connect(cfg.tls))?;
         let members = Arc::new(members);
         let notices = Arc::new(ReleaseNotices::new());
         let announcer = Arc::new(watch::Announcer::new(notices.clone()));
@@ -121,6 +128,35 @@ impl EtcdBackend {
             watch,
         })
     }
+}
+
+/// The TLS settings of `cfg`: its CA (or the system's roots) and client certificate, read
+/// from their files.
+///
+/// # Errors
+/// [`Error::InvalidUrl`](lock_core::Error::InvalidUrl) naming a file that cannot be read.
+#[cfg(feature = "tls")]
+fn tls_options(cfg: &EtcdBuilder) -> Result<etcd_client::TlsOptions> {
+    use etcd_client::{Certificate, Identity, TlsOptions};
+    let read = |what: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| {
+            lock_core::Error::invalid_url(
+                &cfg.redacted(),
+                format!("cannot read the {what} file {}: {e}", path.display()),
+            )
+        })
+    };
+    let mut options = match cfg.tls_ca_file() {
+        Some(ca) => TlsOptions::new().ca_certificate(Certificate::from_pem(read("CA", ca)?)),
+        None => TlsOptions::new().with_native_roots(),
+    };
+    if let Some((cert, key)) = cfg.tls_client_cert() {
+        options = options.identity(Identity::from_pem(
+            read("client certificate", cert)?,
+            read("client key", key)?,
+        ));
+    }
+    Ok(options)
 }
 
 impl EtcdBuilder {

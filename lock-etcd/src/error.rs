@@ -20,16 +20,94 @@ mod code {
     pub const UNAUTHENTICATED: i32 = 16;
 }
 
-/// A client error with what the backend was doing when it happened.
+/// A client error with what the backend was doing when it happened, and what it most
+/// likely means when that can be told.
 #[derive(Debug)]
 pub(crate) struct Failure {
     doing: String,
     source: etcd_client::Error,
+    hint: Option<&'static str>,
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.doing, self.source)
+        match self.hint {
+            Some(hint) => write!(f, "{}: {hint}: {}", self.doing, self.source),
+            None => write!(f, "{}: {}", self.doing, self.source),
+        }
+    }
+}
+
+const UNTRUSTED: &str = "the member's TLS certificate is not trusted (is it signed by the CA \
+    given with `ca=`, or by a system root without one? does it name this host?)";
+const NOT_TLS: &str =
+    "the member does not speak TLS (a plain-text member takes no `tls`, `ca`, `cert`, `key`)";
+const HANDSHAKE_REFUSED: &str = "the member refused the TLS handshake (does it demand a client \
+    certificate? give one with `cert=` and `key=`)";
+const TLS_EOF: &str = "the member closed the connection during the TLS handshake (does it \
+    serve TLS? a plain-text member takes no `tls`, `ca`, `cert`, `key`)";
+const CLOSED_TLS: &str = "the member closed the connection after the TLS handshake (does it \
+    demand a client certificate? give one with `cert=` and `key=`)";
+const CLOSED_PLAIN: &str = "the member closed the connection (does it serve TLS only? add \
+    `tls=true`, or `ca=` for a private CA)";
+const AUTH_REFUSED: &str = "authentication refused (check the user name and password)";
+const NO_PERMISSION: &str = "the user's roles do not grant read and write on the key prefix \
+    (see the roles in lock-etcd's README)";
+
+/// What `e` most likely means, and whether retrying cannot help, as far as its causes tell
+/// (a TLS refusal, refused credentials or permissions).
+fn hint(e: &etcd_client::Error) -> Option<(&'static str, bool)> {
+    // etcd-client's error does not expose its causes (`source`), and some layers between
+    // rustls and it keep only the text: its debug form still names rustls' error.
+    let text = format!("{e:?}");
+    if text.contains("InvalidCertificate(") || text.contains("invalid peer certificate") {
+        return Some((UNTRUSTED, true));
+    }
+    if text.contains("received fatal alert") {
+        return Some((HANDSHAKE_REFUSED, true));
+    }
+    if text.contains("InvalidContentType") || text.contains("corrupt message") {
+        return Some((NOT_TLS, true));
+    }
+    if text.contains("authentication failed") {
+        return Some((AUTH_REFUSED, true));
+    }
+    if text.contains("permission denied") {
+        return Some((NO_PERMISSION, true));
+    }
+    None
+}
+
+/// Adds to a transient error met while connecting what it most likely means given whether
+/// TLS is on: a member closing the TLS handshake (plain text there?), or closing a
+/// plain-text connection (TLS only there?).
+pub(crate) fn on_connect(tls: bool) -> impl Fn(Error) -> Error {
+    move |e| match e {
+        Error::Unavailable { backend, source } => match source.downcast::<Failure>() {
+            Ok(mut failure) => {
+                let text = format!("{:?}", failure.source);
+                let closed = text.contains("connection closed") || text.contains("broken pipe");
+                if failure.hint.is_none() {
+                    failure.hint = if tls && text.contains("tls handshake eof") {
+                        Some(TLS_EOF)
+                    } else if tls && closed {
+                        // TLS 1.3: the member checks the client's certificate after the
+                        // handshake, and its alert may be lost with the connection.
+                        Some(CLOSED_TLS)
+                    } else if !tls && closed {
+                        Some(CLOSED_PLAIN)
+                    } else {
+                        None
+                    };
+                }
+                Error::Unavailable {
+                    backend,
+                    source: failure,
+                }
+            }
+            Err(source) => Error::Unavailable { backend, source },
+        },
+        other => other,
     }
 }
 
@@ -41,12 +119,18 @@ impl std::error::Error for Failure {
 
 /// Converts a client error met while `doing` something: connection trouble, timeouts,
 /// leader elections and overload are transient ([`Error::Unavailable`]); refusals (bad
-/// credentials, permissions, malformed requests) are not ([`Error::Backend`]).
+/// credentials, permissions, malformed requests, a TLS certificate or handshake refused)
+/// are not ([`Error::Backend`]).
 pub(crate) fn failed(doing: impl Into<String>) -> impl FnOnce(etcd_client::Error) -> Error {
     let doing = doing.into();
     move |source| {
-        let transient = is_transient(&source);
-        let failure = Failure { doing, source };
+        let hint = hint(&source);
+        let transient = is_transient(&source) && !hint.is_some_and(|(_, permanent)| permanent);
+        let failure = Failure {
+            doing,
+            source,
+            hint: hint.map(|(hint, _)| hint),
+        };
         if transient {
             Error::unavailable(NAME, failure)
         } else {

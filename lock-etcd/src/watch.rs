@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchStream, Watcher,
+    Client, EventType, GetOptions, WatchFilterType, WatchOptions, WatchRequestSender,
+    WatchResponseStream,
 };
 use tokio::sync::Notify;
 
@@ -81,8 +82,13 @@ impl Announcer {
     }
 }
 
-/// An open watch: the handle to send requests on and the stream of responses.
-pub(crate) type Open = (Watcher, WatchStream);
+/// An open watch: its id, the handle to send requests on and the stream of responses.
+#[derive(Debug)]
+pub(crate) struct Open {
+    pub(crate) id: i64,
+    pub(crate) requests: WatchRequestSender,
+    pub(crate) responses: WatchResponseStream,
+}
 
 /// Opens the watch: every delete under `prefix` (releases, expiries, forced releases),
 /// from revision `from` on.
@@ -95,12 +101,27 @@ pub(crate) async fn open(
         .with_prefix()
         .with_filters([WatchFilterType::NoPut])
         .with_start_revision(from);
-    // etcd-client asserts that the first answer is the creation; a panic there must not
+    // The first answer says whether etcd created the watch; a panic in the client must not
     // take the watch task down with it.
-    match AssertUnwindSafe(client.watch_client().watch(prefix, Some(options)))
-        .catch_unwind()
-        .await
-    {
+    let opening = async {
+        let stream = client.watch_client().watch(prefix, Some(options)).await?;
+        let (requests, mut responses) = stream.split();
+        let first = responses.message().await?.ok_or_else(|| {
+            etcd_client::Error::WatchError("the watch stream closed before it was created".into())
+        })?;
+        if !first.created() || first.canceled() {
+            return Err(etcd_client::Error::WatchError(format!(
+                "the watch was not created: {}",
+                first.cancel_reason()
+            )));
+        }
+        Ok(Open {
+            id: first.watch_id(),
+            requests,
+            responses,
+        })
+    };
+    match AssertUnwindSafe(opening).catch_unwind().await {
         Ok(opened) => opened,
         Err(_) => Err(etcd_client::Error::WatchError(
             "the watch was not created".into(),
@@ -213,10 +234,10 @@ pub(crate) async fn run(
         loop {
             let (member, client) = members.pick();
             let opened = tokio::time::timeout(timeout, open(&client, &prefix, from)).await;
-            if let Ok(Ok((watcher, stream))) = opened {
+            if let Ok(Ok(open)) = opened {
                 retry.reset();
                 let prefix = prefix.as_bytes();
-                if follow(watcher, stream, prefix, &announcer, timeout, &demand).await {
+                if follow(open, prefix, &announcer, timeout, &demand).await {
                     break;
                 }
                 tracing::debug!("the etcd release watch ended; opening a new one");
@@ -257,20 +278,24 @@ pub(crate) async fn current_revision(
 /// Dispatches delete events until nobody listens (true), or the stream fails, is
 /// cancelled, or stays silent too long (false).
 async fn follow(
-    mut watcher: Watcher,
-    mut stream: WatchStream,
+    open: Open,
     prefix: &[u8],
     announcer: &Announcer,
     timeout: Duration,
     demand: &Demand,
 ) -> bool {
+    let Open {
+        id,
+        mut requests,
+        mut responses,
+    } = open;
     let mut heard = Instant::now();
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.reset();
     loop {
         tokio::select! {
-            message = stream.message() => {
+            message = responses.message() => {
                 let Ok(Some(response)) = message else { return false };
                 heard = Instant::now();
                 if response.canceled() {
@@ -289,13 +314,13 @@ async fn follow(
             }
             _ = tick.tick() => {
                 if demand.idle() {
-                    let _ = tokio::time::timeout(timeout, watcher.cancel()).await;
+                    let _ = tokio::time::timeout(timeout, requests.cancel(id)).await;
                     return true;
                 }
                 if heard.elapsed() > PROGRESS_EVERY + timeout {
                     return false;
                 }
-                let asked = tokio::time::timeout(timeout, watcher.request_progress()).await;
+                let asked = tokio::time::timeout(timeout, requests.request_progress()).await;
                 if !matches!(asked, Ok(Ok(()))) {
                     return false;
                 }

@@ -1,6 +1,7 @@
 //! Where the server is and how to talk to it: [`RedisBuilder`].
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use lock_core::url::{format_duration, parse_digits, Host, HostPort, UserInfo};
@@ -14,8 +15,9 @@ pub const DEFAULT_PORT: u16 = 6379;
 pub const DEFAULT_PREFIX: &str = "distlock:";
 /// The per-operation timeout used when none is given.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
-/// The URL parameters a `redis://` or `rediss://` URL may carry.
-pub const URL_PARAMS: &[&str] = &["prefix", "timeout"];
+/// The URL parameters a `redis://` or `rediss://` URL may carry (`ca`, `cert` and `key`
+/// only `rediss://`).
+pub const URL_PARAMS: &[&str] = &["prefix", "timeout", "ca", "cert", "key"];
 
 /// Typed configuration of one Redis server, and the way to connect to it.
 ///
@@ -47,6 +49,10 @@ pub struct RedisBuilder {
     /// The parsed `host:port`, or the reason `addr` could not be parsed (reported by `build`).
     addr: std::result::Result<HostPort, (String, String)>,
     tls: bool,
+    /// PEM files: the CA to trust instead of the system's roots, and the client certificate
+    /// and key for servers that demand one (`tls-auth-clients yes`).
+    ca_file: Option<PathBuf>,
+    client_cert: Option<(PathBuf, PathBuf)>,
     username: Option<String>,
     password: Option<String>,
     db: u32,
@@ -69,6 +75,8 @@ impl RedisBuilder {
         RedisBuilder {
             addr: parse_addr(addr.into()),
             tls: false,
+            ca_file: None,
+            client_cert: None,
             username: None,
             password: None,
             db: 0,
@@ -82,12 +90,16 @@ impl RedisBuilder {
 
     /// The configuration a `redis://` or `rediss://` URL describes:
     /// `redis[s]://[user[:password]@]host[:port][/db][?prefix=…&timeout=…]`, default port
-    /// 6379, database 0 unless the path names one.
+    /// 6379, database 0 unless the path names one. `rediss://` also takes `ca=PATH` (a PEM
+    /// file of the CA certificates to trust instead of the system's roots) and
+    /// `cert=PATH&key=PATH` (a client certificate and its key, both PEM, for a server that
+    /// demands one).
     ///
     /// # Errors
     /// [`Error::InvalidUrl`] for another scheme, no host or several (several nodes are
-    /// `redlock://`), a path that is not a database index, an unknown parameter, or a
-    /// `timeout` that is not a positive duration such as `500ms` or `2s`.
+    /// `redlock://`), a path that is not a database index, an unknown parameter, a
+    /// `timeout` that is not a positive duration such as `500ms` or `2s`, `ca`, `cert` or
+    /// `key` on `redis://`, or `cert` without `key` (or the reverse).
     ///
     /// `redis+sentinel://[user[:password]@]host[:port],…/<master-name>[/db][?…]` names
     /// the master through its sentinels (default port 26379; see
@@ -127,6 +139,14 @@ impl RedisBuilder {
         let mut builder = RedisBuilder {
             addr: Ok(host),
             tls,
+            ca_file: url.param("ca").map(PathBuf::from),
+            client_cert: match (url.param("cert"), url.param("key")) {
+                (Some(cert), Some(key)) => Some((cert.into(), key.into())),
+                (None, None) => None,
+                _ => return Err(url.invalid(
+                    "parameters `cert` and `key` go together (a client certificate and its key)",
+                )),
+            },
             username: url.username().map(str::to_owned),
             password: url.password().map(str::to_owned),
             db,
@@ -147,6 +167,22 @@ impl RedisBuilder {
     /// the system's root certificates.
     pub fn tls(mut self, on: bool) -> Self {
         self.tls = on;
+        self
+    }
+
+    /// Trusts the CA certificates in the PEM file at `path` instead of the system's root
+    /// certificates (a private CA, a self-signed server). Needs [`tls`](Self::tls); the
+    /// file is read when connecting.
+    pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(path.into());
+        self
+    }
+
+    /// Presents the client certificate in the PEM file `cert`, with its private key in
+    /// `key`, to a server that demands one (`tls-auth-clients yes`). Needs
+    /// [`tls`](Self::tls); the files are read when connecting.
+    pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.client_cert = Some((cert.into(), key.into()));
         self
     }
 
@@ -201,6 +237,18 @@ impl RedisBuilder {
         self.tls
     }
 
+    /// The CA file trusted instead of the system's roots, if any.
+    pub fn tls_ca_file(&self) -> Option<&Path> {
+        self.ca_file.as_deref()
+    }
+
+    /// The client certificate and key files, if any.
+    pub fn tls_client_cert(&self) -> Option<(&Path, &Path)> {
+        self.client_cert
+            .as_ref()
+            .map(|(cert, key)| (cert.as_path(), key.as_path()))
+    }
+
     /// The configured prefix.
     pub fn key_prefix(&self) -> &str {
         &self.prefix
@@ -238,6 +286,12 @@ impl RedisBuilder {
             sentinel.check(&self.redacted(), self.tls)?;
         }
         self.check_cluster()?;
+        if !self.tls && (self.ca_file.is_some() || self.client_cert.is_some()) {
+            return Err(Error::invalid_url(
+                &self.redacted(),
+                "a CA file or a client certificate needs TLS (rediss://)",
+            ));
+        }
         #[cfg(not(feature = "tls"))]
         if self.tls {
             return Err(Error::invalid_url(
@@ -292,6 +346,14 @@ impl RedisBuilder {
         }
         if self.timeout != DEFAULT_TIMEOUT {
             params.push(("timeout".to_owned(), format_duration(self.timeout)));
+        }
+        let path = |p: &Path| p.to_string_lossy().into_owned();
+        if let Some(ca) = &self.ca_file {
+            params.push(("ca".to_owned(), path(ca)));
+        }
+        if let Some((cert, key)) = &self.client_cert {
+            params.push(("cert".to_owned(), path(cert)));
+            params.push(("key".to_owned(), path(key)));
         }
         let userinfo = UserInfo::from_parts(
             self.username.as_deref().filter(|u| !u.is_empty()),

@@ -53,6 +53,8 @@ impl Failure {
             Failure::Refused(message) => is_readonly(message),
             Failure::Discovery { transient, .. } => *transient,
             Failure::Shared(failure) => failure.is_transient(),
+            // A certificate refused, or a server that does not speak TLS: retrying cannot help.
+            Failure::Redis(e) if tls_problem(e).is_some() => false,
             Failure::Redis(e) => match e.kind() {
                 // A cluster client without a connection to the slot's node (mid-failover).
                 ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => true,
@@ -75,6 +77,36 @@ impl Failure {
 /// Whether a server's error message is `READONLY` (a replica refusing a write).
 pub(crate) fn is_readonly(message: &str) -> bool {
     message.starts_with("READONLY")
+}
+
+/// What a TLS failure most likely means, for the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TlsProblem {
+    /// The server's certificate does not chain to a trusted CA, or names another host.
+    Untrusted,
+    /// The peer answered the handshake with something that is not TLS.
+    NotTls,
+    /// The server ended the handshake with an alert (e.g. it demands a client certificate).
+    Refused,
+}
+
+/// The TLS problem behind `e`, if rustls reported one.
+#[cfg(feature = "tls")]
+pub(crate) fn tls_problem(e: &RedisError) -> Option<TlsProblem> {
+    Some(match lock_core::find_cause::<rustls::Error>(e)? {
+        rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
+            TlsProblem::Untrusted
+        }
+        rustls::Error::InvalidMessage(_)
+        | rustls::Error::InappropriateMessage { .. }
+        | rustls::Error::InappropriateHandshakeMessage { .. } => TlsProblem::NotTls,
+        _ => TlsProblem::Refused,
+    })
+}
+
+#[cfg(not(feature = "tls"))]
+pub(crate) fn tls_problem(_e: &RedisError) -> Option<TlsProblem> {
+    None
 }
 
 /// The source of the errors a [`RedisNode`] returns: which server, which operation, what.
@@ -112,13 +144,31 @@ impl fmt::Display for NodeError {
                 self.timeout
             ),
             Failure::Timeout => write!(f, "no answer within {:?}", self.timeout),
+            Failure::Redis(e) if tls_problem(e).is_some() => match tls_problem(e) {
+                Some(TlsProblem::Untrusted) => write!(
+                    f,
+                    "the server's TLS certificate is not trusted (is it signed by the CA given \
+                     with `ca=`, or by a system root without one? does it name this host?): {e}"
+                ),
+                Some(TlsProblem::NotTls) => write!(
+                    f,
+                    "the server does not speak TLS (a plain-text port? use redis://): {e}"
+                ),
+                _ => write!(
+                    f,
+                    "the server refused the TLS handshake (does it demand a client certificate? \
+                     give one with `cert=` and `key=`): {e}"
+                ),
+            },
             Failure::Redis(e)
                 if checking && e.is_connection_dropped() && !e.is_connection_refusal() =>
             {
-                write!(
-                    f,
-                    "the server closed the connection on PING (is this a Redis port?): {e}"
-                )
+                let hint = if self.tls {
+                    "is this a Redis port?"
+                } else {
+                    "is this a Redis port? a TLS-only port needs rediss://"
+                };
+                write!(f, "the server closed the connection on PING ({hint}): {e}")
             }
             Failure::Reply(what) => f.write_str(what),
             Failure::Discovery { message, .. } => f.write_str(message),
@@ -134,6 +184,12 @@ impl fmt::Display for NodeError {
                     write!(
                         f,
                         "authentication refused (check the user name and password): {e}"
+                    )
+                } else if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
+                    write!(
+                        f,
+                        "the ACL user lacks a permission on the lock's keys, channel or commands \
+                         (see the minimal ACL in lock-redis' README): {e}"
                     )
                 } else if e.kind() == ErrorKind::Parse {
                     write!(

@@ -87,7 +87,7 @@ impl RedisNode {
             // rustls needs a process-wide crypto provider; keep one the application chose.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let open = |info: ConnectionInfo| Client::open(info).map_err(|e| Error::backend(NAME, e));
+        let open = |info: ConnectionInfo| open_client(&config, info);
         let mut settings = RedisConnectionInfo::default().set_db(i64::from(config.database()));
         let (username, password) = config.credentials();
         if let Some(username) = username {
@@ -356,6 +356,65 @@ fn connection_info(
         .into_connection_info()
         .map(|info| info.set_redis_settings(settings.clone()))
         .map_err(|e| Error::backend(NAME, e))
+}
+
+/// The client for `info`, with the CA and client certificate `config` names, if any.
+fn open_client(config: &RedisBuilder, info: ConnectionInfo) -> Result<Client> {
+    match tls_certificates(config)? {
+        None => Client::open(info),
+        #[cfg(feature = "tls")]
+        Some(certificates) => Client::build_with_tls(info, certificates),
+        #[cfg(not(feature = "tls"))]
+        Some(never) => match never {},
+    }
+    .map_err(|e| {
+        Error::invalid_url(
+            &config.redacted(),
+            format!("unusable TLS certificates: {e}"),
+        )
+    })
+}
+
+/// The CA and client certificate of a TLS configuration, read from their files; `None`
+/// when the configuration names neither (the system's roots, no client certificate).
+///
+/// # Errors
+/// [`Error::InvalidUrl`] naming the file when one cannot be read.
+#[cfg(feature = "tls")]
+fn tls_certificates(config: &RedisBuilder) -> Result<Option<redis::TlsCertificates>> {
+    let read = |what: &str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| {
+            Error::invalid_url(
+                &config.redacted(),
+                format!("cannot read the {what} file {}: {e}", path.display()),
+            )
+        })
+    };
+    let client = config.tls_client_cert();
+    if !config.is_tls() || (config.tls_ca_file().is_none() && client.is_none()) {
+        return Ok(None);
+    }
+    let root_cert = match config.tls_ca_file() {
+        Some(path) => Some(read("CA", path)?),
+        None => None,
+    };
+    let client_tls = match client {
+        Some((cert, key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("client certificate", cert)?,
+            client_key: read("client key", key)?,
+        }),
+        None => None,
+    };
+    Ok(Some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
+}
+
+/// Without the `tls` feature no configuration reaches here with TLS (`check` refuses it).
+#[cfg(not(feature = "tls"))]
+fn tls_certificates(_config: &RedisBuilder) -> Result<Option<std::convert::Infallible>> {
+    Ok(None)
 }
 
 impl RedisBuilder {

@@ -10,9 +10,11 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::binary::find_binary;
+use crate::etcd_tls::{self, EtcdOptions};
 use crate::http;
 use crate::ports::{free_ports, loopback, START_ATTEMPTS};
 use crate::process::{ManagedProcess, StartError};
+use crate::tls::ServerTls;
 
 /// How long a start (or restart) may take before it is a failure.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -39,6 +41,9 @@ pub struct EtcdServer {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// The plain-text port serving `/health` when clients are served over TLS.
+    metrics_port: Option<u16>,
+    tls: Option<ServerTls>,
     /// Declared before `dir`: the process dies before its directory goes.
     process: ManagedProcess,
     data_dir: PathBuf,
@@ -65,11 +70,42 @@ impl EtcdServer {
     /// As [`start`](Self::start); an argument etcd refuses makes it exit, and the message
     /// includes its log.
     pub async fn start_with_args(extra_args: &[&str]) -> EtcdServer {
-        let mut cluster = EtcdCluster::start_with_args(1, extra_args).await;
+        EtcdServer::start_with(EtcdOptions {
+            extra_args: extra_args.iter().map(|&a| a.to_owned()).collect(),
+            ..EtcdOptions::default()
+        })
+        .await
+    }
+
+    /// Starts a single-member etcd with `options` (TLS, extra arguments) and waits until it
+    /// is healthy.
+    ///
+    /// # Panics
+    ///
+    /// As [`start_with_args`](Self::start_with_args).
+    pub async fn start_with(options: EtcdOptions) -> EtcdServer {
+        let extra: Vec<&str> = options.extra_args.iter().map(String::as_str).collect();
+        let mut cluster = EtcdCluster::start_inner(1, &extra, options.tls.as_ref()).await;
         cluster
             .members
             .pop()
             .expect("a one-member cluster has a member")
+    }
+
+    /// A distlock URL for this member: `etcd://127.0.0.1:PORT`, and with TLS
+    /// `?tls=true&ca=CA_FILE` (plus `&cert=…&key=…` when it demands a client certificate).
+    pub fn url(&self) -> String {
+        etcd_tls::url(&self.endpoint(), self.tls.as_ref())
+    }
+
+    /// The TLS this member serves clients with, if any.
+    pub fn tls(&self) -> Option<&ServerTls> {
+        self.tls.as_ref()
+    }
+
+    /// Where `/health` is served: the client port, or the metrics port under TLS.
+    fn health_addr(&self) -> SocketAddr {
+        loopback(self.metrics_port.unwrap_or(self.client_port))
     }
 
     /// `127.0.0.1:PORT` (the client port), the form etcd clients take.
@@ -145,7 +181,7 @@ impl EtcdServer {
             self.process
                 .respawn()
                 .unwrap_or_else(|e| panic!("lock-testkit: cannot respawn etcd: {e}"));
-            let addr = self.addr();
+            let addr = self.health_addr();
             let ready = self
                 .process
                 .wait_ready(READY_TIMEOUT, READY_POLL, || health(addr))
@@ -165,9 +201,10 @@ impl EtcdServer {
         self.process.is_running()
     }
 
-    /// True when `GET /health` answers `{"health":"true"}` within 500 ms.
+    /// True when `GET /health` answers `{"health":"true"}` within 500 ms (on the metrics
+    /// port for a TLS member).
     pub async fn health(&self) -> bool {
-        health(self.addr()).await
+        health(self.health_addr()).await
     }
 
     /// `(member_id, leader_id)` from `POST /v3/maintenance/status`, or `None`
@@ -264,10 +301,14 @@ impl EtcdCluster {
     ///
     /// As [`start`](Self::start).
     pub async fn start_with_args(n: usize, extra_args: &[&str]) -> EtcdCluster {
+        EtcdCluster::start_inner(n, extra_args, None).await
+    }
+
+    async fn start_inner(n: usize, extra_args: &[&str], tls: Option<&ServerTls>) -> EtcdCluster {
         assert!(n > 0, "an etcd cluster needs at least one member");
         let binary = find_binary("etcd", "etcd-server");
         for attempt in 1..=START_ATTEMPTS {
-            let cluster = EtcdCluster::spawn(&binary, n, extra_args);
+            let cluster = EtcdCluster::spawn(&binary, n, extra_args, tls);
             match cluster.wait_all_healthy().await {
                 Ok(()) => return cluster,
                 Err(e) if e.is_addr_in_use() && attempt < START_ATTEMPTS => continue,
@@ -278,26 +319,30 @@ impl EtcdCluster {
     }
 
     /// Spawns all members on fresh ports without waiting.
-    fn spawn(binary: &Path, n: usize, extra_args: &[&str]) -> EtcdCluster {
-        let ports = free_ports(2 * n);
+    fn spawn(binary: &Path, n: usize, extra_args: &[&str], tls: Option<&ServerTls>) -> EtcdCluster {
+        // Per member: client, peer and (under TLS) metrics port.
+        let per = if tls.is_some() { 3 } else { 2 };
+        let ports = free_ports(per * n);
         let token = cluster_token();
         let names: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
         let initial_cluster = names
             .iter()
             .enumerate()
-            .map(|(i, name)| format!("{name}=http://127.0.0.1:{}", ports[2 * i + 1]))
+            .map(|(i, name)| format!("{name}=http://127.0.0.1:{}", ports[per * i + 1]))
             .collect::<Vec<_>>()
             .join(",");
         let members = names
             .into_iter()
             .enumerate()
             .map(|(i, name)| {
-                let (client_port, peer_port) = (ports[2 * i], ports[2 * i + 1]);
+                let (client_port, peer_port) = (ports[per * i], ports[per * i + 1]);
+                let metrics_port = tls.map(|_| ports[per * i + 2]);
                 let dir = data_parent()
                     .unwrap_or_else(|e| panic!("lock-testkit: cannot create a temp dir: {e}"));
                 // etcd creates the data dir itself (mode 0700).
                 let data_dir = dir.path().join("data");
-                let client_url = format!("http://127.0.0.1:{client_port}");
+                let scheme = if tls.is_some() { "https" } else { "http" };
+                let client_url = format!("{scheme}://127.0.0.1:{client_port}");
                 let peer_url = format!("http://127.0.0.1:{peer_port}");
                 let mut args: Vec<OsString> = vec![
                     "--name".into(),
@@ -329,6 +374,9 @@ impl EtcdCluster {
                     "--log-level".into(),
                     "error".into(),
                 ];
+                if let (Some(tls), Some(metrics_port)) = (tls, metrics_port) {
+                    args.extend(etcd_tls::tls_args(tls, metrics_port));
+                }
                 args.extend(extra_args.iter().map(OsString::from));
                 let process = ManagedProcess::spawn(
                     format!(
@@ -343,6 +391,8 @@ impl EtcdCluster {
                     name,
                     client_port,
                     peer_port,
+                    metrics_port,
+                    tls: tls.cloned(),
                     process,
                     data_dir,
                     _dir: dir,

@@ -4,6 +4,8 @@
 mod binary;
 mod cluster;
 mod etcd;
+mod etcd_auth;
+mod etcd_tls;
 mod http;
 mod ports;
 mod postgres;
@@ -11,12 +13,16 @@ mod process;
 mod proxy;
 mod redis;
 mod sentinel;
+mod tls;
 
 pub use crate::binary::find_binary;
 pub use crate::cluster::{ClusterNode, RedisCluster, CLUSTER_NODE_TIMEOUT, CLUSTER_SLOTS};
 pub use crate::etcd::{EtcdCluster, EtcdServer};
+pub use crate::etcd_auth::EtcdUser;
+pub use crate::etcd_tls::EtcdOptions;
 pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};
 pub use crate::proxy::{FaultProxy, ProxyMode};
 pub use crate::redis::{RedisNodes, RedisOptions, RedisServer};
 pub use crate::sentinel::{RedisSentinels, DOWN_AFTER, FAILOVER_TIMEOUT, SENTINEL_MASTER};
+pub use crate::tls::{ServerTls, TestCerts};

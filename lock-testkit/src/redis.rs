@@ -12,6 +12,7 @@ use tokio::net::TcpStream;
 use crate::binary::find_binary;
 use crate::ports::{free_port, loopback, START_ATTEMPTS};
 use crate::process::ManagedProcess;
+use crate::tls::ServerTls;
 
 /// How long a start may take before it is a failure.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -39,6 +40,18 @@ pub struct RedisOptions {
     /// Require this password (`--requirepass`). [`RedisServer::url`] and
     /// [`RedisServer::client`] include it. Default: none.
     pub password: Option<String>,
+    /// Listen with TLS only: `--port 0 --tls-port PORT` with the certificate, key and CA of
+    /// `tls`, and `--tls-auth-clients yes|no` as it demands client certificates.
+    /// [`RedisServer::port`] is then the TLS port, [`RedisServer::url`] a `rediss://` URL
+    /// with the CA (and the client certificate) as distlock parameters, and
+    /// [`RedisServer::client`] connects with TLS. The files must outlive the server (keep
+    /// the [`TestCerts`](crate::TestCerts)). Default: none (plain text).
+    pub tls: Option<ServerTls>,
+    /// ACL users, each an `ACL SETUSER` rule line such as
+    /// `"locker on >pw ~distlock:* &distlock:* +@all"`, given to the server as `--user`
+    /// lines. The `default` user stays as it is (no password unless `password` is set).
+    /// Default: none.
+    pub users: Vec<String>,
 }
 
 /// A `redis-server` child process on `127.0.0.1` and a free port, with its
@@ -95,9 +108,9 @@ impl RedisServer {
                 &log_path,
             )
             .unwrap_or_else(|e| panic!("lock-testkit: cannot spawn {}: {e}", binary.display()));
-            let password = options.password.is_some();
+            let probe = Probe::of(&options, port);
             let ready = process
-                .wait_ready(READY_TIMEOUT, READY_POLL, || ping(loopback(port), password))
+                .wait_ready(READY_TIMEOUT, READY_POLL, || probe.ping())
                 .await;
             match ready {
                 Ok(()) => {
@@ -127,16 +140,43 @@ impl RedisServer {
     }
 
     /// `redis://127.0.0.1:PORT`, or `redis://:PASSWORD@127.0.0.1:PORT` when
-    /// a password is set (percent-encoded).
+    /// a password is set (percent-encoded). With [`RedisOptions::tls`], a distlock URL
+    /// `rediss://…?ca=CA_FILE` (and `&cert=…&key=…` when the server demands a client
+    /// certificate), which redis-rs itself does not take.
     pub fn url(&self) -> String {
         match &self.options.password {
-            None => format!("redis://127.0.0.1:{}", self.port),
-            Some(password) => format!(
-                "redis://:{}@127.0.0.1:{}",
-                percent_encode(password),
-                self.port
-            ),
+            None => self.url_as_user("", None),
+            Some(password) => self.url_as_user("", Some(password)),
         }
+    }
+
+    /// [`url`](Self::url) as ACL user `user` (empty: no user name) with `password`, both
+    /// percent-encoded.
+    pub fn url_as_user(&self, user: &str, password: Option<&str>) -> String {
+        let mut userinfo = percent_encode(user);
+        if let Some(password) = password {
+            userinfo.push(':');
+            userinfo.push_str(&percent_encode(password));
+        }
+        if !userinfo.is_empty() {
+            userinfo.push('@');
+        }
+        let Some(tls) = &self.options.tls else {
+            return format!("redis://{userinfo}127.0.0.1:{}", self.port);
+        };
+        let mut url = format!(
+            "rediss://{userinfo}127.0.0.1:{}?ca={}",
+            self.port,
+            percent_encode(&tls.ca.to_string_lossy())
+        );
+        if tls.client_certs {
+            url.push_str(&format!(
+                "&cert={}&key={}",
+                percent_encode(&tls.client_cert.to_string_lossy()),
+                percent_encode(&tls.client_key.to_string_lossy())
+            ));
+        }
+        url
     }
 
     /// The options the server was started with.
@@ -201,14 +241,14 @@ impl RedisServer {
                 )
             });
         }
-        let password = self.options.password.is_some();
+        let probe = Probe::of(&self.options, self.port);
         for attempt in 1..=START_ATTEMPTS {
             self.process
                 .respawn()
                 .unwrap_or_else(|e| panic!("lock-testkit: cannot respawn redis-server: {e}"));
             let ready = self
                 .process
-                .wait_ready(READY_TIMEOUT, READY_POLL, || ping(self.addr(), password))
+                .wait_ready(READY_TIMEOUT, READY_POLL, || probe.ping())
                 .await;
             match ready {
                 Ok(()) => return,
@@ -241,9 +281,9 @@ impl RedisServer {
     }
 
     /// True when a `PING` on a fresh connection is answered within 500 ms
-    /// (`PONG`, or `NOAUTH` when a password is set).
+    /// (`PONG`, or `NOAUTH` when a password is set), over TLS for a TLS server.
     pub async fn ping(&self) -> bool {
-        ping(self.addr(), self.options.password.is_some()).await
+        Probe::of(&self.options, self.port).ping().await
     }
 
     /// A new raw connection (authenticated when a password is set) for tests
@@ -254,8 +294,8 @@ impl RedisServer {
     /// If connecting fails or takes more than 10 s (e.g. the server is
     /// killed or paused).
     pub async fn client(&self) -> redis::aio::MultiplexedConnection {
-        let client = redis::Client::open(self.url())
-            .unwrap_or_else(|e| panic!("lock-testkit: bad redis url {}: {e}", self.url()));
+        let client = redis_client(&self.options, self.port)
+            .unwrap_or_else(|e| panic!("lock-testkit: bad redis client for {}: {e}", self.addr()));
         match tokio::time::timeout(CLIENT_TIMEOUT, client.get_multiplexed_async_connection()).await
         {
             Ok(Ok(connection)) => connection,
@@ -283,7 +323,11 @@ impl Drop for RedisServer {
 pub(crate) fn redis_args(port: u16, options: &RedisOptions, data_dir: &Path) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec![
         "--port".into(),
-        port.to_string().into(),
+        if options.tls.is_some() {
+            "0".into()
+        } else {
+            port.to_string().into()
+        },
         "--bind".into(),
         "127.0.0.1".into(),
         "--save".into(),
@@ -307,7 +351,81 @@ pub(crate) fn redis_args(port: u16, options: &RedisOptions, data_dir: &Path) -> 
     if let Some(password) = &options.password {
         args.extend(["--requirepass".into(), password.into()]);
     }
+    if let Some(tls) = &options.tls {
+        args.extend([
+            "--tls-port".into(),
+            port.to_string().into(),
+            "--tls-cert-file".into(),
+            tls.cert.clone().into(),
+            "--tls-key-file".into(),
+            tls.key.clone().into(),
+            "--tls-ca-cert-file".into(),
+            tls.ca.clone().into(),
+            "--tls-auth-clients".into(),
+            if tls.client_certs { "yes" } else { "no" }.into(),
+        ]);
+    }
+    for user in &options.users {
+        args.push("--user".into());
+        args.extend(user.split_whitespace().map(OsString::from));
+    }
     args
+}
+
+/// A redis-rs client for the server: plain `redis://`, or TLS trusting the server's CA
+/// (and presenting the client certificate when it demands one).
+fn redis_client(options: &RedisOptions, port: u16) -> redis::RedisResult<redis::Client> {
+    let password = options
+        .password
+        .as_ref()
+        .map(|p| format!(":{}@", percent_encode(p)))
+        .unwrap_or_default();
+    let Some(tls) = &options.tls else {
+        return redis::Client::open(format!("redis://{password}127.0.0.1:{port}"));
+    };
+    redis::Client::build_with_tls(
+        format!("rediss://{password}127.0.0.1:{port}"),
+        tls.redis_certificates(),
+    )
+}
+
+/// How readiness is checked: a raw RESP `PING` on a plain port, a redis-rs TLS connection on
+/// a TLS one.
+enum Probe {
+    Plain { addr: SocketAddr, password: bool },
+    Tls(Box<redis::Client>),
+}
+
+impl Probe {
+    fn of(options: &RedisOptions, port: u16) -> Probe {
+        match &options.tls {
+            None => Probe::Plain {
+                addr: loopback(port),
+                password: options.password.is_some(),
+            },
+            Some(_) => Probe::Tls(Box::new(redis_client(options, port).unwrap_or_else(|e| {
+                panic!("lock-testkit: cannot make a TLS client for port {port}: {e}")
+            }))),
+        }
+    }
+
+    async fn ping(&self) -> bool {
+        match self {
+            Probe::Plain { addr, password } => ping(*addr, *password).await,
+            Probe::Tls(client) => {
+                let exchange = async {
+                    let mut connection = client.get_multiplexed_async_connection().await?;
+                    redis::cmd("PING")
+                        .query_async::<String>(&mut connection)
+                        .await
+                };
+                matches!(
+                    tokio::time::timeout(PROBE_TIMEOUT, exchange).await,
+                    Ok(Ok(reply)) if reply == "PONG"
+                )
+            }
+        }
+    }
 }
 
 /// Speaks RESP directly: `PING` on a fresh connection, expecting `+PONG`

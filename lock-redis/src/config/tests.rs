@@ -105,6 +105,39 @@ fn rediss_means_tls() {
     }
 }
 
+/// `ca`, `cert` and `key` on `rediss://` give the TLS files, survive the round trip to a
+/// URL, and are refused on `redis://` or apart.
+#[cfg(feature = "tls")]
+#[test]
+fn tls_files_from_urls_and_setters() {
+    let url = "rediss://cache.example:6380?ca=%2Fetc%2Fca.pem&cert=%2Fc.pem&key=%2Fk.pem";
+    let b = from(url).unwrap();
+    assert_eq!(b.tls_ca_file(), Some(Path::new("/etc/ca.pem")));
+    assert_eq!(
+        b.tls_client_cert(),
+        Some((Path::new("/c.pem"), Path::new("/k.pem")))
+    );
+    let built = RedisBuilder::new("cache.example:6380")
+        .tls(true)
+        .ca_file("/etc/ca.pem")
+        .client_cert("/c.pem", "/k.pem");
+    assert_eq!(b, built);
+    assert_eq!(from(&built.url().unwrap()).unwrap(), built);
+    for (url, needle) in [
+        ("redis://h?ca=%2Fca.pem", "needs TLS"),
+        ("rediss://h?cert=%2Fc.pem", "go together"),
+        ("rediss://h?key=%2Fk.pem", "go together"),
+    ] {
+        match from(url) {
+            Err(Error::InvalidUrl { reason, .. }) => {
+                assert!(reason.contains(needle), "{url}: {reason}")
+            }
+            other => panic!("{url}: expected InvalidUrl, got {other:?}"),
+        }
+    }
+    assert!(RedisBuilder::new("h").ca_file("/ca.pem").check().is_err());
+}
+
 #[test]
 fn bad_addresses_and_timeouts_are_reported_by_check() {
     for addr in [
