@@ -159,7 +159,11 @@ async fn a_replica_or_a_demoted_master_is_never_written() {
     deployment
         .wait_for_new_master(deployment.node_addr(old), bound)
         .await;
-    deployment.wait_for_role(old, "slave", bound).await;
+    // The sentinels reconfigure a live old master when they next poll it with `INFO`,
+    // which they do every 10 s (not configurable): the demotion takes up to that long
+    // after the promotion.
+    let demoted = bound + Duration::from_secs(12);
+    deployment.wait_for_role(old, "slave", demoted).await;
     let writes_before = calls(&deployment, old, "evalsha").await;
     let wait = LockOptions::new().wait_for(bound).watchdog(false);
     for _ in 0..20 {
