@@ -2,8 +2,12 @@
 #![deny(missing_docs)]
 
 mod binary;
+mod child;
+mod container;
+mod engine;
 mod etcd;
 mod http;
+mod images;
 mod ports;
 mod postgres;
 mod process;
@@ -11,6 +15,7 @@ mod proxy;
 mod redis;
 
 pub use crate::binary::find_binary;
+pub use crate::engine::{launch_mode, LaunchMode};
 pub use crate::etcd::{EtcdCluster, EtcdServer};
 pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};
