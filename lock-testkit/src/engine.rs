@@ -74,10 +74,13 @@ pub(crate) fn engine() -> &'static Engine {
             .expect("lock-testkit: cannot start the engine runtime");
         let docker = Docker::connect_with_defaults().unwrap_or_else(|e| no_engine(&e));
         let ping = {
+            // Not `block_on`: the caller may be inside a runtime already.
             let docker = docker.clone();
-            runtime.block_on(async move {
-                tokio::time::timeout(CONNECT_TIMEOUT, docker.ping()).await
-            })
+            let (reply, result) = mpsc::channel();
+            runtime.spawn(async move {
+                let _ = reply.send(tokio::time::timeout(CONNECT_TIMEOUT, docker.ping()).await);
+            });
+            result.recv().expect("lock-testkit: the engine ping panicked")
         };
         match ping {
             Ok(Ok(_)) => {}
