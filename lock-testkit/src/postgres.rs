@@ -166,7 +166,12 @@ impl PostgresServer {
 
     /// Sends `signal` to every child of the postmaster (each in a session of its own, so
     /// out of reach of a signal to the postmaster's group).
+    ///
+    /// Nothing to do in a container: pause, resume and kill reach all its processes.
     fn signal_children(&self, signal: libc::c_int) {
+        if self.process.in_container() {
+            return;
+        }
         let Some(parent) = self.process.pid() else {
             return;
         };
