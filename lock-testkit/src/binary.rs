@@ -3,7 +3,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::engine::{launch_mode, LaunchMode};
+use crate::mode::{launch_mode, LaunchMode};
 
 /// Directories searched after `PATH` (test runners sometimes have a
 /// stripped-down `PATH` without the `sbin` directories).

@@ -223,8 +223,8 @@ fn build(spec: &Spec, name: &str) -> io::Result<testcontainers::ContainerRequest
     for arg in &spec.args {
         command.push(text(arg)?);
     }
-    let image = GenericImage::new(spec.image.repository, spec.image.tag)
-        .with_entrypoint(&command[0]);
+    let image =
+        GenericImage::new(spec.image.repository, spec.image.tag).with_entrypoint(&command[0]);
     let log = Arc::new(Mutex::new(
         OpenOptions::new()
             .create(true)
@@ -309,4 +309,10 @@ pub(crate) fn mounts_for(args: &[OsString], log_path: &Path, extra: &[PathBuf]) 
         }
     }
     mounts
+}
+
+/// This process's effective user and group ids.
+pub(crate) fn current_user() -> (u32, u32) {
+    // SAFETY: geteuid and getegid have no preconditions.
+    unsafe { (libc::geteuid(), libc::getegid()) }
 }

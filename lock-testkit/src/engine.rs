@@ -11,39 +11,10 @@ use std::time::Duration;
 
 use bollard::Docker;
 
-/// The variable choosing how servers are launched.
-pub(crate) const MODE_ENV: &str = "DISTLOCK_TESTKIT";
 /// Every container of this test kit is named `PREFIX-<test binary pid>-<run id>-<n>`.
 pub(crate) const NAME_PREFIX: &str = "distlock-testkit";
 /// Bound on reaching the engine at first use.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How the test kit launches servers, chosen by `DISTLOCK_TESTKIT`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LaunchMode {
-    /// `processes` (the default): child processes of the test binary.
-    Processes,
-    /// `containers`: containers of a Docker engine (`DOCKER_HOST`, else
-    /// `/var/run/docker.sock`), through `testcontainers`, on the host network.
-    Containers,
-}
-
-/// The launch mode `DISTLOCK_TESTKIT` selects: unset, empty or `processes` for child
-/// processes, `containers` for containers.
-///
-/// # Panics
-///
-/// On any other value, naming the accepted ones.
-pub fn launch_mode() -> LaunchMode {
-    match std::env::var(MODE_ENV).as_deref() {
-        Err(_) | Ok("") | Ok("processes") => LaunchMode::Processes,
-        Ok("containers") => LaunchMode::Containers,
-        Ok(other) => panic!(
-            "lock-testkit: {MODE_ENV}={other:?} is not a launch mode: use `processes` \
-             (the default) or `containers`"
-        ),
-    }
-}
 
 /// The engine connection, shared by every container of this test binary.
 pub(crate) struct Engine {
@@ -80,7 +51,9 @@ pub(crate) fn engine() -> &'static Engine {
             runtime.spawn(async move {
                 let _ = reply.send(tokio::time::timeout(CONNECT_TIMEOUT, docker.ping()).await);
             });
-            result.recv().expect("lock-testkit: the engine ping panicked")
+            result
+                .recv()
+                .expect("lock-testkit: the engine ping panicked")
         };
         match ping {
             Ok(Ok(_)) => {}
@@ -99,6 +72,7 @@ pub(crate) fn engine() -> &'static Engine {
 }
 
 fn no_engine(error: &dyn std::fmt::Display) -> ! {
+    use crate::mode::MODE_ENV;
     panic!(
         "lock-testkit: {MODE_ENV}=containers needs a running Docker engine (DOCKER_HOST, \
          else /var/run/docker.sock): {error}. Start one (scripts/test.sh starts its own \

@@ -8,6 +8,8 @@ mod engine;
 mod etcd;
 mod http;
 mod images;
+mod mode;
+mod oneshot;
 mod ports;
 mod postgres;
 mod process;
@@ -15,8 +17,8 @@ mod proxy;
 mod redis;
 
 pub use crate::binary::find_binary;
-pub use crate::engine::{launch_mode, LaunchMode};
 pub use crate::etcd::{EtcdCluster, EtcdServer};
+pub use crate::mode::{launch_mode, LaunchMode};
 pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};
 pub use crate::proxy::{FaultProxy, ProxyMode};

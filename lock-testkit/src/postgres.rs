@@ -9,9 +9,10 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use crate::binary::find_binary;
-use crate::engine::{launch_mode, LaunchMode};
+use crate::mode::{launch_mode, LaunchMode};
+use crate::oneshot::run_to_end;
 use crate::ports::{free_port, loopback, START_ATTEMPTS};
-use crate::process::{run_to_end, ManagedProcess};
+use crate::process::ManagedProcess;
 
 /// How long a start may take before it is a failure.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);

@@ -81,7 +81,13 @@ fn open(port: u16) -> bool {
 async fn servers_are_gone_after_the_helper_dies(how: &str) {
     let exe = std::env::current_exe().unwrap();
     let mut helper: Child = Command::new(exe)
-        .args(["reaper_helper", "--exact", "--nocapture", "--test-threads", "1"])
+        .args([
+            "reaper_helper",
+            "--exact",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(HELPER_ENV, how)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -125,7 +131,10 @@ async fn servers_are_gone_after_the_helper_dies(how: &str) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eprintln!("{how}: servers gone {:?} after the helper died", died.elapsed());
+    eprintln!(
+        "{how}: servers gone {:?} after the helper died",
+        died.elapsed()
+    );
 }
 
 #[tokio::test]
