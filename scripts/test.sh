@@ -68,6 +68,13 @@ if [ "${DISTLOCK_SKIP_CONTAINERS:-0}" != 1 ]; then
     export DOCKER_HOST="unix://$engine_dir/sock"
     for _ in $(seq 100); do docker version >/dev/null 2>&1 && break; sleep 0.2; done
     docker version >/dev/null 2>&1 || { cat "$engine_dir/log"; echo "dockerd did not start"; exit 1; }
+    # Under cgroup v1 all containers share one CPU group (/docker) that weighs as much as a
+    # single host process: on a loaded machine the servers starve and the tests' short
+    # timeouts fire. Give the group the weight of a few processes.
+    if [ -f /sys/fs/cgroup/cpu/cpu.shares ]; then
+      $sudo mkdir -p /sys/fs/cgroup/cpu/docker
+      echo 8192 | $sudo tee /sys/fs/cgroup/cpu/docker/cpu.shares >/dev/null || true
+    fi
   fi
   scripts/local-images.sh
   # The exclusion checkers run a third of their default 24 s here: they ran in full above.
