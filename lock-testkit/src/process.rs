@@ -77,7 +77,7 @@ enum Run {
     /// A child process (exited but not yet reaped included).
     Child(Child),
     /// A container (stopped but not yet removed included: its log stays readable).
-    Container(Container),
+    Container(Box<Container>),
 }
 
 struct State {
@@ -194,7 +194,7 @@ impl ManagedProcess {
         let mut state = self.state();
         stop_locked(&mut state);
         if let Some(spec) = self.container_spec() {
-            state.run = Run::Container(Container::start(&spec)?);
+            state.run = Run::Container(Box::new(Container::start(&spec)?));
             state.log_start = 0;
             return Ok(());
         }
