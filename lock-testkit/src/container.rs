@@ -205,7 +205,9 @@ impl Drop for Container {
 fn build(spec: &Spec, name: &str) -> io::Result<testcontainers::ContainerRequest<GenericImage>> {
     let mut command: Vec<String> = Vec::new();
     let (uid, gid) = spec.user;
-    let mut mounts = spec.mounts.clone();
+    // (host path, path inside): the same path, but for the generated `/etc/passwd`.
+    let mut mounts: Vec<(PathBuf, PathBuf)> =
+        spec.mounts.iter().map(|m| (m.clone(), m.clone())).collect();
     if uid != 0 {
         if let Some(setpriv) = spec.image.setpriv {
             command.extend([
@@ -216,7 +218,7 @@ fn build(spec: &Spec, name: &str) -> io::Result<testcontainers::ContainerRequest
                 "--".to_owned(),
             ]);
             // Servers look their user up (PostgreSQL refuses one without a name).
-            mounts.push(passwd_file(spec, uid, gid)?);
+            mounts.push((passwd_file(spec, uid, gid)?, PathBuf::from("/etc/passwd")));
         }
     }
     command.push(text(spec.program.as_os_str())?);
@@ -243,11 +245,7 @@ fn build(spec: &Spec, name: &str) -> io::Result<testcontainers::ContainerRequest
             let mut file = log.lock().unwrap_or_else(|p| p.into_inner());
             let _ = file.write_all(bytes);
         });
-    for mount in mounts {
-        let (host, inside) = match mount.extension() {
-            Some(ext) if ext == "passwd" => (mount.clone(), PathBuf::from("/etc/passwd")),
-            _ => (mount.clone(), mount.clone()),
-        };
+    for (host, inside) in mounts {
         request = request.with_mount(Mount::bind_mount(
             text(host.as_os_str())?,
             text(inside.as_os_str())?,
@@ -315,4 +313,32 @@ pub(crate) fn mounts_for(args: &[OsString], log_path: &Path, extra: &[PathBuf]) 
 pub(crate) fn current_user() -> (u32, u32) {
     // SAFETY: geteuid and getegid have no preconditions.
     unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mounts_are_the_log_dir_and_the_paths_of_the_command_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        let log = dir.path().join("server.log");
+        let created = other.path().join("not-yet");
+        let args: Vec<OsString> = vec![
+            "--dir".into(),
+            dir.path().join("data").into(),
+            format!("--cert={}", other.path().display()).into(),
+            created.clone().into(),
+            "--port".into(),
+            "6379".into(),
+            "relative/path".into(),
+        ];
+        let mounts = mounts_for(&args, &log, &[]);
+        // The data dir is inside the log dir; `not-yet` is mounted through its parent.
+        assert_eq!(
+            mounts,
+            vec![dir.path().to_path_buf(), other.path().to_path_buf()]
+        );
+    }
 }

@@ -127,8 +127,8 @@ impl ManagedProcess {
     /// Spawns `program args...`, appending its stdout and stderr to
     /// `log_path` (created if missing). `name` is used in messages.
     ///
-    /// Returns as soon as the process is forked; use
-    /// [`wait_ready`](Self::wait_ready) to wait until it serves.
+    /// Returns as soon as the process is forked (in container mode: once the container
+    /// started); use [`wait_ready`](Self::wait_ready) to wait until it serves.
     ///
     /// # Errors
     ///
