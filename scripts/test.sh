@@ -3,7 +3,11 @@
 # servers the tests start (redis-server, etcd, postgresql), protoc and protobuf's
 # well-known types (etcd-client's build)
 # and faketime (the clock-skew tests) when they are missing, then the module-cycle check,
-# fmt, clippy, tests (all features) and docs.
+# fmt, clippy, tests (all features) and docs; then the conformance and fault tests of every
+# backend once more with the servers in containers (lock-testkit's container mode, local
+# images), on the Docker engine already running (DOCKER_HOST, or /var/run/docker.sock) or
+# on a dockerd this script starts under a temporary directory and stops at the end.
+# DISTLOCK_SKIP_CONTAINERS=1 skips the container phase.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,4 +41,48 @@ echo "==> cargo test (all features)"
 cargo test --workspace --all-features
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
+
+if [ "${DISTLOCK_SKIP_CONTAINERS:-0}" != 1 ]; then
+  echo "==> container mode: the same tests with the servers in containers"
+  engine_dir=""
+  stop_engine() {
+    if [ -n "$engine_dir" ] && [ -f "$engine_dir/pid" ]; then
+      kill "$(cat "$engine_dir/pid")" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$(cat "$engine_dir/pid")" 2>/dev/null || break; sleep 0.2; done
+      rm -rf "$engine_dir" 2>/dev/null || true
+    fi
+  }
+  trap stop_engine EXIT
+  if [ -z "${DOCKER_HOST:-}" ] && ! { [ -S /var/run/docker.sock ] && docker version >/dev/null 2>&1; }; then
+    if ! command -v dockerd >/dev/null 2>&1 || ! command -v docker >/dev/null 2>&1; then
+      echo "==> installing docker.io"
+      sudo=""
+      [ "$(id -u)" = 0 ] || sudo="sudo"
+      $sudo apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends docker.io
+    fi
+    engine_dir=$(mktemp -d /tmp/distlock-dockerd.XXXXXX)
+    echo "==> starting dockerd under $engine_dir"
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo dockerd --data-root "$engine_dir/root" --exec-root "$engine_dir/exec" \
+      --pidfile "$engine_dir/pid" -H "unix://$engine_dir/sock" \
+      --bridge=none --iptables=false --ip6tables=false >"$engine_dir/log" 2>&1 &
+    export DOCKER_HOST="unix://$engine_dir/sock"
+    for _ in $(seq 100); do docker version >/dev/null 2>&1 && break; sleep 0.2; done
+    docker version >/dev/null 2>&1 || { cat "$engine_dir/log"; echo "dockerd did not start"; exit 1; }
+    # Under cgroup v1 all containers share one CPU group (/docker) that weighs as much as a
+    # single host process: on a loaded machine the servers starve and the tests' short
+    # timeouts fire. Give the group the weight of a few processes.
+    if [ -f /sys/fs/cgroup/cpu/cpu.shares ]; then
+      $sudo mkdir -p /sys/fs/cgroup/cpu/docker
+      echo 8192 | $sudo tee /sys/fs/cgroup/cpu/docker/cpu.shares >/dev/null || true
+    fi
+  fi
+  scripts/local-images.sh
+  export DISTLOCK_TESTKIT=containers DISTLOCK_TESTKIT_IMAGES=local
+  cargo test --all-features -p lock-testkit
+  cargo test --all-features --no-fail-fast --test redis --test redlock --test etcd --test postgres \
+    --test exclusion_redis --test exclusion_redlock --test exclusion_etcd --test exclusion_postgres
+fi
 echo "==> all checks passed"

@@ -2,11 +2,17 @@
 #![deny(missing_docs)]
 
 mod binary;
+mod child;
 mod cluster;
+mod container;
+mod engine;
 mod etcd;
 mod etcd_auth;
 mod etcd_tls;
 mod http;
+mod images;
+mod mode;
+mod oneshot;
 mod ports;
 mod postgres;
 mod process;
@@ -20,6 +26,7 @@ pub use crate::cluster::{ClusterNode, RedisCluster, CLUSTER_NODE_TIMEOUT, CLUSTE
 pub use crate::etcd::{EtcdCluster, EtcdServer};
 pub use crate::etcd_auth::EtcdUser;
 pub use crate::etcd_tls::EtcdOptions;
+pub use crate::mode::{launch_mode, LaunchMode};
 pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};
 pub use crate::proxy::{FaultProxy, ProxyMode};

@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
+use crate::binary::find_binary;
+use crate::mode::{launch_mode, LaunchMode};
+use crate::oneshot::run_to_end;
 use crate::ports::{free_port, loopback, START_ATTEMPTS};
 use crate::process::ManagedProcess;
 
@@ -17,6 +20,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const READY_POLL: Duration = Duration::from_millis(20);
 /// Bound on one readiness probe (connect + `SELECT 1`).
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
+/// Bound on `initdb`.
+const INITDB_TIMEOUT: Duration = Duration::from_secs(60);
 /// The superuser's password on every test server.
 pub const POSTGRES_PASSWORD: &str = "distlock-test";
 /// Where Debian installs the server binaries: `/usr/lib/postgresql/<version>/bin`.
@@ -162,7 +167,12 @@ impl PostgresServer {
 
     /// Sends `signal` to every child of the postmaster (each in a session of its own, so
     /// out of reach of a signal to the postmaster's group).
+    ///
+    /// Nothing to do in a container: pause, resume and kill reach all its processes.
     fn signal_children(&self, signal: libc::c_int) {
+        if self.process.in_container() {
+            return;
+        }
         let Some(parent) = self.process.pid() else {
             return;
         };
@@ -260,6 +270,13 @@ fn children(parent: u32) -> Vec<u32> {
 ///
 /// When neither exists, with the install command.
 fn find_bin_dir() -> PathBuf {
+    if launch_mode() == LaunchMode::Containers {
+        // The directory inside the postgres image (`ManagedProcess` runs it there).
+        return find_binary("postgres", "postgresql")
+            .parent()
+            .expect("an absolute path inside the image")
+            .to_path_buf();
+    }
     let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir(DEBIAN_ROOT)
         .into_iter()
         .flatten()
@@ -312,29 +329,31 @@ fn chown(path: &Path, uid: u32, gid: u32) {
         .unwrap_or_else(|e| panic!("lock-testkit: cannot chown {}: {e}", path.display()));
 }
 
-/// `initdb` of a UTF-8 cluster with SCRAM authentication for every connection.
+/// `initdb` of a UTF-8 cluster with SCRAM authentication for every connection (in a
+/// container of the postgres image in container mode).
 fn initdb(bin: &Path, data_dir: &Path, password_file: &Path, user: Option<(u32, u32)>) {
-    use std::os::unix::process::CommandExt;
-    let mut command = std::process::Command::new(bin.join("initdb"));
-    command
-        .arg("-D")
-        .arg(data_dir)
-        .args(["-U", "postgres", "--auth=scram-sha-256", "-E", "UTF8"])
-        .args(["--locale=C", "--no-sync", "--no-instructions"])
-        .arg(format!("--pwfile={}", password_file.display()))
-        .stdin(std::process::Stdio::null());
-    if let Some((uid, gid)) = user {
-        command.uid(uid).gid(gid);
-    }
-    let output = command
-        .output()
+    let mut args: Vec<OsString> = vec!["-D".into(), data_dir.into()];
+    args.extend(
+        [
+            "-U",
+            "postgres",
+            "--auth=scram-sha-256",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+            "--no-instructions",
+        ]
+        .map(OsString::from),
+    );
+    args.push(format!("--pwfile={}", password_file.display()).into());
+    let log_path = data_dir.with_file_name("initdb.log");
+    let finished = run_to_end(&bin.join("initdb"), args, &log_path, user, INITDB_TIMEOUT)
         .unwrap_or_else(|e| panic!("lock-testkit: cannot run initdb: {e}"));
     assert!(
-        output.status.success(),
-        "lock-testkit: initdb failed ({}):\n{}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+        finished.success,
+        "lock-testkit: initdb failed ({}):\n{}",
+        finished.status, finished.output
     );
 }
 

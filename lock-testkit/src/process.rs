@@ -1,4 +1,5 @@
-//! The shared "managed child process" used by every server kind.
+//! The shared "managed server" used by every server kind: one way to launch a server, as
+//! a child process or in a container, behind one surface.
 
 use std::error::Error;
 use std::ffi::OsString;
@@ -9,78 +10,16 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use crate::child;
+use crate::container::{self, Container};
+use crate::images;
+use crate::mode::{launch_mode, LaunchMode};
 
 /// How many log lines startup-failure messages include.
 const LOG_TAIL_LINES: usize = 40;
-
-/// A request to the spawner thread: the command to spawn and where to send
-/// the result.
-struct SpawnRequest {
-    command: Command,
-    reply: mpsc::Sender<io::Result<Child>>,
-}
-
-/// The channel to the spawner thread, started on first use.
-///
-/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits,
-/// not the process. Test threads and tokio worker threads come and go, so all
-/// children are forked by this one thread, which blocks on the channel for
-/// the rest of the process's life (the sender lives in a static and is never
-/// dropped).
-fn spawner() -> &'static mpsc::Sender<SpawnRequest> {
-    static SPAWNER: OnceLock<mpsc::Sender<SpawnRequest>> = OnceLock::new();
-    SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<SpawnRequest>();
-        std::thread::Builder::new()
-            .name("lock-testkit-spawner".into())
-            .spawn(move || {
-                for mut request in rx {
-                    let result = request.command.spawn();
-                    // The requester may have gone away (panicked); then the
-                    // child is dropped here and killed by nobody but
-                    // PDEATHSIG at exit. Kill it right away instead.
-                    if let Err(mpsc::SendError(Ok(mut child))) = request.reply.send(result) {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                    }
-                }
-            })
-            .expect("lock-testkit: cannot start the spawner thread");
-        tx
-    })
-}
-
-/// Spawns `command` on the spawner thread, in its own process group, with
-/// `PR_SET_PDEATHSIG = SIGKILL`.
-fn spawn_child(mut command: Command) -> io::Result<Child> {
-    let parent = std::process::id() as libc::pid_t;
-    command.process_group(0);
-    // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe system calls (prctl, getppid) without allocating.
-    unsafe {
-        command.pre_exec(move || {
-            let signal = libc::SIGKILL as libc::c_ulong;
-            if libc::prctl(libc::PR_SET_PDEATHSIG, signal, 0 as libc::c_ulong, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The parent may have died between fork and prctl: then the
-            // death signal will never come, so do not start at all.
-            if libc::getppid() != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-    let (reply, result) = mpsc::channel();
-    spawner()
-        .send(SpawnRequest { command, reply })
-        .map_err(|_| io::Error::other("lock-testkit spawner thread is gone"))?;
-    result
-        .recv()
-        .map_err(|_| io::Error::other("lock-testkit spawner thread is gone"))?
-}
 
 /// Why a server did not become ready.
 #[derive(Debug, Clone)]
@@ -131,25 +70,49 @@ impl fmt::Display for StartError {
 
 impl Error for StartError {}
 
+/// What runs now.
+enum Run {
+    /// Nothing (never started, killed and reaped, or exited and reaped).
+    Stopped,
+    /// A child process (exited but not yet reaped included).
+    Child(Child),
+    /// A container (stopped but not yet removed included: its log stays readable).
+    Container(Box<Container>),
+}
+
 struct State {
-    /// The running (or exited but not yet reaped) child; `None` once reaped.
-    child: Option<Child>,
+    run: Run,
     /// Log file length when the current child was spawned, so failure
     /// messages show only this run's output.
     log_start: u64,
 }
 
-/// A child process owned by the test kit: spawned from the dedicated spawner
-/// thread with `PR_SET_PDEATHSIG = SIGKILL`, in its own process group, with
-/// stdin closed and stdout/stderr appended to a log file.
+/// A server owned by the test kit, launched in one of two ways chosen by
+/// `DISTLOCK_TESTKIT` ([`crate::launch_mode`]):
 ///
-/// Signals go to the whole process group (the server and anything it forked).
-/// Dropping a `ManagedProcess` kills and reaps it. All methods take `&self`;
-/// the child is kept behind a mutex.
+/// * as processes (the default): a child process spawned from the dedicated spawner
+///   thread with `PR_SET_PDEATHSIG = SIGKILL`, in its own process group, with stdin
+///   closed and stdout/stderr appended to a log file. Signals go to the whole process
+///   group (the server and anything it forked);
+/// * in containers (`containers`), for a program some image holds (see
+///   [`crate::find_binary`]): a container of that image started through
+///   `testcontainers` on the **host network** (so the server listens on the same
+///   127.0.0.1 port as a process would), running the program's path inside the image
+///   with the same arguments, as the same user (via `setpriv`), with the log file's
+///   directory and every absolute path on the command line bind-mounted at the same
+///   path, and its output appended to the same log file. Pausing freezes the container
+///   (`docker pause`), killing is `SIGKILL` to all its processes, a respawn starts a new
+///   container with the same command line (ports and mounted data are the same).
+///   Containers are named `distlock-testkit-<test binary pid>-<run id>-<n>`, and a
+///   reaper process removes those of a test binary that died without dropping them.
+///   A program no image holds (a host tool) still runs as a child process.
+///
+/// Dropping a `ManagedProcess` kills it (and removes its container). All methods take
+/// `&self`; the run is kept behind a mutex.
 ///
 /// This is the building block for server kinds: [`crate::RedisServer`] and
 /// [`crate::EtcdServer`] are a command line plus a readiness probe on top of
-/// it.
+/// it, and get both launch modes from it.
 pub struct ManagedProcess {
     name: String,
     program: PathBuf,
@@ -164,8 +127,8 @@ impl ManagedProcess {
     /// Spawns `program args...`, appending its stdout and stderr to
     /// `log_path` (created if missing). `name` is used in messages.
     ///
-    /// Returns as soon as the process is forked; use
-    /// [`wait_ready`](Self::wait_ready) to wait until it serves.
+    /// Returns as soon as the process is forked (in container mode: once the container
+    /// started); use [`wait_ready`](Self::wait_ready) to wait until it serves.
     ///
     /// # Errors
     ///
@@ -183,7 +146,7 @@ impl ManagedProcess {
             log_path: log_path.into(),
             user: None,
             state: Mutex::new(State {
-                child: None,
+                run: Run::Stopped,
                 log_start: 0,
             }),
         };
@@ -212,7 +175,7 @@ impl ManagedProcess {
             log_path: log_path.into(),
             user,
             state: Mutex::new(State {
-                child: None,
+                run: Run::Stopped,
                 log_start: 0,
             }),
         };
@@ -221,14 +184,20 @@ impl ManagedProcess {
     }
 
     /// Kills the process if it is running, then spawns the same command line
-    /// again.
+    /// again (in container mode: removes the container and starts a new one).
     ///
     /// # Errors
     ///
-    /// Like [`spawn`](Self::spawn).
+    /// Like [`spawn`](Self::spawn); in container mode also when a local image is missing
+    /// (the message names `scripts/local-images.sh`) or the engine refuses the container.
     pub fn respawn(&self) -> io::Result<()> {
         let mut state = self.state();
-        kill_locked(&mut state);
+        stop_locked(&mut state);
+        if let Some(spec) = self.container_spec() {
+            state.run = Run::Container(Box::new(Container::start(&spec)?));
+            state.log_start = 0;
+            return Ok(());
+        }
         let log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -245,10 +214,31 @@ impl ManagedProcess {
             // that sets the death signal, which a change of ids would clear.
             command.uid(uid).gid(gid);
         }
-        let child = spawn_child(command)?;
-        state.child = Some(child);
+        let child = child::spawn_child(command)?;
+        state.run = Run::Child(child);
         state.log_start = log_start;
         Ok(())
+    }
+
+    /// In container mode, for a program some image holds: what its container runs.
+    fn container_spec(&self) -> Option<container::Spec> {
+        if launch_mode() != LaunchMode::Containers {
+            return None;
+        }
+        let (image, program) = images::image_for_program(&self.program)?;
+        Some(container::Spec {
+            image,
+            program,
+            args: self.args.clone(),
+            log_path: self.log_path.clone(),
+            user: self.user.unwrap_or_else(container::current_user),
+            mounts: container::mounts_for(&self.args, &self.log_path, &[]),
+        })
+    }
+
+    /// True when the current (or last) run is a container.
+    pub fn in_container(&self) -> bool {
+        matches!(self.state().run, Run::Container(_))
     }
 
     /// The name given at spawn time.
@@ -262,11 +252,21 @@ impl ManagedProcess {
     }
 
     /// The process id while the process is running (`None` once it exited or
-    /// was killed).
+    /// was killed); in a container, the host's pid of the container's first process.
     pub fn pid(&self) -> Option<u32> {
         let mut state = self.state();
-        reap_if_exited(&mut state);
-        state.child.as_ref().map(Child::id)
+        match &mut state.run {
+            Run::Stopped => None,
+            Run::Child(child) => {
+                if child::is_running(child) {
+                    Some(child.id())
+                } else {
+                    state.run = Run::Stopped;
+                    None
+                }
+            }
+            Run::Container(container) => container.pid(),
+        }
     }
 
     /// True while the process has not exited (a paused process is running).
@@ -274,57 +274,108 @@ impl ManagedProcess {
         self.pid().is_some()
     }
 
-    /// Sends `SIGKILL` to the process group and waits until the process is
-    /// reaped. Works on paused processes; a no-op when not running.
+    /// Sends `SIGKILL` to the process group (in a container: to all its processes) and
+    /// waits until the process is reaped. Works on paused processes; a no-op when not
+    /// running.
     pub fn kill(&self) {
-        kill_locked(&mut self.state());
+        let mut state = self.state();
+        match std::mem::replace(&mut state.run, Run::Stopped) {
+            Run::Stopped => {}
+            Run::Child(child) => child::kill(child),
+            Run::Container(container) => {
+                container.kill();
+                // Kept until the next start or drop: its log stays readable.
+                state.run = Run::Container(container);
+            }
+        }
     }
 
-    /// Sends `SIGSTOP` to the process group (the server freezes; its sockets
-    /// stay open and connections hang). A no-op when not running.
+    /// Sends `SIGSTOP` to the process group (in a container: freezes it); the server
+    /// freezes, its sockets stay open and connections hang. A no-op when not running.
     pub fn pause(&self) {
-        self.signal_group(libc::SIGSTOP);
+        let mut state = self.state();
+        match &mut state.run {
+            Run::Stopped => {}
+            Run::Child(child) => {
+                if child::is_running(child) {
+                    child::signal_group(child, libc::SIGSTOP);
+                }
+            }
+            Run::Container(container) => container.pause(),
+        }
     }
 
-    /// Sends `SIGCONT` to the process group. A no-op when not running.
+    /// Sends `SIGCONT` to the process group (in a container: thaws it). A no-op when not
+    /// running.
     pub fn resume(&self) {
-        self.signal_group(libc::SIGCONT);
+        let mut state = self.state();
+        match &mut state.run {
+            Run::Stopped => {}
+            Run::Child(child) => {
+                if child::is_running(child) {
+                    child::signal_group(child, libc::SIGCONT);
+                }
+            }
+            Run::Container(container) => container.resume(),
+        }
     }
 
     /// The last `max_lines` lines the current run wrote to the log.
     pub fn log_tail(&self, max_lines: usize) -> String {
-        let start = self.state().log_start;
-        let mut text = Vec::new();
-        let read = File::open(&self.log_path).and_then(|mut file| {
-            file.seek(SeekFrom::Start(start))?;
-            file.read_to_end(&mut text)
-        });
-        if let Err(e) = read {
-            return format!("<cannot read {}: {e}>", self.log_path.display());
-        }
-        let text = String::from_utf8_lossy(&text);
+        let (start, container_log) = {
+            let state = self.state();
+            match &state.run {
+                Run::Container(container) => (0, Some(container.logs())),
+                _ => (state.log_start, None),
+            }
+        };
+        let text = match container_log {
+            Some(text) => text,
+            None => {
+                let mut text = Vec::new();
+                let read = File::open(&self.log_path).and_then(|mut file| {
+                    file.seek(SeekFrom::Start(start))?;
+                    file.read_to_end(&mut text)
+                });
+                if let Err(e) = read {
+                    return format!("<cannot read {}: {e}>", self.log_path.display());
+                }
+                String::from_utf8_lossy(&text).into_owned()
+            }
+        };
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(max_lines)..].join("\n")
     }
 
-    /// `Some(StartError::Exited)` when the process has exited (it is reaped).
+    /// `Some(StartError::Exited)` when the process has exited (it is reaped; a container
+    /// is removed once its log is read).
     pub fn check_exited(&self) -> Option<StartError> {
         let status = {
             let mut state = self.state();
-            match state.child.as_mut().map(Child::try_wait) {
-                None => Some("already killed or reaped".to_owned()),
-                Some(Ok(Some(status))) => {
-                    state.child = None;
-                    Some(status.to_string())
-                }
-                Some(Ok(None)) => None,
-                Some(Err(e)) => Some(format!("wait failed: {e}")),
+            match &mut state.run {
+                Run::Stopped => Some("already killed or reaped".to_owned()),
+                Run::Child(child) => match child.try_wait() {
+                    Ok(Some(status)) => {
+                        state.run = Run::Stopped;
+                        Some(status.to_string())
+                    }
+                    Ok(None) => None,
+                    Err(e) => Some(format!("wait failed: {e}")),
+                },
+                Run::Container(container) => container
+                    .exit_status()
+                    .map(|status| format!("container {}: {status}", container.name())),
             }
         }?;
+        let log = self.log_tail(LOG_TAIL_LINES);
+        let mut state = self.state();
+        if let Run::Container(container) = std::mem::replace(&mut state.run, Run::Stopped) {
+            container.remove();
+        }
         Some(StartError::Exited {
             name: self.name.clone(),
             status,
-            log: self.log_tail(LOG_TAIL_LINES),
+            log,
         })
     }
 
@@ -370,19 +421,6 @@ impl ManagedProcess {
         }
     }
 
-    fn signal_group(&self, signal: libc::c_int) {
-        let mut state = self.state();
-        reap_if_exited(&mut state);
-        if let Some(child) = &state.child {
-            // The child is not reaped, so its pid (= its process group id)
-            // cannot have been reused.
-            // SAFETY: plain kill(2) on our own child's process group.
-            unsafe {
-                libc::kill(-(child.id() as libc::pid_t), signal);
-            }
-        }
-    }
-
     fn state(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves the state consistent.
         self.state
@@ -403,27 +441,15 @@ impl fmt::Debug for ManagedProcess {
 
 impl Drop for ManagedProcess {
     fn drop(&mut self) {
-        self.kill();
+        stop_locked(&mut self.state());
     }
 }
 
-fn reap_if_exited(state: &mut State) {
-    if let Some(child) = state.child.as_mut() {
-        if !matches!(child.try_wait(), Ok(None)) {
-            state.child = None;
-        }
-    }
-}
-
-fn kill_locked(state: &mut State) {
-    if let Some(mut child) = state.child.take() {
-        if matches!(child.try_wait(), Ok(None)) {
-            // SAFETY: plain kill(2) on our own, not yet reaped, child's group.
-            unsafe {
-                libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
-            }
-            let _ = child.kill();
-        }
-        let _ = child.wait();
+/// Kills what runs and removes a container: nothing is left of the run.
+fn stop_locked(state: &mut State) {
+    match std::mem::replace(&mut state.run, Run::Stopped) {
+        Run::Stopped => {}
+        Run::Child(child) => child::kill(child),
+        Run::Container(container) => container.remove(),
     }
 }

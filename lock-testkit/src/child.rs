@@ -1,0 +1,101 @@
+//! Child processes of the test binary: forked by one long-lived thread with a death
+//! signal, in their own process group.
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
+use std::sync::{mpsc, OnceLock};
+
+/// A request to the spawner thread: the command to spawn and where to send
+/// the result.
+struct SpawnRequest {
+    command: Command,
+    reply: mpsc::Sender<io::Result<Child>>,
+}
+
+/// The channel to the spawner thread, started on first use.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits,
+/// not the process. Test threads and tokio worker threads come and go, so all
+/// children are forked by this one thread, which blocks on the channel for
+/// the rest of the process's life (the sender lives in a static and is never
+/// dropped).
+fn spawner() -> &'static mpsc::Sender<SpawnRequest> {
+    static SPAWNER: OnceLock<mpsc::Sender<SpawnRequest>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("lock-testkit-spawner".into())
+            .spawn(move || {
+                for mut request in rx {
+                    let result = request.command.spawn();
+                    // The requester may have gone away (panicked); then the
+                    // child is dropped here and killed by nobody but
+                    // PDEATHSIG at exit. Kill it right away instead.
+                    if let Err(mpsc::SendError(Ok(mut child))) = request.reply.send(result) {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                }
+            })
+            .expect("lock-testkit: cannot start the spawner thread");
+        tx
+    })
+}
+
+/// Spawns `command` on the spawner thread, in its own process group, with
+/// `PR_SET_PDEATHSIG = SIGKILL`.
+pub(crate) fn spawn_child(mut command: Command) -> io::Result<Child> {
+    let parent = std::process::id() as libc::pid_t;
+    command.process_group(0);
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe system calls (prctl, getppid) without allocating.
+    unsafe {
+        command.pre_exec(move || {
+            let signal = libc::SIGKILL as libc::c_ulong;
+            if libc::prctl(libc::PR_SET_PDEATHSIG, signal, 0 as libc::c_ulong, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The parent may have died between fork and prctl: then the
+            // death signal will never come, so do not start at all.
+            if libc::getppid() != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    let (reply, result) = mpsc::channel();
+    spawner()
+        .send(SpawnRequest { command, reply })
+        .map_err(|_| io::Error::other("lock-testkit spawner thread is gone"))?;
+    result
+        .recv()
+        .map_err(|_| io::Error::other("lock-testkit spawner thread is gone"))?
+}
+
+/// Reaps `child` if it exited; true while it runs.
+pub(crate) fn is_running(child: &mut Child) -> bool {
+    matches!(child.try_wait(), Ok(None))
+}
+
+/// `SIGKILL` to the child's process group, then reaps it.
+pub(crate) fn kill(mut child: Child) {
+    if is_running(&mut child) {
+        // SAFETY: plain kill(2) on our own, not yet reaped, child's group.
+        unsafe {
+            libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+        }
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+}
+
+/// `signal` to the (not yet reaped) child's process group.
+pub(crate) fn signal_group(child: &Child, signal: libc::c_int) {
+    // The child is not reaped, so its pid (= its process group id) cannot have been
+    // reused.
+    // SAFETY: plain kill(2) on our own child's process group.
+    unsafe {
+        libc::kill(-(child.id() as libc::pid_t), signal);
+    }
+}
