@@ -11,6 +11,7 @@ mod guard;
 mod handover;
 mod hold;
 mod jobs;
+mod metrics;
 mod observe;
 mod queue;
 mod shared;
@@ -243,13 +244,39 @@ impl Locker {
         key: &K,
         opts: &LockOptions,
     ) -> Result<LockGuard> {
-        // Read once: the clock is read only for an observer.
-        let observed = self.inner.observer.get().map(|_| Instant::now());
+        let started = Instant::now();
+        let mut waited = false;
+        let result = self.acquire_at(key, opts, started, &mut waited).await;
+        let ended = match &result {
+            Ok(guard) => guard.granted_at(),
+            Err(_) => Instant::now(),
+        };
+        self.inner.metrics.with(opts.metrics_label, |s| {
+            s.acquired(&result, started, ended, waited);
+        });
+        result
+    }
+
+    /// [`acquire`](Self::acquire) called at `started`; sets `waited` when the acquisition
+    /// waits (joins the key's queue).
+    async fn acquire_at<K: LockKey + ?Sized>(
+        &self,
+        key: &K,
+        opts: &LockOptions,
+        started: Instant,
+        waited: &mut bool,
+    ) -> Result<LockGuard> {
+        let observed = self.inner.observer.get().map(|_| started);
         let key_str = key.as_key();
-        validate_key(key_str)?;
-        let ttl = self.inner.caps.effective_ttl(opts.ttl)?;
+        // Refused before any I/O: counted here (server calls count their own errors).
+        let refused = |e: Error| {
+            self.inner.metrics.with(opts.metrics_label, |s| s.error(&e));
+            e
+        };
+        validate_key(key_str).map_err(refused)?;
+        let ttl = self.inner.caps.effective_ttl(opts.ttl).map_err(refused)?;
         if self.inner.shut_down.load(Ordering::SeqCst) {
-            return Err(Error::Shutdown);
+            return Err(refused(Error::Shutdown));
         }
         // An in-process backend never yields: take part in tokio's cooperative budget, as
         // tokio's own mutex does, so a task looping on locks cannot starve its neighbours.
@@ -325,6 +352,7 @@ impl Locker {
                 Some(Err(e)) => self.inner.observe(|| Event::Retrying { key, error: &e }),
             }
         }
+        *waited = true;
         // Boxed: the waiting state machine is large, and the uncontended path above should
         // not carry (and move) it.
         Box::pin(acquire::queued(
