@@ -306,8 +306,11 @@ impl GuardShared {
     }
 
     fn released(&self, result: Result<()>) -> Result<()> {
-        if let Err(e) = &result {
-            self.metrics(|s| s.error(e));
+        match &result {
+            // The release of a lock known lost (counted as lost) finds it gone, as expected.
+            Err(Error::NotHeld { .. }) if self.is_gone() => {}
+            Err(e) => self.metrics(|s| s.error(e)),
+            Ok(()) => {}
         }
         self.set_gone();
         self.settle();
