@@ -79,7 +79,7 @@ pub(super) async fn queued(
                         continue;
                     }
                     tracing::debug!(key, fence = lease.fence(), "lock handed over");
-                    let guard = LockGuard::new(shared, lease, ttl, opts);
+                    let guard = LockGuard::new(shared, lease, ttl, opts, Instant::now());
                     queue.turn.set_holder(guard.downgrade());
                     return Ok(guard);
                 }
@@ -163,7 +163,7 @@ pub(super) async fn attempt(
                 return Err(e);
             }
             tracing::debug!(key, fence, backend = shared.caps.name, "lock granted");
-            Ok(Ok(LockGuard::new(shared, lease, ttl, opts)))
+            Ok(Ok(LockGuard::new(shared, lease, ttl, opts, Instant::now())))
         }
         Attempt::Taken { expires_in } => Ok(Err(expires_in)),
     }
@@ -191,7 +191,11 @@ pub(super) fn attempt_now(
             }
             let key: &str = shared_key;
             tracing::debug!(key, fence, backend = shared.caps.name, "lock granted");
-            Ok(Ok(LockGuard::new(shared, lease, ttl, opts)))
+            // Granted at the backend's own reading of the clock: no second reading.
+            let granted_at = valid_until
+                .checked_sub(ttl.get())
+                .unwrap_or_else(Instant::now);
+            Ok(Ok(LockGuard::new(shared, lease, ttl, opts, granted_at)))
         }
         Ok(Attempt::Taken { expires_in }) => Ok(Err(expires_in)),
         Err(e) => {

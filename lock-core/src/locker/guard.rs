@@ -70,9 +70,16 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(locker: &Arc<Shared>, lease: Lease, ttl: Ttl, opts: &LockOptions) -> Self {
+    /// A guard of `lease`, granted at `granted_at`.
+    pub(crate) fn new(
+        locker: &Arc<Shared>,
+        lease: Lease,
+        ttl: Ttl,
+        opts: &LockOptions,
+        granted_at: Instant,
+    ) -> Self {
         LockGuard {
-            shared: GuardShared::start(locker, lease, ttl, opts),
+            shared: GuardShared::start(locker, lease, ttl, opts, granted_at),
             state: State::Held,
         }
     }

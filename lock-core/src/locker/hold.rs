@@ -380,14 +380,15 @@ impl LocalHolder for GuardShared {
 }
 
 impl GuardShared {
-    /// A hold of `lease` registered with its Locker, renewed by a watchdog when `watchdog`.
+    /// A hold of `lease`, granted at `granted_at`, registered with its Locker, renewed by a
+    /// watchdog when `opts.watchdog`.
     pub(super) fn start(
         locker: &Arc<Shared>,
         lease: Lease,
         ttl: Ttl,
         opts: &LockOptions,
+        granted_at: Instant,
     ) -> Arc<Self> {
-        let granted_at = Instant::now();
         let shared = locker.held.insert(|slot| {
             let shared = Arc::new(GuardShared {
                 slot,

@@ -244,29 +244,34 @@ impl Locker {
         key: &K,
         opts: &LockOptions,
     ) -> Result<LockGuard> {
-        let started = Instant::now();
+        // The clock is read at the call for an observer; otherwise only once the answer is
+        // not immediate: an acquisition answered at once by an in-process backend (memory)
+        // is recorded as taking no time, which spares the uncontended cycle a clock read.
+        let mut called = self.inner.observer.get().map(|_| Instant::now());
         let mut waited = false;
-        let result = self.acquire_at(key, opts, started, &mut waited).await;
+        let result = self.acquire_at(key, opts, &mut called, &mut waited).await;
         let ended = match &result {
             Ok(guard) => guard.granted_at(),
             Err(_) => Instant::now(),
         };
+        let called = called.unwrap_or(ended);
         self.inner.metrics.with(opts.metrics_label, |s| {
-            s.acquired(&result, started, ended, waited);
+            s.acquired(&result, called, ended, waited);
         });
         result
     }
 
-    /// [`acquire`](Self::acquire) called at `started`; sets `waited` when the acquisition
-    /// waits (joins the key's queue).
+    /// [`acquire`](Self::acquire); `called` is when it was called (read here after an
+    /// immediate attempt that did not answer, when not read already); sets `waited` when
+    /// the acquisition waits (joins the key's queue).
     async fn acquire_at<K: LockKey + ?Sized>(
         &self,
         key: &K,
         opts: &LockOptions,
-        started: Instant,
+        called: &mut Option<Instant>,
         waited: &mut bool,
     ) -> Result<LockGuard> {
-        let observed = self.inner.observer.get().map(|_| started);
+        let observed = *called;
         let key_str = key.as_key();
         // Refused before any I/O: counted here (server calls count their own errors).
         let refused = |e: Error| {
@@ -312,6 +317,7 @@ impl Locker {
                 }
             }
         }
+        let now = *called.get_or_insert_with(Instant::now);
         let (started, deadline) = match opts.wait {
             WaitStrategy::Skip => {
                 return match acquire::attempt(&self.inner, &shared_key, ttl, opts).await? {
@@ -321,13 +327,10 @@ impl Locker {
                     }),
                 };
             }
-            WaitStrategy::Wait(t) => {
-                let now = Instant::now();
-                (
-                    Some(now),
-                    Some(now.checked_add(t).unwrap_or_else(deadline::far_future)),
-                )
-            }
+            WaitStrategy::Wait(t) => (
+                Some(now),
+                Some(now.checked_add(t).unwrap_or_else(deadline::far_future)),
+            ),
             // The start only matters for the error message of a bounded wait.
             WaitStrategy::WaitForever => (None, None),
         };
