@@ -1,6 +1,8 @@
 //! The metrics every [`Locker`](crate::Locker) records through the [`metrics`] facade, the
-//! same on every backend: install a recorder (a Prometheus exporter, …) to collect them;
-//! without one they cost a few nanoseconds per operation and allocate nothing.
+//! same on every backend: install a recorder (a Prometheus exporter, …) to collect them.
+//! Without one they allocate nothing and cost a few nanoseconds per operation plus one
+//! clock reading per hold (at its end, for its duration); with one, each record costs
+//! the recorder's lookup of a key built once per Locker (no label is built per call).
 //!
 //! # Series
 //!
@@ -40,7 +42,9 @@ pub mod names {
     /// Histogram, seconds: from the call of
     /// [`Locker::acquire`](crate::Locker::acquire) (and so `lock`, `try_acquire`, `run`,
     /// `acquire_many` per key) to its answer, by `outcome`. An acquisition dropped before
-    /// its answer is not recorded.
+    /// its answer is not recorded. One answered at once by an in-process backend (the
+    /// memory backend's first attempt) is recorded as taking no time: the clock is not
+    /// read for it, so the uncontended cycle costs no extra reading.
     pub const ACQUIRE_DURATION: &str = "distlock_lock_acquire_duration_seconds";
     /// Histogram, seconds: the same time, only for the acquisitions that waited (the first
     /// attempt was refused or failed, or other waiters of the Locker were queued before
