@@ -80,18 +80,26 @@ impl Series {
         record(&self.hold, granted.elapsed());
     }
 
+    // Off the uncontended cycle: kept out of line so that it stays small.
+    #[cold]
     pub(crate) fn lost(&self) {
         count(&self.lost);
     }
 
+    // Off the uncontended cycle: kept out of line so that it stays small.
+    #[cold]
     pub(crate) fn renewal_failed(&self) {
         count(&self.renewals_failed);
     }
 
+    // Off the uncontended cycle: kept out of line so that it stays small.
+    #[cold]
     pub(crate) fn handed_over(&self) {
         count(&self.hand_overs);
     }
 
+    // Off the uncontended cycle: kept out of line so that it stays small.
+    #[cold]
     pub(crate) fn error(&self, e: &Error) {
         let kind = e.kind();
         if let Some(key) = Error::KINDS
