@@ -32,6 +32,8 @@ Examples:
   distlock bench --url redis://10.0.0.5:6379 --url etcd://10.0.0.6:2379 --duration 10s
   # 64 tasks on one key holding it 5 ms each, for a script
   distlock bench --tasks 64 --keys one --hold 5ms --json
+  # the lock's own metrics in the report, and served to Prometheus while it runs
+  distlock bench --url redis://10.0.0.5:6379 --duration 1m --metrics-addr 0.0.0.0:9464
 
 What is measured, per URL and workload (tasks x keys):
   cycles/s      completed acquire + hold + release cycles per second
@@ -51,6 +53,10 @@ What is measured, per URL and workload (tasks x keys):
                 lock's are; etcd: put + delete (two raft writes, as a lock cycle on a
                 pooled lease); memory has no server, so no baseline
   raw cycle     time of one raw cycle (both round trips), HDR histogram
+  lock metrics  with --metrics or --metrics-addr: the series the Locker records (those
+                of `distlock run --help`), summed over the run: every counter and each
+                histogram's _count and _sum (seconds), labelled backend=NAME and
+                key_label=distinct or key_label=one (the workload's keys)
   raw errors    raw cycles that failed (they count towards the exit status)
   lock cycle / raw
                 raw cycles/s over lock cycles/s with the same tasks: how many raw
@@ -112,6 +118,16 @@ pub struct BenchArgs {
     /// Print one JSON document instead of tables.
     #[arg(long)]
     json: bool,
+
+    /// Record the lock's metrics and show them after the tables (in `metrics` with
+    /// --json). Off by default: the recorder's cost is then part of what is measured.
+    #[arg(long)]
+    metrics: bool,
+
+    /// Also serve them in the Prometheus text format on HOST:PORT while the bench runs
+    /// (implies --metrics).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
 }
 
 /// One workload's shape.
@@ -143,6 +159,16 @@ pub async fn run(args: BenchArgs) -> Result<Exit, CliError> {
         args.urls.iter().cloned().map(Target::flag).collect()
     };
     let opts = LockOptions::new().ttl(args.ttl).watchdog(args.watchdog);
+    let metrics_addr = args
+        .metrics_addr
+        .as_deref()
+        .map(crate::metrics::resolve)
+        .transpose()?;
+    let recorded = match metrics_addr {
+        Some(addr) => Some(crate::metrics::serve(addr)?),
+        None if args.metrics => Some(crate::metrics::record()?),
+        None => None,
+    };
     // Connect to every server first, so that a typo in the last URL is not found out
     // after minutes of measuring the first.
     let mut lockers = Vec::with_capacity(targets.len());
@@ -204,6 +230,12 @@ pub async fn run(args: BenchArgs) -> Result<Exit, CliError> {
                         describe(workload.tasks, workload.keys)
                     ));
                 }
+                // The workload's series apart from the others of the server.
+                let opts = if recorded.is_some() {
+                    opts.clone().metrics_label(workload.keys.label())
+                } else {
+                    opts.clone()
+                };
                 let mut result = measure(
                     locker,
                     target,
@@ -255,13 +287,19 @@ pub async fn run(args: BenchArgs) -> Result<Exit, CliError> {
         watchdog: args.watchdog,
         baseline: !args.no_baseline,
     };
+    let metrics = recorded.as_ref().map(crate::metrics::lock_series);
     if args.json {
         print_stdout(&format!(
             "{}\n",
-            report::json(&settings, &servers, &results)?
+            report::json(&settings, &servers, &results, metrics.as_ref())?
         ));
     } else {
-        print_stdout(&report::tables(&settings, &servers, &results));
+        print_stdout(&report::tables(
+            &settings,
+            &servers,
+            &results,
+            metrics.as_ref(),
+        ));
     }
     let errors: u64 = results.iter().map(|r| r.errors).sum();
     if errors > 0 {

@@ -7,6 +7,7 @@ mod common;
 mod cron;
 mod exit;
 mod job;
+mod metrics;
 mod progress;
 mod report;
 mod run;

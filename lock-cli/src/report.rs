@@ -189,7 +189,14 @@ struct Document<'a> {
     results: &'a [WorkloadResult],
     errors: u64,
     baseline_errors: u64,
+    /// Only with `--metrics`: the lock's series, see [`LockSeries`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics: Option<&'a LockSeries>,
 }
+
+/// The lock's metrics recorded during the run (`--metrics`), by `name{labels}` as in the
+/// Prometheus text format: every counter, each histogram's `_count` and `_sum` (seconds).
+pub type LockSeries = std::collections::BTreeMap<String, f64>;
 
 #[derive(Serialize)]
 struct Measures {
@@ -228,6 +235,7 @@ pub fn json(
     settings: &Settings,
     servers: &[Server],
     results: &[WorkloadResult],
+    metrics: Option<&LockSeries>,
 ) -> Result<String, CliError> {
     let doc = Document {
         settings,
@@ -236,13 +244,19 @@ pub fn json(
         results,
         errors: results.iter().map(|r| r.errors).sum(),
         baseline_errors: baseline_errors(servers),
+        metrics,
     };
     serde_json::to_string_pretty(&doc)
         .map_err(|e| CliError::new(INTERNAL, format!("cannot write JSON: {e}")))
 }
 
-/// One table per workload, one column per server.
-pub fn tables(settings: &Settings, servers: &[Server], results: &[WorkloadResult]) -> String {
+/// One table per workload, one column per server; then the lock's metrics when recorded.
+pub fn tables(
+    settings: &Settings,
+    servers: &[Server],
+    results: &[WorkloadResult],
+    metrics: Option<&LockSeries>,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "distlock bench: {}", describe_settings(settings));
     let mut workloads: Vec<(u32, Keys)> = Vec::new();
@@ -278,7 +292,30 @@ pub fn tables(settings: &Settings, servers: &[Server], results: &[WorkloadResult
             let _ = writeln!(out, "  {}: {measured}", server.url);
         }
     }
+    if let Some(series) = metrics {
+        let _ = writeln!(
+            out,
+            "\nlock metrics recorded during the run (counters, and each histogram's _count and \
+             _sum in seconds; key_label is the workload's keys):"
+        );
+        let width = series.keys().map(|k| k.len()).max().unwrap_or(0);
+        for (name, value) in series {
+            let _ = writeln!(out, "  {name:<width$}  {}", fmt_value(*value));
+        }
+        if series.is_empty() {
+            let _ = writeln!(out, "  none");
+        }
+    }
     out
+}
+
+/// A count as an integer, a sum of seconds to the microsecond.
+fn fmt_value(value: f64) -> String {
+    if value.fract() == 0.0 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.6}")
+    }
 }
 
 fn table(servers: &[Server], columns: &[&WorkloadResult]) -> String {
@@ -424,6 +461,16 @@ pub enum Keys {
     Distinct,
     /// All tasks one key: contention and hand-off.
     One,
+}
+
+impl Keys {
+    /// The workload's `key_label` in the lock's metrics: `distinct` or `one`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Keys::Distinct => "distinct",
+            Keys::One => "one",
+        }
+    }
 }
 
 /// `1 task`, `16 tasks`.

@@ -23,12 +23,15 @@ Examples:
   distlock run reindex --wait 1m --timeout 1h -- ./reindex.sh
   # the job sees the key and the fencing token of its grant
   distlock run deploy -- sh -c 'echo \"$DISTLOCK_KEY holds fence $DISTLOCK_FENCE\"'
+  # a long job whose lock Prometheus scrapes while it runs
+  distlock run reindex --metrics-addr 0.0.0.0:9464 -- ./reindex.sh
 
 Exit status:
   CMD's status  CMD ran to completion while holding the lock
   128+N         CMD was killed by signal N
-  64            bad command line, key, TTL, duration or URL
-  69            lock server unreachable or refusing, or its backend not compiled in
+  64            bad command line, key, TTL, duration, URL or --metrics-addr
+  69            lock server unreachable or refusing, or its backend not compiled in,
+                or --metrics-addr cannot be listened on
   70            internal error
   75            lock not acquired: held elsewhere (--no-wait) or --wait passed
   76            lock lost while CMD ran; CMD was stopped
@@ -46,6 +49,14 @@ pass it to the resource you write to so that it can refuse a stale holder.
 
 CMD runs in its own process group, so it is not the terminal's foreground job: it cannot
 read from the terminal, and distlock relays Ctrl-C to it.
+
+--metrics-addr HOST:PORT serves the lock's metrics in the Prometheus text format while
+distlock runs (from before it connects until it exits), labelled backend=NAME, never with
+the key: distlock_lock_acquire_duration_seconds{outcome} and
+distlock_lock_wait_duration_seconds{outcome} (outcome granted, refused, timed_out or
+error), distlock_lock_hold_duration_seconds (recorded when the lock is released or lost),
+distlock_locks_lost_total, distlock_lock_renewals_failed_total,
+distlock_lock_handovers_total and distlock_lock_errors_total{kind}.
 
 With memory:// the lock excludes only inside this one distlock process: fine for trying
 the command out, useless between processes (distlock says so on stderr).";
@@ -84,6 +95,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
     grace: Duration,
 
+    /// Serve the lock's metrics in the Prometheus text format on HOST:PORT while distlock
+    /// runs.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
+
     /// The command to run and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD", num_args = 1..)]
     command: Vec<OsString>,
@@ -111,6 +127,14 @@ enum Stop {
 pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
     let target = Target::choose(args.url.clone())?;
     distlock::validate_key(&args.key).map_err(|e| target.error(e))?;
+    let metrics_addr = args
+        .metrics_addr
+        .as_deref()
+        .map(crate::metrics::resolve)
+        .transpose()?;
+    if let Some(addr) = metrics_addr {
+        crate::metrics::serve(addr)?;
+    }
     // Caught from the start: a Ctrl-C while connecting or waiting must still let an
     // acquisition in flight be cleaned up.
     let mut signals = Signals::catch()?;

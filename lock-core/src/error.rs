@@ -135,6 +135,44 @@ impl Error {
         )
     }
 
+    /// The variant's name in snake case, stable and without any data (no key, no URL):
+    /// `invalid_key`, `invalid_ttl`, `invalid_url`, `feature_disabled`, `locked`,
+    /// `timeout`, `not_held`, `quorum_not_reached`, `unavailable`, `backend`,
+    /// `unsupported`, `shutdown`. It is the `kind` label of
+    /// [`ERRORS`](crate::metrics::names::ERRORS); one of [`Error::KINDS`].
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidKey { .. } => "invalid_key",
+            Error::InvalidTtl { .. } => "invalid_ttl",
+            Error::InvalidUrl { .. } => "invalid_url",
+            Error::FeatureDisabled { .. } => "feature_disabled",
+            Error::Locked { .. } => "locked",
+            Error::Timeout { .. } => "timeout",
+            Error::NotHeld { .. } => "not_held",
+            Error::QuorumNotReached { .. } => "quorum_not_reached",
+            Error::Unavailable { .. } => "unavailable",
+            Error::Backend { .. } => "backend",
+            Error::Unsupported { .. } => "unsupported",
+            Error::Shutdown => "shutdown",
+        }
+    }
+
+    /// Every value [`kind`](Self::kind) returns.
+    pub const KINDS: [&'static str; 12] = [
+        "invalid_key",
+        "invalid_ttl",
+        "invalid_url",
+        "feature_disabled",
+        "locked",
+        "timeout",
+        "not_held",
+        "quorum_not_reached",
+        "unavailable",
+        "backend",
+        "unsupported",
+        "shutdown",
+    ];
+
     /// Wraps a client error as [`Error::Unavailable`] (transient) for `backend`.
     pub fn unavailable(backend: &'static str, source: impl Into<BoxError>) -> Self {
         Error::Unavailable {

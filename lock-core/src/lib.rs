@@ -7,6 +7,7 @@ mod error;
 pub mod group;
 mod lease;
 mod locker;
+pub mod metrics;
 mod notices;
 mod options;
 pub mod records;

@@ -26,6 +26,9 @@ pub struct LockOptions {
     pub watchdog: bool,
     /// Hard limit for the future given to [`Locker::run`](crate::Locker::run) (default none).
     pub job_timeout: Option<Duration>,
+    /// The `key_label` of this acquisition's metrics and its guard's (default none: the
+    /// series then have no key label). See [`metrics_label`](Self::metrics_label).
+    pub metrics_label: Option<&'static str>,
 }
 
 impl Default for LockOptions {
@@ -35,6 +38,7 @@ impl Default for LockOptions {
             wait: WaitStrategy::Wait(Duration::from_secs(30)),
             watchdog: true,
             job_timeout: None,
+            metrics_label: None,
         }
     }
 }
@@ -81,6 +85,27 @@ impl LockOptions {
     /// Sets the hard timeout of [`Locker::run`](crate::Locker::run).
     pub fn job_timeout(mut self, timeout: Duration) -> Self {
         self.job_timeout = Some(timeout);
+        self
+    }
+
+    /// Names the kind of lock in the metrics (see [`crate::metrics`]): the series of this
+    /// acquisition and of its guard get the label `key_label="<label>"`.
+    ///
+    /// Rule: the key itself is never a label (keys may be unbounded or sensitive); a
+    /// `&'static str` keeps the set of values, and so of series, fixed by the program.
+    /// Give the same label to keys of one kind (`"jobs"`, `"stock"`), or set it in the
+    /// defaults of a Locker built [`with_options`](crate::Locker::with_options).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lock_core::LockOptions;
+    ///
+    /// let opts = LockOptions::new().metrics_label("jobs");
+    /// assert_eq!(opts.metrics_label, Some("jobs"));
+    /// ```
+    pub fn metrics_label(mut self, label: &'static str) -> Self {
+        self.metrics_label = Some(label);
         self
     }
 }

@@ -63,6 +63,8 @@ impl<T> Registry<T> {
     }
 
     /// Stores the entry `make` builds from its slot; returns what `make` returned besides.
+    // Once per grant, from `GuardShared::start`: inlined there.
+    #[inline]
     pub(crate) fn insert<R>(&self, make: impl FnOnce(Slot) -> (T, R)) -> R {
         let shard = this_threads_shard();
         let mut slab = self.shard(shard);

@@ -4,7 +4,6 @@
 mod command;
 mod fields;
 pub mod file;
-mod metrics;
 mod status;
 
 use std::path::PathBuf;
@@ -77,7 +76,8 @@ Exit status:
 distlock_scheduler_runs_total{job,outcome}, distlock_scheduler_run_duration_seconds,
 distlock_scheduler_skips_total, distlock_scheduler_last_success_timestamp_seconds{job}
 (alert on time() minus its max across replicas) and
-distlock_scheduler_record_errors_total.
+distlock_scheduler_record_errors_total; beside them the lock's own distlock_lock_* series
+(listed in `distlock run --help`).
 A file named `status` is given as ./status.";
 
 /// `distlock cron` arguments.
@@ -158,7 +158,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     let metrics_addr = args
         .metrics_addr
         .as_deref()
-        .map(metrics::resolve)
+        .map(crate::metrics::resolve)
         .transpose()?;
     let mut signals = Signals::catch()?;
     let locker = tokio::select! {
@@ -166,7 +166,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
         _ = signals.recv() => return Ok(Exit::Code(0)),
     };
     if let Some(addr) = metrics_addr {
-        metrics::serve(addr)?;
+        crate::metrics::serve(addr)?;
     }
 
     let replica_id = args.replica.unwrap_or_else(scheduler::default_replica);

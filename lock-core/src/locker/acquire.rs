@@ -67,7 +67,9 @@ pub(super) async fn queued(
                 Woken::HandedOver(Some(lease)) => {
                     if shared.shut_down.load(Ordering::SeqCst) {
                         shared.cleanup_in_background(lease);
-                        return Err(Error::Shutdown);
+                        let e = Error::Shutdown;
+                        shared.metrics.with(opts.metrics_label, |s| s.error(&e));
+                        return Err(e);
                     }
                     if lease.is_expired() {
                         // Answered too late to be of use (the validity counts from
@@ -77,7 +79,7 @@ pub(super) async fn queued(
                         continue;
                     }
                     tracing::debug!(key, fence = lease.fence(), "lock handed over");
-                    let guard = LockGuard::new(shared, lease, ttl, opts.watchdog);
+                    let guard = LockGuard::new(shared, lease, ttl, opts, Instant::now());
                     queue.turn.set_holder(guard.downgrade());
                     return Ok(guard);
                 }
@@ -149,15 +151,19 @@ pub(super) async fn attempt(
         cleanup.disarm();
     }
     drop(cleanup);
-    match result? {
+    let metrics = |e: &Error| shared.metrics.with(opts.metrics_label, |s| s.error(e));
+    let answer = result.inspect_err(metrics)?;
+    match answer {
         Attempt::Granted { fence, valid_until } => {
             let lease = Lease::new(shared_key.clone(), owner, fence, valid_until);
             if shared.shut_down.load(Ordering::SeqCst) {
                 let _ = shared.proto().release(&lease).await;
-                return Err(Error::Shutdown);
+                let e = Error::Shutdown;
+                metrics(&e);
+                return Err(e);
             }
             tracing::debug!(key, fence, backend = shared.caps.name, "lock granted");
-            Ok(Ok(LockGuard::new(shared, lease, ttl, opts.watchdog)))
+            Ok(Ok(LockGuard::new(shared, lease, ttl, opts, Instant::now())))
         }
         Attempt::Taken { expires_in } => Ok(Err(expires_in)),
     }
@@ -179,14 +185,23 @@ pub(super) fn attempt_now(
             let lease = Lease::new(shared_key.clone(), owner, fence, valid_until);
             if shared.is_shut_down() {
                 let _ = now.release(&lease);
-                return Some(Err(Error::Shutdown));
+                let e = Error::Shutdown;
+                shared.metrics.with(opts.metrics_label, |s| s.error(&e));
+                return Some(Err(e));
             }
             let key: &str = shared_key;
             tracing::debug!(key, fence, backend = shared.caps.name, "lock granted");
-            Ok(Ok(LockGuard::new(shared, lease, ttl, opts.watchdog)))
+            // Granted at the backend's own reading of the clock: no second reading.
+            let granted_at = valid_until
+                .checked_sub(ttl.get())
+                .unwrap_or_else(Instant::now);
+            Ok(Ok(LockGuard::new(shared, lease, ttl, opts, granted_at)))
         }
         Ok(Attempt::Taken { expires_in }) => Ok(Err(expires_in)),
-        Err(e) => Err(e),
+        Err(e) => {
+            shared.metrics.with(opts.metrics_label, |s| s.error(&e));
+            Err(e)
+        }
     })
 }
 

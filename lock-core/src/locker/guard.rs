@@ -10,6 +10,7 @@ use super::shared::Shared;
 use crate::capabilities::Ttl;
 use crate::error::Result;
 use crate::lease::Lease;
+use crate::options::LockOptions;
 
 /// A held lock. Dropping it releases the lock in the background on the current tokio
 /// runtime (tracked by [`Locker::shutdown`](crate::Locker::shutdown)); outside a runtime
@@ -69,11 +70,23 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(locker: &Arc<Shared>, lease: Lease, ttl: Ttl, watchdog: bool) -> Self {
+    /// A guard of `lease`, granted at `granted_at`.
+    pub(crate) fn new(
+        locker: &Arc<Shared>,
+        lease: Lease,
+        ttl: Ttl,
+        opts: &LockOptions,
+        granted_at: Instant,
+    ) -> Self {
         LockGuard {
-            shared: GuardShared::start(locker, lease, ttl, watchdog),
+            shared: GuardShared::start(locker, lease, ttl, opts, granted_at),
             state: State::Held,
         }
+    }
+
+    /// When the hold began (this process's monotonic clock, read at the grant).
+    pub(crate) fn granted_at(&self) -> Instant {
+        self.shared.granted_at()
     }
 
     /// The lock's key.

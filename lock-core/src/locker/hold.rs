@@ -22,12 +22,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::handover;
+use super::metrics::Series;
 use super::queue::{HandOverRequest, LocalHolder};
 use super::shared::{Held, Shared};
 use super::watchdog::{Renewable, Ticket};
 use crate::capabilities::Ttl;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
+use crate::options::LockOptions;
 use crate::registry::Slot;
 use crate::sync::lock;
 
@@ -56,6 +58,10 @@ pub(super) struct GuardShared {
     ops: tokio::sync::Mutex<()>,
     /// The hold's place in the Locker's watchdog schedule, while it has one.
     renewal: Mutex<Option<Ticket>>,
+    /// When the lock was granted, for the hold-time metric.
+    granted_at: Instant,
+    /// The key label of the hold's metrics.
+    key_label: Option<&'static str>,
 }
 
 impl GuardShared {
@@ -102,6 +108,10 @@ impl GuardShared {
                 Ok(valid_until)
             }
             Err(e) => {
+                self.metrics(|s| {
+                    s.renewal_failed();
+                    s.error(&e);
+                });
                 if matches!(e, Error::NotHeld { .. }) {
                     self.mark_lost("renewal refused: the lock is no longer ours");
                 } else if Instant::now() >= self.valid_until() {
@@ -187,6 +197,7 @@ impl GuardShared {
     pub(super) fn set_gone(&self) -> bool {
         let was_lost = self.lost.swap(true, Ordering::SeqCst);
         if !was_lost {
+            self.metrics(|s| s.held(self.granted_at));
             self.wake_watchers();
             self.unschedule();
         }
@@ -197,6 +208,7 @@ impl GuardShared {
         let was_lost = self.set_gone();
         self.settle();
         if !was_lost && !self.done.load(Ordering::SeqCst) {
+            self.metrics(Series::lost);
             tracing::warn!(
                 key = self.key(),
                 fence = self.granted.fence(),
@@ -280,6 +292,9 @@ impl GuardShared {
     async fn hand_over(&self, lease: &Lease, request: &mut HandOverRequest) -> Option<Result<()>> {
         let sent = Instant::now();
         let given = handover::give(&self.locker, lease, request).await?;
+        if given.is_ok() {
+            self.metrics(Series::handed_over);
+        }
         Some(given.and_then(|()| self.held_until(sent)))
     }
 
@@ -291,6 +306,12 @@ impl GuardShared {
     }
 
     fn released(&self, result: Result<()>) -> Result<()> {
+        match &result {
+            // The release of a lock known lost (counted as lost) finds it gone, as expected.
+            Err(Error::NotHeld { .. }) if self.is_gone() => {}
+            Err(e) => self.metrics(|s| s.error(e)),
+            Ok(()) => {}
+        }
         self.set_gone();
         self.settle();
         self.locker.queues.holder_ended(self, self.key());
@@ -359,8 +380,15 @@ impl LocalHolder for GuardShared {
 }
 
 impl GuardShared {
-    /// A hold of `lease` registered with its Locker, renewed by a watchdog when `watchdog`.
-    pub(super) fn start(locker: &Arc<Shared>, lease: Lease, ttl: Ttl, watchdog: bool) -> Arc<Self> {
+    /// A hold of `lease`, granted at `granted_at`, registered with its Locker, renewed by a
+    /// watchdog when `opts.watchdog`.
+    pub(super) fn start(
+        locker: &Arc<Shared>,
+        lease: Lease,
+        ttl: Ttl,
+        opts: &LockOptions,
+        granted_at: Instant,
+    ) -> Arc<Self> {
         let shared = locker.held.insert(|slot| {
             let shared = Arc::new(GuardShared {
                 slot,
@@ -374,10 +402,12 @@ impl GuardShared {
                 settled: AtomicBool::new(false),
                 ops: tokio::sync::Mutex::new(()),
                 renewal: Mutex::new(None),
+                granted_at,
+                key_label: opts.metrics_label,
             });
             (shared.clone() as Arc<dyn Held>, shared)
         });
-        if watchdog {
+        if opts.watchdog {
             // A third of the TTL after the grant, counted from its validity (no clock read).
             let before_end = ttl.get() - ttl.get() / 3;
             let valid_until = shared.valid_until();
@@ -388,6 +418,16 @@ impl GuardShared {
             );
         }
         shared
+    }
+
+    /// When the lock was granted.
+    pub(super) fn granted_at(&self) -> Instant {
+        self.granted_at
+    }
+
+    /// Records into this hold's series.
+    fn metrics<R>(&self, f: impl FnOnce(&Series) -> R) -> R {
+        self.locker.metrics.with(self.key_label, f)
     }
 
     /// The lease as granted (key, owner, fence).
@@ -432,6 +472,7 @@ impl Renewable for GuardShared {
                 }
                 Err(_) => {
                     if !self.is_done() {
+                        self.metrics(Series::renewal_failed);
                         self.mark_lost("validity passed while the server did not answer");
                     }
                 }

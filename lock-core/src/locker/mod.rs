@@ -11,6 +11,7 @@ mod guard;
 mod handover;
 mod hold;
 mod jobs;
+mod metrics;
 mod observe;
 mod queue;
 mod shared;
@@ -243,13 +244,44 @@ impl Locker {
         key: &K,
         opts: &LockOptions,
     ) -> Result<LockGuard> {
-        // Read once: the clock is read only for an observer.
-        let observed = self.inner.observer.get().map(|_| Instant::now());
+        // The clock is read at the call for an observer; otherwise only once the answer is
+        // not immediate: an acquisition answered at once by an in-process backend (memory)
+        // is recorded as taking no time, which spares the uncontended cycle a clock read.
+        let mut called = self.inner.observer.get().map(|_| Instant::now());
+        let mut waited = false;
+        let result = self.acquire_at(key, opts, &mut called, &mut waited).await;
+        let ended = match &result {
+            Ok(guard) => guard.granted_at(),
+            Err(_) => Instant::now(),
+        };
+        let called = called.unwrap_or(ended);
+        self.inner.metrics.with(opts.metrics_label, |s| {
+            s.acquired(&result, called, ended, waited);
+        });
+        result
+    }
+
+    /// [`acquire`](Self::acquire); `called` is when it was called (read here after an
+    /// immediate attempt that did not answer, when not read already); sets `waited` when
+    /// the acquisition waits (joins the key's queue).
+    async fn acquire_at<K: LockKey + ?Sized>(
+        &self,
+        key: &K,
+        opts: &LockOptions,
+        called: &mut Option<Instant>,
+        waited: &mut bool,
+    ) -> Result<LockGuard> {
+        let observed = *called;
         let key_str = key.as_key();
-        validate_key(key_str)?;
-        let ttl = self.inner.caps.effective_ttl(opts.ttl)?;
+        // Refused before any I/O: counted here (server calls count their own errors).
+        let refused = |e: Error| {
+            self.inner.metrics.with(opts.metrics_label, |s| s.error(&e));
+            e
+        };
+        validate_key(key_str).map_err(refused)?;
+        let ttl = self.inner.caps.effective_ttl(opts.ttl).map_err(refused)?;
         if self.inner.shut_down.load(Ordering::SeqCst) {
-            return Err(Error::Shutdown);
+            return Err(refused(Error::Shutdown));
         }
         // An in-process backend never yields: take part in tokio's cooperative budget, as
         // tokio's own mutex does, so a task looping on locks cannot starve its neighbours.
@@ -285,6 +317,7 @@ impl Locker {
                 }
             }
         }
+        let now = *called.get_or_insert_with(Instant::now);
         let (started, deadline) = match opts.wait {
             WaitStrategy::Skip => {
                 return match acquire::attempt(&self.inner, &shared_key, ttl, opts).await? {
@@ -294,13 +327,10 @@ impl Locker {
                     }),
                 };
             }
-            WaitStrategy::Wait(t) => {
-                let now = Instant::now();
-                (
-                    Some(now),
-                    Some(now.checked_add(t).unwrap_or_else(deadline::far_future)),
-                )
-            }
+            WaitStrategy::Wait(t) => (
+                Some(now),
+                Some(now.checked_add(t).unwrap_or_else(deadline::far_future)),
+            ),
             // The start only matters for the error message of a bounded wait.
             WaitStrategy::WaitForever => (None, None),
         };
@@ -325,6 +355,7 @@ impl Locker {
                 Some(Err(e)) => self.inner.observe(|| Event::Retrying { key, error: &e }),
             }
         }
+        *waited = true;
         // Boxed: the waiting state machine is large, and the uncontended path above should
         // not carry (and move) it.
         Box::pin(acquire::queued(

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use super::metrics::LockerMetrics;
 use super::observe::{Event, Observer};
 use super::queue::Queues;
 use super::watchdog::Watchdog;
@@ -47,12 +48,16 @@ pub(crate) struct Shared {
     pub(crate) observer: OnceLock<Box<dyn Observer>>,
     /// Renews the guards that have the watchdog on.
     pub(crate) watchdog: Arc<Watchdog>,
+    /// The series this Locker records into.
+    pub(crate) metrics: Arc<LockerMetrics>,
 }
 
 impl Shared {
     pub(crate) fn new(backend: Arc<dyn Backend>, defaults: LockOptions) -> Self {
+        let caps = backend.capabilities().clone();
         Shared {
-            caps: backend.capabilities().clone(),
+            metrics: Arc::new(LockerMetrics::new(caps.name)),
+            caps,
             backend,
             queues: Queues::default(),
             held: Registry::new(),
@@ -99,16 +104,19 @@ impl Shared {
     /// `shutdown` waits for it.
     pub(crate) fn abandon_in_background(&self, key: Arc<str>, owner: Owner) {
         let backend = self.backend.clone();
+        let shared_metrics = self.metrics.clone();
         self.tasks.spawn(async move {
             let mut backoff = Backoff::new(ERROR_BACKOFF.0, ERROR_BACKOFF.1);
             for attempt in 1..=ABANDON_ATTEMPTS {
                 match backend.as_ref().abandon(&key, owner).await {
                     Ok(()) => return,
                     Err(e) if e.is_transient() && attempt < ABANDON_ATTEMPTS => {
+                        shared_metrics.with(None, |s| s.error(&e));
                         tracing::debug!(key = &*key, error = %e, "abandoning an attempt failed; retrying");
                         tokio::time::sleep(backoff.next_delay()).await;
                     }
                     Err(e) => {
+                        shared_metrics.with(None, |s| s.error(&e));
                         tracing::debug!(key = &*key, error = %e, "abandoning an attempt failed; a grant it made expires at its TTL");
                         return;
                     }
@@ -122,12 +130,16 @@ impl Shared {
     /// shutdown).
     pub(crate) fn cleanup_in_background(&self, lease: Lease) {
         let backend = self.backend.clone();
+        let shared_metrics = self.metrics.clone();
         self.tasks.spawn(async move {
             let key = lease.key();
             match backend.as_ref().release(&lease).await {
                 Ok(()) => tracing::debug!(key, "released a lock granted to an abandoned attempt"),
                 Err(Error::NotHeld { .. }) => {}
-                Err(e) => tracing::debug!(key, error = %e, "cleanup of an abandoned attempt failed; the lock expires at its TTL"),
+                Err(e) => {
+                    shared_metrics.with(None, |s| s.error(&e));
+                    tracing::debug!(key, error = %e, "cleanup of an abandoned attempt failed; the lock expires at its TTL");
+                }
             }
         });
     }
