@@ -37,8 +37,8 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy (all targets, all features)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
-echo "==> cargo test (all features)"
-cargo test --workspace --all-features
+echo "==> cargo test (all features): every test binary, two at a time, then the doc tests"
+python3 scripts/run-tests.py --doc
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
 
@@ -81,8 +81,12 @@ if [ "${DISTLOCK_SKIP_CONTAINERS:-0}" != 1 ]; then
   fi
   scripts/local-images.sh
   export DISTLOCK_TESTKIT=containers DISTLOCK_TESTKIT_IMAGES=local
-  cargo test --all-features -p lock-testkit
-  cargo test --all-features --no-fail-fast --test redis --test redlock --test etcd --test postgres \
-    --test exclusion_redis --test exclusion_redlock --test exclusion_etcd --test exclusion_postgres
+  # The test kit's own tests, the exclusion checkers, and of the backends' suites the
+  # conformance suite and the fault tests (kill, pause, restart, a hung or lost member).
+  python3 scripts/run-tests.py --package lock-testkit
+  python3 scripts/run-tests.py --package distlock \
+    --only exclusion_redis,exclusion_redlock,exclusion_etcd,exclusion_postgres
+  python3 scripts/run-tests.py --package distlock --only redis,redlock,etcd,postgres -- \
+    conformance safety_rules fault_rules paused restart kill hung
 fi
 echo "==> all checks passed"

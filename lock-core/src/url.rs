@@ -34,6 +34,7 @@ mod duration;
 mod host;
 mod parse;
 mod percent;
+mod tls;
 
 use std::fmt;
 use std::str::FromStr;
@@ -45,6 +46,7 @@ pub use crate::error::redact;
 pub use duration::{format_duration, parse_duration};
 pub use host::{Host, HostPort};
 pub use parse::parse_digits;
+pub use tls::TlsFiles;
 
 /// The user info of a URL, the part before `@`, percent-decoded.
 ///

@@ -4,6 +4,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use lock_core::url::TlsFiles;
 use lock_core::{Error, LockUrl, Result};
 
 /// The client port of an etcd member when a URL names none.
@@ -50,8 +51,7 @@ pub struct EtcdBuilder {
     pub(crate) tls: bool,
     /// PEM files: the CA to trust instead of the system's roots, and the client certificate
     /// and key for members that demand one (`--client-cert-auth`).
-    pub(crate) ca_file: Option<PathBuf>,
-    pub(crate) client_cert: Option<(PathBuf, PathBuf)>,
+    pub(crate) tls_files: TlsFiles,
 }
 
 impl EtcdBuilder {
@@ -70,8 +70,7 @@ impl EtcdBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             tls: false,
-            ca_file: None,
-            client_cert: None,
+            tls_files: TlsFiles::default(),
         }
     }
 
@@ -118,16 +117,9 @@ impl EtcdBuilder {
             prefix: url.param("prefix").unwrap_or(DEFAULT_PREFIX).to_owned(),
             timeout: DEFAULT_TIMEOUT,
             tls: false,
-            ca_file: url.param("ca").map(PathBuf::from),
-            client_cert: match (url.param("cert"), url.param("key")) {
-                (Some(cert), Some(key)) => Some((cert.into(), key.into())),
-                (None, None) => None,
-                _ => return Err(url.invalid(
-                    "parameters `cert` and `key` go together (a client certificate and its key)",
-                )),
-            },
+            tls_files: TlsFiles::from_url(url)?,
         };
-        let files = builder.ca_file.is_some() || builder.client_cert.is_some();
+        let files = !builder.tls_files.is_empty();
         builder.tls = match url.param("tls") {
             None => files,
             Some("true") => true,
@@ -186,7 +178,7 @@ impl EtcdBuilder {
     /// Trusts the CA certificates in the PEM file at `path` instead of the system's roots,
     /// and turns TLS on. The file is read when connecting.
     pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.ca_file = Some(path.into());
+        self.tls_files.set_ca_file(path);
         self.tls = true;
         self
     }
@@ -195,7 +187,7 @@ impl EtcdBuilder {
     /// `key`, to members that demand one (`--client-cert-auth`), and turns TLS on. The files
     /// are read when connecting.
     pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
-        self.client_cert = Some((cert.into(), key.into()));
+        self.tls_files.set_client_cert(cert, key);
         self.tls = true;
         self
     }
@@ -207,14 +199,12 @@ impl EtcdBuilder {
 
     /// The CA file trusted instead of the system's roots, if any.
     pub fn tls_ca_file(&self) -> Option<&Path> {
-        self.ca_file.as_deref()
+        self.tls_files.ca_file()
     }
 
     /// The client certificate and key files, if any.
     pub fn tls_client_cert(&self) -> Option<(&Path, &Path)> {
-        self.client_cert
-            .as_ref()
-            .map(|(cert, key)| (cert.as_path(), key.as_path()))
+        self.tls_files.client_cert()
     }
 
     /// The configured endpoints.
@@ -238,7 +228,7 @@ impl EtcdBuilder {
         if self.endpoints.is_empty() {
             return refuse("at least one etcd endpoint is needed".into());
         }
-        if !self.tls && (self.ca_file.is_some() || self.client_cert.is_some()) {
+        if !self.tls && !self.tls_files.is_empty() {
             return refuse("a CA file or a client certificate needs TLS".into());
         }
         #[cfg(not(feature = "tls"))]
@@ -290,11 +280,8 @@ impl EtcdBuilder {
         if self.tls {
             url.push_str("&tls=true");
         }
-        if let Some(ca) = &self.ca_file {
-            url.push_str(&format!("&ca={}", ca.display()));
-        }
-        if let Some((cert, key)) = &self.client_cert {
-            url.push_str(&format!("&cert={}&key={}", cert.display(), key.display()));
+        for (name, value) in self.tls_files.params() {
+            url.push_str(&format!("&{name}={value}"));
         }
         url
     }
@@ -310,8 +297,8 @@ impl fmt::Debug for EtcdBuilder {
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .field("tls", &self.tls)
-            .field("ca_file", &self.ca_file)
-            .field("client_cert", &self.client_cert)
+            .field("ca_file", &self.tls_files.ca_file())
+            .field("client_cert", &self.tls_files.client_cert())
             .finish()
     }
 }

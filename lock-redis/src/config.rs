@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lock_core::url::{format_duration, parse_digits, Host, HostPort, UserInfo};
+use lock_core::url::{format_duration, parse_digits, Host, HostPort, TlsFiles, UserInfo};
 use lock_core::{Error, LockUrl, Result};
 
 use crate::sentinel::url::{hide_password, SentinelConfig, SENTINEL_SCHEME};
@@ -51,8 +51,7 @@ pub struct RedisBuilder {
     tls: bool,
     /// PEM files: the CA to trust instead of the system's roots, and the client certificate
     /// and key for servers that demand one (`tls-auth-clients yes`).
-    ca_file: Option<PathBuf>,
-    client_cert: Option<(PathBuf, PathBuf)>,
+    tls_files: TlsFiles,
     username: Option<String>,
     password: Option<String>,
     db: u32,
@@ -75,8 +74,7 @@ impl RedisBuilder {
         RedisBuilder {
             addr: parse_addr(addr.into()),
             tls: false,
-            ca_file: None,
-            client_cert: None,
+            tls_files: TlsFiles::default(),
             username: None,
             password: None,
             db: 0,
@@ -139,14 +137,7 @@ impl RedisBuilder {
         let mut builder = RedisBuilder {
             addr: Ok(host),
             tls,
-            ca_file: url.param("ca").map(PathBuf::from),
-            client_cert: match (url.param("cert"), url.param("key")) {
-                (Some(cert), Some(key)) => Some((cert.into(), key.into())),
-                (None, None) => None,
-                _ => return Err(url.invalid(
-                    "parameters `cert` and `key` go together (a client certificate and its key)",
-                )),
-            },
+            tls_files: TlsFiles::from_url(url)?,
             username: url.username().map(str::to_owned),
             password: url.password().map(str::to_owned),
             db,
@@ -174,7 +165,7 @@ impl RedisBuilder {
     /// certificates (a private CA, a self-signed server). Needs [`tls`](Self::tls); the
     /// file is read when connecting.
     pub fn ca_file(mut self, path: impl Into<PathBuf>) -> Self {
-        self.ca_file = Some(path.into());
+        self.tls_files.set_ca_file(path);
         self
     }
 
@@ -182,7 +173,7 @@ impl RedisBuilder {
     /// `key`, to a server that demands one (`tls-auth-clients yes`). Needs
     /// [`tls`](Self::tls); the files are read when connecting.
     pub fn client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
-        self.client_cert = Some((cert.into(), key.into()));
+        self.tls_files.set_client_cert(cert, key);
         self
     }
 
@@ -239,14 +230,12 @@ impl RedisBuilder {
 
     /// The CA file trusted instead of the system's roots, if any.
     pub fn tls_ca_file(&self) -> Option<&Path> {
-        self.ca_file.as_deref()
+        self.tls_files.ca_file()
     }
 
     /// The client certificate and key files, if any.
     pub fn tls_client_cert(&self) -> Option<(&Path, &Path)> {
-        self.client_cert
-            .as_ref()
-            .map(|(cert, key)| (cert.as_path(), key.as_path()))
+        self.tls_files.client_cert()
     }
 
     /// The configured prefix.
@@ -286,7 +275,7 @@ impl RedisBuilder {
             sentinel.check(&self.redacted(), self.tls)?;
         }
         self.check_cluster()?;
-        if !self.tls && (self.ca_file.is_some() || self.client_cert.is_some()) {
+        if !self.tls && !self.tls_files.is_empty() {
             return Err(Error::invalid_url(
                 &self.redacted(),
                 "a CA file or a client certificate needs TLS (rediss://)",
@@ -347,14 +336,7 @@ impl RedisBuilder {
         if self.timeout != DEFAULT_TIMEOUT {
             params.push(("timeout".to_owned(), format_duration(self.timeout)));
         }
-        let path = |p: &Path| p.to_string_lossy().into_owned();
-        if let Some(ca) = &self.ca_file {
-            params.push(("ca".to_owned(), path(ca)));
-        }
-        if let Some((cert, key)) = &self.client_cert {
-            params.push(("cert".to_owned(), path(cert)));
-            params.push(("key".to_owned(), path(key)));
-        }
+        params.extend(self.tls_files.params());
         let userinfo = UserInfo::from_parts(
             self.username.as_deref().filter(|u| !u.is_empty()),
             self.password.as_deref(),

@@ -5,6 +5,8 @@
 //! its own and uses part of it.
 #![allow(dead_code)]
 
+pub mod tls;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
