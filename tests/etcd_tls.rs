@@ -8,10 +8,10 @@ mod common;
 
 use common::tls::{connect_err, round_trip};
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distlock::etcd::EtcdBackend;
-use distlock::{Error, LockOptions, Locker};
+use distlock::{Error, Locker};
 use lock_testkit::{EtcdOptions, EtcdServer, EtcdUser, TestCerts};
 
 /// Bound on "fails within its timeout" checks, over the 500 ms the URLs below set.

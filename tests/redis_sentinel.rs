@@ -296,6 +296,18 @@ async fn failover_to_the_replica_keeps_fences_increasing() {
     let node = backend(&deployment.url()).await.node().clone();
     let (fence_key, lock_key) = (node.fence_key(key), node.lock_key(key));
     let old_master = deployment.current_master().await.unwrap();
+    let channel = format!("{}released:0", node.prefix());
+    let subscribers = numsub(
+        &mut deployment
+            .node_client(deployment.master_index().await.unwrap())
+            .await,
+        &channel,
+    )
+    .await;
+    assert!(
+        subscribers >= 1,
+        "B's release subscription runs before the failover"
+    );
     let killed = deployment.kill_master().await;
     let killed_at = Instant::now();
     let replica = 1 - killed;
@@ -348,7 +360,18 @@ async fn failover_to_the_replica_keeps_fences_increasing() {
     assert_eq!(held, 1, "the lock was granted on the promoted replica");
     guard.release().await.unwrap();
 
-    // Release notices come from the new master.
+    // Release notices come from the new master, once the subscriptions that ran before
+    // the failover have found it: each resubscribes by itself, after a backoff of at most
+    // 1 s between attempts (and wakes its waiters when it does, so none waits longer).
+    let resubscribed = Instant::now();
+    let mut raw = deployment.node_client(replica).await;
+    while numsub(&mut raw, &channel).await < subscribers {
+        assert!(
+            resubscribed.elapsed() < Duration::from_secs(5),
+            "the release subscriptions did not follow the master"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     conformance::release_wakes_a_waiter_on_another_instance(
         &Target::from_locker(&a),
         &Target::from_locker(&b),
@@ -387,4 +410,15 @@ async fn failover_to_the_replica_keeps_fences_increasing() {
         );
     }
     assert!(calls(&deployment, replica, "evalsha").await > 0);
+}
+
+/// How many connections of the server `conn` reaches subscribe to `channel`.
+async fn numsub(conn: &mut redis::aio::MultiplexedConnection, channel: &str) -> i64 {
+    let (_, n): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(conn)
+        .await
+        .unwrap();
+    n
 }
