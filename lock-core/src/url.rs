@@ -344,7 +344,7 @@ impl TlsFiles {
     /// The files `url`'s `ca`, `cert` and `key` parameters name.
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`](crate::Error::InvalidUrl) for `cert` without `key` or the
+    /// [`Error::InvalidUrl`] for `cert` without `key` or the
     /// reverse.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
         let client_cert =
