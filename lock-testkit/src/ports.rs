@@ -6,27 +6,83 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 /// was taken between picking it and the server binding it.
 pub(crate) const START_ATTEMPTS: usize = 5;
 
-/// Returns `n` distinct ports on 127.0.0.1 that were free a moment ago.
+/// Returns `n` distinct ports on 127.0.0.1 that were free a moment ago and that no other
+/// live test-kit process has picked.
 ///
-/// All listeners are held open until every port is picked, so the ports are
-/// distinct from each other. Another process may still grab one before the
-/// server binds it; callers detect that (the server exits with "address
-/// already in use") and retry with new ports.
+/// All listeners are held open until every port is picked, so the ports are distinct
+/// from each other. Test binaries run side by side (`scripts/run-tests.py`), and the
+/// kernel may hand a port one of them just released to another: the two servers would
+/// then race for it, and the loser's readiness check could be answered by the winner. So
+/// every picked port is claimed in a file of the machine's temp directory
+/// (`lock-testkit-ports/<port>`, holding the claimer's pid) created with `create_new`; a
+/// port claimed by a live process is skipped, a dead process's claim is taken over.
+/// Another program may still grab a port before the server binds it; callers detect that
+/// (the server exits with "address already in use") and retry with new ports.
 pub(crate) fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| {
-            TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-                .unwrap_or_else(|e| panic!("lock-testkit: cannot bind 127.0.0.1:0: {e}"))
-        })
-        .collect();
-    listeners
-        .iter()
-        .map(|l| {
-            l.local_addr()
-                .expect("local_addr of a bound listener")
-                .port()
-        })
-        .collect()
+    let mut listeners = Vec::with_capacity(n);
+    let mut ports = Vec::with_capacity(n);
+    while ports.len() < n {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .unwrap_or_else(|e| panic!("lock-testkit: cannot bind 127.0.0.1:0: {e}"));
+        let port = listener
+            .local_addr()
+            .expect("local_addr of a bound listener")
+            .port();
+        // Held open (unclaimed too) so that the next bind returns another port.
+        listeners.push(listener);
+        if claim(port) {
+            ports.push(port);
+        }
+    }
+    ports
+}
+
+/// Claims `port` for this process: `false` when a live process claimed it already.
+fn claim(port: u16) -> bool {
+    let dir = std::env::temp_dir().join("lock-testkit-ports");
+    if std::fs::create_dir_all(&dir).is_err() {
+        return true; // no shared directory: fall back on the retry after a failed bind
+    }
+    let path = dir.join(port.to_string());
+    let me = std::process::id();
+    // The claim appears whole or not at all: written aside, then hard-linked into place
+    // (which fails when the claim exists).
+    let mine = dir.join(format!(".{port}.{me}"));
+    if std::fs::write(&mine, me.to_string()).is_err() {
+        return true;
+    }
+    let mut claimed = false;
+    for _ in 0..2 {
+        match std::fs::hard_link(&mine, &path) {
+            Ok(()) => {
+                claimed = true;
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let owner = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|text| text.trim().parse::<u32>().ok());
+                match owner {
+                    Some(pid) if pid == me => {
+                        claimed = true;
+                        break;
+                    }
+                    // `kill(pid, 0)` tells whether the process exists.
+                    Some(pid) if unsafe { libc::kill(pid as libc::pid_t, 0) } == 0 => break,
+                    // A dead claimer's claim: take it over.
+                    _ => {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                }
+            }
+            Err(_) => {
+                claimed = true;
+                break;
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&mine);
+    claimed
 }
 
 /// Returns one free port on 127.0.0.1 (see [`free_ports`]).
@@ -37,4 +93,34 @@ pub(crate) fn free_port() -> u16 {
 /// `127.0.0.1:port`.
 pub(crate) fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_claimed_by_a_live_process_is_skipped_and_a_dead_ones_is_taken_over() {
+        let dir = std::env::temp_dir().join("lock-testkit-ports");
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = free_port();
+        assert!(claim(port), "our own claim stands");
+        // pid 1 lives as long as the machine.
+        std::fs::write(dir.join(port.to_string()), "1").unwrap();
+        assert!(!claim(port), "a live process's claim is respected");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        std::fs::write(dir.join(port.to_string()), dead.to_string()).unwrap();
+        assert!(claim(port), "a dead process's claim is taken over");
+        assert_eq!(
+            std::fs::read_to_string(dir.join(port.to_string())).unwrap(),
+            std::process::id().to_string()
+        );
+        let ports = free_ports(8);
+        let mut distinct = ports.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 8, "{ports:?}");
+    }
 }
