@@ -147,8 +147,15 @@ impl PostgresServer {
         // group reaches only the postmaster. Freeze it (no new children), kill its
         // children, then the postmaster itself.
         self.process.pause();
-        self.signal_children(libc::SIGKILL);
+        let killed = self.signal_children(libc::SIGKILL);
         self.process.kill();
+        // A killed backend lets go of the shared memory only as it exits, which the kernel
+        // finishes after kill(2) returned: a restart before then is refused ("pre-existing
+        // shared memory block is still in use"). Wait (bounded) until each is gone.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while killed.iter().any(|&pid| alive(pid)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Freezes the server and all its processes with `SIGSTOP`: connections stay open but
@@ -169,20 +176,24 @@ impl PostgresServer {
     /// out of reach of a signal to the postmaster's group).
     ///
     /// Nothing to do in a container: pause, resume and kill reach all its processes.
-    fn signal_children(&self, signal: libc::c_int) {
+    ///
+    /// Returns the children signalled.
+    fn signal_children(&self, signal: libc::c_int) -> Vec<u32> {
         if self.process.in_container() {
-            return;
+            return Vec::new();
         }
         let Some(parent) = self.process.pid() else {
-            return;
+            return Vec::new();
         };
-        for pid in children(parent) {
+        let children = children(parent);
+        for &pid in &children {
             // SAFETY: plain kill(2); `pid` was a child of our own postmaster a moment ago,
             // and a child not reaped by it (it is stopped or alive) keeps its pid.
             unsafe {
                 libc::kill(pid as libc::pid_t, signal);
             }
         }
+        children
     }
 
     /// Kills the server if it is running (also when paused) and starts it again on the
@@ -246,6 +257,19 @@ impl Drop for PostgresServer {
 }
 
 /// The processes whose parent is `parent` (from `/proc/<pid>/stat`).
+/// Whether process `pid` still runs: it exists and is not a zombie (a zombie has
+/// released its memory, shared memory included).
+fn alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) state …`; comm may hold spaces and parentheses.
+    let state = stat
+        .rfind(')')
+        .and_then(|end| stat[end + 1..].split_whitespace().next());
+    !matches!(state, None | Some("Z" | "X"))
+}
+
 fn children(parent: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
