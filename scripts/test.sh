@@ -37,7 +37,12 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy (all targets, all features)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
-echo "==> cargo test (all features): every test binary, two at a time, then the doc tests"
+# Test binaries one at a time by default: two at a time (DISTLOCK_TEST_JOBS=2) halves the
+# wall time, but showed cross-binary flakes on this machine (two fixed at their root, in
+# the test kit's port claims and PostgreSQL restarts; one in the Sentinel failover test
+# still under study), and one flaky test blocks everyone.
+export DISTLOCK_TEST_JOBS="${DISTLOCK_TEST_JOBS:-1}"
+echo "==> cargo test (all features): every test binary ($DISTLOCK_TEST_JOBS at a time), then the doc tests"
 python3 scripts/run-tests.py --doc
 echo "==> cargo doc"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --all-features --no-deps --quiet
