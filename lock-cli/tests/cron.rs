@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{assert_gone, distlock, finish, kill, PROMPT};
+use common::{assert_gone, distlock, finish, free_port, kill, scrape, PROMPT};
 use lock_testkit::{EtcdServer, RedisServer};
 use serde_json::Value;
 use tokio::process::{Child, Command};
@@ -771,32 +771,6 @@ async fn bad_files_are_refused_before_anything_runs() {
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!marker.exists(), "a job ran although the file was bad");
-}
-
-/// A free loopback port (bound, then released: the kernel does not hand it out again at
-/// once).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// GET / of the metrics endpoint; `None` while it does not answer yet.
-async fn scrape(port: u16) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.ok()?;
-    let (head, body) = body.split_once("\r\n\r\n")?;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    Some(body.to_owned())
 }
 
 /// `name{labels} value` samples of a Prometheus text exposition, keyed by `name{labels}`.

@@ -9,34 +9,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{distlock, finish, read_when_written, run_args, PROMPT};
+use common::{distlock, finish, free_port, read_when_written, run_args, scrape, PROMPT};
 use serde_json::Value;
-
-/// A free loopback port (bound, then released: the kernel does not hand it out again at
-/// once).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// GET /metrics; `None` while the endpoint does not answer.
-async fn scrape(port: u16) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.ok()?;
-    let (head, body) = body.split_once("\r\n\r\n")?;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    Some(body.to_owned())
-}
 
 /// Scrapes until the endpoint answers (it listens before distlock connects).
 async fn scrape_now(port: u16) -> String {

@@ -499,3 +499,29 @@ pub async fn bench_baseline_scenario(url: &str, backend: &str, measured: &str) {
         "{ratio}"
     );
 }
+
+/// A free loopback port (bound, then released: the kernel does not hand it out again at
+/// once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GET /metrics of a Prometheus endpoint; `None` while it does not answer yet.
+pub async fn scrape(port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.ok()?;
+    let (head, body) = body.split_once("\r\n\r\n")?;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    Some(body.to_owned())
+}
