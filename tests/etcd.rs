@@ -1,7 +1,7 @@
 //! The etcd backend against real etcd processes (lock-testkit): the whole conformance suite
 //! on one member (directly and through `distlock::connect`) and on a 3-member cluster; the
 //! shared fault rules on one member (restart, kill, pause, blackholed network) and on a
-//! cluster (a majority killed); then the cluster's own faults (paused leader, hung member),
+//! cluster (a majority killed); then the cluster's own faults (killed leader, hung member),
 //! the Jepsen rule for waiters, fencing across holders, bad input, and the raw baseline.
 
 mod common;
@@ -178,15 +178,18 @@ impl Resource {
 }
 
 /// Tasks of two "processes" (backends) take one key in turn on a 3-member cluster while
-/// the leader is paused for longer than an election: a new leader takes over, acquisitions
-/// resume during the pause, and no two holders are ever inside at once.
+/// the leader is down (killed) for longer than an election: a new leader takes over,
+/// acquisitions resume while it is down, go on once it is back (restarted, as a follower),
+/// and no two holders are ever inside at once.
 ///
-/// A request to the paused member times out (500 ms here) and moves the backend to the
-/// next member; the Locker retries it, and a lock whose release was lost that way expires
-/// at its 1 s TTL.
+/// A request to the dead member fails and moves the backend to the next member; the Locker
+/// retries it, and a lock whose release was lost that way expires at its 1 s TTL. A
+/// *paused* leader is the exclusion checker's fault (`tests/exclusion_etcd.rs`): etcd
+/// releases with issue 15247 (Debian's 3.4.23) revoke live leases when a leader resumes
+/// from a stall past their TTL, which no client can prevent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_leader_is_replaced_and_holders_never_overlap() {
-    let cluster = EtcdCluster::start(3).await;
+async fn a_killed_leader_is_replaced_and_holders_never_overlap() {
+    let mut cluster = EtcdCluster::start(3).await;
     let endpoints = cluster.endpoints();
     let resource = Arc::new(Resource::default());
     let stop = Arc::new(AtomicBool::new(false));
@@ -220,13 +223,13 @@ async fn a_paused_leader_is_replaced_and_holders_never_overlap() {
     );
 
     let leader = cluster.leader().await;
-    cluster.member(leader).pause();
+    cluster.member_mut(leader).kill();
     // Election timeout is 500 ms: give the others time to elect, then count.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let before = resource.entries.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(4)).await;
     let during = resource.entries.load(Ordering::SeqCst) - before;
-    cluster.member(leader).resume();
+    cluster.member_mut(leader).restart().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let after = resource.entries.load(Ordering::SeqCst);
     stop.store(true, Ordering::SeqCst);
@@ -236,10 +239,10 @@ async fn a_paused_leader_is_replaced_and_holders_never_overlap() {
             .expect("tasks finish")
             .expect("no task panicked (no overlap, increasing fences)");
     }
-    eprintln!("paused leader: {before} before, {during} during the pause, {after} after");
+    eprintln!("killed leader: {before} before, {during} while it was down, {after} after");
     assert!(
         during > 0,
-        "acquisitions resume while the old leader is paused"
+        "acquisitions resume while the old leader is down"
     );
     assert!(after > before + during, "and go on after it is back");
 }

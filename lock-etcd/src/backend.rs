@@ -62,6 +62,28 @@ impl EtcdBackend {
     pub fn watching(&self) -> bool {
         self.shared.demand.is_running()
     }
+
+    /// The etcd version the preferred member reported at connect (`unknown` when it did not
+    /// say).
+    pub fn server_version(&self) -> &str {
+        self.shared.version.text()
+    }
+
+    /// Whether the server is a release that may free a held lock before its TTL after its
+    /// leader stalls (paused, or stuck on a slow disk) for longer than the lock's TTL:
+    /// etcd issue 15247, where the stalled leader revokes, on resuming, leases that clients
+    /// kept alive on the new leader meanwhile. No client can prevent it; the lock's holder
+    /// still believes it holds until its next renewal fails, and the fencing token is what
+    /// protects the resource. etcd 3.4.30 and 3.5.12 are the first releases with the
+    /// mitigation; an unreadable version counts as affected. [`EtcdBuilder::build`] logs
+    /// a warning when this is true.
+    ///
+    /// [`EtcdBuilder::build`]: crate::EtcdBuilder::build
+    pub fn revokes_live_leases_after_a_leader_stall(&self) -> bool {
+        self.shared
+            .version
+            .revokes_live_leases_after_a_leader_stall()
+    }
 }
 
 impl Drop for EtcdBackend {

@@ -15,6 +15,7 @@ use crate::held::HeldTable;
 use crate::leases::{new_lease_id, secs, Pool, HEADROOM_SECS};
 use crate::members::Members;
 use crate::shared::Shared;
+use crate::version::ServerVersion;
 use crate::watch;
 
 /// Far beyond any sensible lease, and small enough that `Instant + ttl` never overflows.
@@ -81,12 +82,25 @@ impl EtcdBackend {
             watch::current_revision(&client, &cfg.prefix)
                 .await
                 .map_err(failed(doing.as_str()))?;
-            Ok(granted.ttl())
+            // Only for the warning below: a member that will not tell counts as unknown.
+            let version = match client.maintenance_client().status().await {
+                Ok(status) => ServerVersion::new(status.version()),
+                Err(_) => ServerVersion::new("unknown"),
+            };
+            Ok((granted.ttl(), version))
         };
-        let min_secs = tokio::time::timeout(timeout, connect)
+        let (min_secs, version) = tokio::time::timeout(timeout, connect)
             .await
             .unwrap_or_else(|_| Err(timed_out(&doing, timeout)))
             .map_err(on_connect(cfg.tls))?;
+        if version.revokes_live_leases_after_a_leader_stall() {
+            tracing::warn!(
+                version = version.text(),
+                "this etcd server may free a held lock early after its leader stalls for \
+                 longer than the lock's TTL (etcd issue 15247, mitigated in 3.4.30 and \
+                 3.5.12): fence the resource, or upgrade etcd"
+            );
+        }
         let members = Arc::new(members);
         let notices = Arc::new(ReleaseNotices::new());
         let announcer = Arc::new(watch::Announcer::new(notices.clone()));
@@ -122,6 +136,7 @@ impl EtcdBackend {
             held: Mutex::new(HeldTable::default()),
             running: Default::default(),
             pool: Mutex::new(Pool::default()),
+            version,
         };
         Ok(EtcdBackend {
             shared: Arc::new(shared),

@@ -19,6 +19,7 @@ mod renew;
 mod running;
 mod shared;
 mod txn;
+mod version;
 mod watch;
 
 pub use backend::EtcdBackend;

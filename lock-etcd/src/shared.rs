@@ -15,6 +15,7 @@ use crate::held::HeldTable;
 use crate::leases::{new_lease_id, EtcdLease, Pool, HEADROOM_SECS};
 use crate::members::Members;
 use crate::running::Running;
+use crate::version::ServerVersion;
 use crate::watch;
 
 /// What the backend handle, its operations and the tasks finishing detached operations
@@ -36,6 +37,8 @@ pub(crate) struct Shared {
     pub(crate) pool: Mutex<Pool>,
     /// Acquire and release transactions go through it, grouped under load.
     pub(crate) batch: Arc<Batcher>,
+    /// The server's version, as the preferred member reported it at connect.
+    pub(crate) version: ServerVersion,
 }
 
 impl Shared {
