@@ -53,8 +53,10 @@ if [ "${DISTLOCK_SKIP_CONTAINERS:-0}" != 1 ]; then
   engine_dir=""
   stop_engine() {
     if [ -n "$engine_dir" ] && [ -f "$engine_dir/pid" ]; then
-      kill "$(cat "$engine_dir/pid")" 2>/dev/null || true
-      for _ in $(seq 50); do kill -0 "$(cat "$engine_dir/pid")" 2>/dev/null || break; sleep 0.2; done
+      # Read once: dockerd removes its pid file as it exits.
+      engine_pid=$(cat "$engine_dir/pid")
+      kill "$engine_pid" 2>/dev/null || true
+      for _ in $(seq 50); do kill -0 "$engine_pid" 2>/dev/null || break; sleep 0.2; done
       rm -rf "$engine_dir" 2>/dev/null || true
     fi
   }

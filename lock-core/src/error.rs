@@ -198,28 +198,62 @@ impl Error {
     }
 }
 
-/// Returns `url` with the password of its user info replaced by `***`, for error messages
-/// and logs; never panics.
+/// Returns `url` with the password of its user info, and the value of every query
+/// parameter whose name ends in `password` (any case: `sentinel_password`), replaced by
+/// `***`, for error messages and logs; never panics.
 ///
-/// The password is everything between the first `:` after `://` and the last `@` (so an
-/// unencoded `@`, `/` or `?` in a password is hidden too). Without a `://` the text from the
-/// start is searched the same way. When there is no `@`, or no `:` before it, the input is
-/// returned unchanged. For a URL that `LockUrl::parse` accepts this hides exactly the
-/// password and matches `LockUrl::redacted` of the parsed value.
+/// A secret parameter's value is everything after its `=` up to the next `&` or the end.
+/// The user info's password is everything between the first `:` after `://` and the last
+/// `@` left (so an unencoded `@`, `/` or `?` in a password is hidden too). Without a `://`
+/// the text from the start is searched the same way. When there is no `@`, or no `:` before
+/// it, the user info is left as it is. For a URL that `LockUrl::parse` accepts this hides
+/// exactly the secrets and matches `LockUrl::redacted` of the parsed value.
 ///
 /// It lives here, not with the URL parser, because every [`Error::InvalidUrl`] is built
 /// through it: an error can never show a password, whoever builds it.
 pub fn redact(url: &str) -> String {
+    let url = redact_params(url);
     let start = url.find("://").map_or(0, |i| i + 3);
     let (head, rest) = url.split_at(start);
     let Some(at) = rest.rfind('@') else {
-        return url.to_string();
+        return url;
     };
     let (userinfo, tail) = rest.split_at(at);
     match userinfo.split_once(':') {
         Some((user, _password)) => format!("{head}{user}:***{tail}"),
-        None => url.to_string(),
+        None => url,
     }
+}
+
+/// Whether a URL query parameter named `name` carries a secret that messages never show:
+/// a name ending in `password`, in any case.
+pub fn is_secret_param(name: &str) -> bool {
+    name.len() >= 8
+        && name
+            .get(name.len() - 8..)
+            .is_some_and(|end| end.eq_ignore_ascii_case("password"))
+}
+
+/// `url` with the value of every secret parameter ([`is_secret_param`]) after a `?` or `&`
+/// replaced by `***`.
+fn redact_params(url: &str) -> String {
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url;
+    while let Some(i) = rest.find(['?', '&']) {
+        out.push_str(&rest[..=i]);
+        rest = &rest[i + 1..];
+        let end = rest.find(['&', '#']).unwrap_or(rest.len());
+        match rest[..end].split_once('=') {
+            Some((name, _)) if is_secret_param(name) => {
+                out.push_str(name);
+                out.push_str("=***");
+                rest = &rest[end..];
+            }
+            _ => {}
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The first error of type `T` in `error`'s chain of causes (`error` itself included), for

@@ -24,8 +24,9 @@
 //!   after the host list: a password containing `@`, `/`, `?` or `#` must be percent-encoded.
 //!
 //! `Display` of a [`LockUrl`] percent-encodes what must be, so the text parses back to the
-//! same value. Every refusal is [`Error::InvalidUrl`], whose URL has the password replaced by
-//! `***` (see [`redact`]).
+//! same value. Every refusal is [`Error::InvalidUrl`], whose URL has the password, and the
+//! value of every parameter whose name ends in `password`, replaced by `***` (see
+//! [`redact`]).
 //!
 //! Durations in parameters use the grammar of [`parse_duration`] (humantime's: `250ms`,
 //! `1.5s`, `2min`, `1h30m`), the same as the `distlock` command's `--ttl` and `--timeout`.
@@ -42,7 +43,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
-pub use crate::error::redact;
+pub use crate::error::{is_secret_param, redact};
 pub use duration::{format_duration, parse_duration};
 pub use host::{Host, HostPort};
 pub use parse::parse_digits;
@@ -88,8 +89,9 @@ impl fmt::Debug for UserInfo {
 /// `LockUrl::parse(&url.to_string())` gives the value back: the scheme is a valid scheme in
 /// lower case, the path is empty or starts with `/`, parameter names are not empty.
 ///
-/// `Debug` and [`LockUrl::redacted`] hide the password; `Display` shows it (it is the URL to
-/// connect with).
+/// `Debug` and [`LockUrl::redacted`] hide the password, and the value of every parameter
+/// whose name ends in `password` ([`is_secret_param`]); `Display` shows them (it is the URL
+/// to connect with).
 #[derive(Clone, PartialEq, Eq)]
 pub struct LockUrl {
     /// The scheme, lower-cased, without `://` (`memory`, `redis`, `etcd`, …).
@@ -240,7 +242,8 @@ impl LockUrl {
         }
     }
 
-    /// The URL as `Display` writes it, with the password (if any) replaced by `***`.
+    /// The URL as `Display` writes it, with the password (if any) and the value of every
+    /// secret parameter ([`is_secret_param`]: `sentinel_password`) replaced by `***`.
     pub fn redacted(&self) -> String {
         UrlDisplay {
             url: self,
@@ -319,7 +322,11 @@ impl fmt::Display for UrlDisplay<'_> {
         f.write_str(&encode_path(&url.path))?;
         for (i, (key, value)) in url.params.iter().enumerate() {
             f.write_str(if i == 0 { "?" } else { "&" })?;
-            write!(f, "{}={}", encode(key), encode(value))?;
+            if self.hide_password && crate::error::is_secret_param(key) {
+                write!(f, "{}=***", encode(key))?;
+            } else {
+                write!(f, "{}={}", encode(key), encode(value))?;
+            }
         }
         Ok(())
     }

@@ -7,7 +7,8 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use lock_core::url::{
-    format_duration, parse_digits, parse_duration, redact, Host, HostPort, UserInfo,
+    format_duration, is_secret_param, parse_digits, parse_duration, redact, Host, HostPort,
+    UserInfo,
 };
 use lock_core::{Error, LockUrl};
 use proptest::prelude::*;
@@ -437,6 +438,33 @@ fn redact_examples() {
     assert_eq!(redact("redis://host:6379"), "redis://host:6379");
     assert_eq!(redact("redis://u:p@ss@host"), "redis://u:***@host");
     assert_eq!(redact("redis://u:p/a?s@host"), "redis://u:***@host");
+}
+
+/// A parameter whose name ends in `password` (Sentinel's `sentinel_password`) is a secret
+/// too: hidden by `redact`, by `redacted()`, and in the error of a URL that does not parse.
+#[test]
+fn secret_parameters_are_hidden_everywhere() {
+    let raw = "redis+sentinel://:mpw@h1,h2/main?sentinel_password=hunter2&prefix=x";
+    assert_eq!(
+        redact(raw),
+        "redis+sentinel://:***@h1,h2/main?sentinel_password=***&prefix=x"
+    );
+    assert_eq!(ok(raw).redacted(), redact(raw));
+    assert!(!format!("{:?}", ok(raw)).contains("hunter2"));
+    // Any case, any position, an `@` or `?` inside the value, no user info.
+    assert_eq!(
+        redact("x://h/m?a=1&SENTINEL_PASSWORD=p@ss?w&b=2"),
+        "x://h/m?a=1&SENTINEL_PASSWORD=***&b=2"
+    );
+    assert_eq!(redact("x://h?password=s"), "x://h?password=***");
+    assert_eq!(redact("x://h?passwords=s&pw=t"), "x://h?passwords=s&pw=t");
+    assert!(is_secret_param("sentinel_password") && is_secret_param("Password"));
+    assert!(!is_secret_param("password_file") && !is_secret_param("pass"));
+    // A URL the parser refuses (a port out of range) names no secret in its error.
+    let e = LockUrl::parse("redis+sentinel://h:99999/m?sentinel_password=hunter2").unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("sentinel_password=***"), "{text}");
+    assert!(!text.contains("hunter2"), "{text}");
     assert_eq!(redact("redis:/u:pw@host"), "redis:***@host");
     assert_eq!(redact(""), "");
     assert_eq!(redact("@"), "@");

@@ -7,7 +7,7 @@ use std::time::Duration;
 use lock_core::url::{format_duration, parse_digits, Host, HostPort, TlsFiles, UserInfo};
 use lock_core::{Error, LockUrl, Result};
 
-use crate::sentinel::url::{hide_password, SentinelConfig, SENTINEL_SCHEME};
+use crate::sentinel::url::{SentinelConfig, SENTINEL_SCHEME};
 
 /// The port of a Redis server when an address or URL names none.
 pub const DEFAULT_PORT: u16 = 6379;
@@ -315,10 +315,7 @@ impl RedisBuilder {
     /// The URL with the password hidden, for messages and `Debug`.
     pub(crate) fn redacted(&self) -> String {
         match self.to_lock_url() {
-            Some(mut url) => {
-                hide_password(&mut url);
-                url.redacted()
-            }
+            Some(url) => url.redacted(),
             None => match (&self.addr, &self.sentinel) {
                 (_, Some(sentinel)) => sentinel.describe_invalid(),
                 (Err((addr, _)), None) => format!("<invalid address {addr:?}>"),

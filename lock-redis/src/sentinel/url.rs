@@ -145,8 +145,8 @@ impl SentinelConfig {
         url: &LockUrl,
         data: impl FnOnce(&LockUrl) -> Result<T>,
     ) -> Result<(SentinelConfig, T)> {
-        let mut shown = url.clone();
-        hide_password(&mut shown);
+        // Its errors hide `sentinel_password` as they hide the user info's password.
+        let shown = url;
         let first = match url.hosts.first() {
             Some(first) => first.with_default_port(DEFAULT_SENTINEL_PORT),
             None => {
