@@ -97,16 +97,6 @@ impl SentinelConfig {
     }
 }
 
-/// Replaces the value of `sentinel_password` by `redacted`: for messages and `Debug`, where
-/// [`LockUrl::redacted`] hides the user info's password only.
-pub(crate) fn hide_password(url: &mut LockUrl) {
-    for (name, value) in &mut url.params {
-        if name == "sentinel_password" {
-            *value = "redacted".to_owned();
-        }
-    }
-}
-
 impl SentinelConfig {
     /// The sentinels at `sentinels` (default port 26379) of the master named `master`,
     /// without credentials; malformed addresses are reported by [`check`](Self::check).
