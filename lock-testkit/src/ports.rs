@@ -1,6 +1,8 @@
 //! Free loopback ports.
 
+use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::Mutex;
 
 /// How many times a server start is retried with fresh ports when the port
 /// was taken between picking it and the server binding it.
@@ -37,8 +39,28 @@ pub(crate) fn free_ports(n: usize) -> Vec<u16> {
     ports
 }
 
-/// Claims `port` for this process: `false` when a live process claimed it already.
+/// Ports this process has handed out: never handed out again while it lives. Tests of
+/// one binary run side by side too, and a port a server of one of them let go of (killed,
+/// about to be restarted on it) or never bound (its start failed) could otherwise go to
+/// another's server; the process's own claim files cannot tell them apart.
+static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+
+/// Claims `port` for this process: `false` when this process handed it out before, or a
+/// live process claimed it already.
 fn claim(port: u16) -> bool {
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if given.contains(&port) || !claim_file(port) {
+        return false;
+    }
+    given.insert(port);
+    true
+}
+
+/// Claims `port` in the machine's claim directory: `false` when a live process other than
+/// this one claimed it already.
+fn claim_file(port: u16) -> bool {
     let dir = std::env::temp_dir().join("lock-testkit-ports");
     if std::fs::create_dir_all(&dir).is_err() {
         return true; // no shared directory: fall back on the retry after a failed bind
@@ -99,12 +121,28 @@ pub(crate) fn loopback(port: u16) -> SocketAddr {
 mod tests {
     use super::*;
 
+    /// A port nobody claimed yet (bound and released here, not through `free_ports`).
+    fn unclaimed_port() -> u16 {
+        loop {
+            let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let file = std::env::temp_dir()
+                .join("lock-testkit-ports")
+                .join(port.to_string());
+            if !GIVEN.lock().unwrap().contains(&port) && !file.exists() {
+                return port;
+            }
+        }
+    }
+
     #[test]
     fn a_port_claimed_by_a_live_process_is_skipped_and_a_dead_ones_is_taken_over() {
         let dir = std::env::temp_dir().join("lock-testkit-ports");
         std::fs::create_dir_all(&dir).unwrap();
-        let port = free_port();
-        assert!(claim(port), "our own claim stands");
+        let port = unclaimed_port();
         // pid 1 lives as long as the machine.
         std::fs::write(dir.join(port.to_string()), "1").unwrap();
         assert!(!claim(port), "a live process's claim is respected");
@@ -122,5 +160,19 @@ mod tests {
         distinct.sort_unstable();
         distinct.dedup();
         assert_eq!(distinct.len(), 8, "{ports:?}");
+    }
+
+    /// Two tests of one binary: a port one of them was given is never given to the other,
+    /// even once it is free again (its server killed, to be restarted on it).
+    #[test]
+    fn a_port_this_process_was_given_is_never_given_again() {
+        let port = free_port();
+        assert!(
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok(),
+            "free again"
+        );
+        assert!(!claim(port), "but not handed out twice");
+        let more = free_ports(64);
+        assert!(!more.contains(&port), "{port} in {more:?}");
     }
 }

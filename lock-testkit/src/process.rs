@@ -409,7 +409,11 @@ impl ManagedProcess {
         let started = Instant::now();
         loop {
             if probe().await {
-                return Ok(());
+                // Another server may answer on a port this one failed to bind.
+                return match self.check_exited() {
+                    Some(error) => Err(error),
+                    None => Ok(()),
+                };
             }
             if let Some(error) = self.check_exited() {
                 return Err(error);
