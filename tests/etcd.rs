@@ -541,10 +541,8 @@ async fn leases_are_recycled_not_leaked() {
 /// a transient error naming the endpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_endpoint_fails_within_the_timeout() {
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
+    // Nothing listens there, and no server of the test kit will be given it.
+    let port = lock_testkit::unused_port();
     let started = Instant::now();
     let refused = distlock::connect(&format!("etcd://127.0.0.1:{port}?timeout=500ms")).await;
     assert!(started.elapsed() <= Duration::from_millis(800));

@@ -540,10 +540,8 @@ async fn asking_again_as_the_holder_renews_the_expiry() {
 /// the address, within the timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_port_is_unavailable_within_the_timeout() {
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
+    // Nothing listens there, and no server of the test kit will be given it.
+    let port = lock_testkit::unused_port();
     let url = format!("postgres://postgres:x@127.0.0.1:{port}/postgres?timeout=500ms");
     let started = Instant::now();
     let err = PostgresBackend::connect(&LockUrl::parse(&url).unwrap())

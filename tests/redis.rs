@@ -807,10 +807,8 @@ async fn a_local_waiter_is_handed_the_key_in_one_script() {
 /// A port nobody listens on: `Unavailable` (transient) at once, naming the refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_port_is_unavailable() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    // Nothing listens there, and no server of the test kit will be given it.
+    let port = lock_testkit::unused_port();
     let started = Instant::now();
     let e = connect_err(&format!("redis://127.0.0.1:{port}")).await;
     assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");

@@ -27,6 +27,7 @@ pub use crate::etcd::{EtcdCluster, EtcdServer};
 pub use crate::etcd_auth::EtcdUser;
 pub use crate::etcd_tls::EtcdOptions;
 pub use crate::mode::{launch_mode, LaunchMode};
+pub use crate::ports::unused_port;
 pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};
 pub use crate::proxy::{FaultProxy, ProxyMode};

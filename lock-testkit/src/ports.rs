@@ -112,6 +112,13 @@ pub(crate) fn free_port() -> u16 {
     free_ports(1)[0]
 }
 
+/// A loopback port that was free a moment ago and that no server of the test kit (in this
+/// process or another live one) will be given while this process lives: for a test that
+/// needs a port nobody listens on, or for a listener of its own (bound at once).
+pub fn unused_port() -> u16 {
+    free_port()
+}
+
 /// `127.0.0.1:port`.
 pub(crate) fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))

@@ -500,14 +500,9 @@ pub async fn bench_baseline_scenario(url: &str, backend: &str, measured: &str) {
     );
 }
 
-/// A free loopback port (bound, then released: the kernel does not hand it out again at
-/// once).
+/// A free loopback port that no test-kit server will be given meanwhile.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    lock_testkit::unused_port()
 }
 
 /// GET /metrics of a Prometheus endpoint; `None` while it does not answer yet.
