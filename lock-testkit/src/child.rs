@@ -5,6 +5,7 @@ use std::io;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::sync::{mpsc, OnceLock};
+use std::time::{Duration, Instant};
 
 /// A request to the spawner thread: the command to spawn and where to send
 /// the result.
@@ -88,6 +89,46 @@ pub(crate) fn kill(mut child: Child) {
         let _ = child.kill();
     }
     let _ = child.wait();
+}
+
+/// How long [`wait_stopped`] waits for a stop to take hold.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Waits until every thread of process `pid` is stopped (or the process is gone): `kill`
+/// returns before a `SIGSTOP` takes hold, and on a loaded machine a thread of a
+/// multi-threaded server can still answer a request meanwhile. Bounded by
+/// [`STOP_TIMEOUT`]; returns whether the process stopped.
+pub(crate) fn wait_stopped(pid: u32) -> bool {
+    let started = Instant::now();
+    loop {
+        match all_threads_stopped(pid) {
+            Some(false) if started.elapsed() < STOP_TIMEOUT => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Some(stopped) => return stopped,
+            // No /proc entry: the process is gone (or /proc is not there to tell).
+            None => return true,
+        }
+    }
+}
+
+/// Whether every thread of `pid` is stopped (state `T` or `t` in its `stat`, dead ones
+/// count too); `None` when the process cannot be read.
+fn all_threads_stopped(pid: u32) -> Option<bool> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // the thread exited meanwhile
+        };
+        // `pid (comm) S …`: the state follows the last `)` (comm may hold one).
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        if !matches!(state, Some('T' | 't' | 'Z' | 'X' | 'x')) {
+            return Some(false);
+        }
+    }
+    Some(true)
 }
 
 /// `signal` to the (not yet reaped) child's process group.

@@ -163,7 +163,9 @@ impl PostgresServer {
     pub fn pause(&self) {
         // The postmaster first, so that it forks no child after the look at its children.
         self.process.pause();
-        self.signal_children(libc::SIGSTOP);
+        for pid in self.signal_children(libc::SIGSTOP) {
+            crate::child::wait_stopped(pid);
+        }
     }
 
     /// Continues a paused server with `SIGCONT`. A no-op when not running.

@@ -290,8 +290,9 @@ impl ManagedProcess {
         }
     }
 
-    /// Sends `SIGSTOP` to the process group (in a container: freezes it); the server
-    /// freezes, its sockets stay open and connections hang. A no-op when not running.
+    /// Sends `SIGSTOP` to the process group (in a container: freezes it), and returns once
+    /// every thread of the process has stopped (at most 5 s): the server then answers
+    /// nothing, its sockets stay open and connections hang. A no-op when not running.
     pub fn pause(&self) {
         let mut state = self.state();
         match &mut state.run {
@@ -299,6 +300,9 @@ impl ManagedProcess {
             Run::Child(child) => {
                 if child::is_running(child) {
                     child::signal_group(child, libc::SIGSTOP);
+                    // Paused means nothing is answered any more, not that a stop is on its
+                    // way.
+                    child::wait_stopped(child.id());
                 }
             }
             Run::Container(container) => container.pause(),
