@@ -112,23 +112,41 @@ pub(crate) fn wait_stopped(pid: u32) -> bool {
     }
 }
 
-/// Whether every thread of `pid` is stopped (state `T` or `t` in its `stat`, dead ones
-/// count too); `None` when the process cannot be read.
+/// Whether every thread of `pid` is stopped (state `T` or `t`, dead ones count too);
+/// `None` when the process cannot be read.
 fn all_threads_stopped(pid: u32) -> Option<bool> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
     for task in tasks.flatten() {
-        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-            continue; // the thread exited meanwhile
+        // A thread that cannot be read exited meanwhile.
+        let Some(stat) = ProcStat::read(&task.path().join("stat")) else {
+            continue;
         };
-        // `pid (comm) S …`: the state follows the last `)` (comm may hold one).
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next());
-        if !matches!(state, Some('T' | 't' | 'Z' | 'X' | 'x')) {
+        if !matches!(stat.state, 'T' | 't' | 'Z' | 'X' | 'x') {
             return Some(false);
         }
     }
     Some(true)
+}
+
+/// The fields of a `/proc/…/stat` file the test kit reads.
+pub(crate) struct ProcStat {
+    /// The state letter (`R`, `S`, `T`, `Z`, …).
+    pub(crate) state: char,
+    /// The parent's pid.
+    pub(crate) ppid: u32,
+}
+
+impl ProcStat {
+    /// Reads and parses `path`; `None` when it cannot be read (the process is gone) or
+    /// parsed.
+    pub(crate) fn read(path: &std::path::Path) -> Option<ProcStat> {
+        let stat = std::fs::read_to_string(path).ok()?;
+        // `pid (comm) state ppid …`: comm may hold spaces and parentheses.
+        let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+        let state = fields.next()?.chars().next()?;
+        let ppid = fields.next()?.parse().ok()?;
+        Some(ProcStat { state, ppid })
+    }
 }
 
 /// `signal` to the (not yet reaped) child's process group.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use crate::binary::find_binary;
+use crate::child::{wait_stopped, ProcStat};
 use crate::mode::{launch_mode, LaunchMode};
 use crate::oneshot::run_to_end;
 use crate::ports::{free_port, loopback, START_ATTEMPTS};
@@ -164,7 +165,7 @@ impl PostgresServer {
         // The postmaster first, so that it forks no child after the look at its children.
         self.process.pause();
         for pid in self.signal_children(libc::SIGSTOP) {
-            crate::child::wait_stopped(pid);
+            wait_stopped(pid);
         }
     }
 
@@ -258,20 +259,14 @@ impl Drop for PostgresServer {
     }
 }
 
-/// The processes whose parent is `parent` (from `/proc/<pid>/stat`).
 /// Whether process `pid` still runs: it exists and is not a zombie (a zombie has
 /// released its memory, shared memory included).
 fn alive(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // `pid (comm) state …`; comm may hold spaces and parentheses.
-    let state = stat
-        .rfind(')')
-        .and_then(|end| stat[end + 1..].split_whitespace().next());
-    !matches!(state, None | Some("Z" | "X"))
+    ProcStat::read(Path::new(&format!("/proc/{pid}/stat")))
+        .is_some_and(|stat| !matches!(stat.state, 'Z' | 'X'))
 }
 
+/// The processes whose parent is `parent` (from `/proc/<pid>/stat`).
 fn children(parent: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -280,11 +275,8 @@ fn children(parent: u32) -> Vec<u32> {
         .flatten()
         .filter_map(|entry| {
             let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
-            let after = &stat[stat.rfind(')')? + 1..];
-            let ppid: u32 = after.split_whitespace().nth(1)?.parse().ok()?;
-            (ppid == parent).then_some(pid)
+            let stat = ProcStat::read(&entry.path().join("stat"))?;
+            (stat.ppid == parent).then_some(pid)
         })
         .collect()
 }
