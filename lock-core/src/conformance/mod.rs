@@ -31,6 +31,7 @@ pub mod exclusion;
 mod faults;
 mod jobs;
 mod records;
+mod runtimes;
 mod safety;
 mod target;
 mod waiting;
@@ -39,6 +40,7 @@ pub use basic::*;
 pub use faults::*;
 pub use jobs::*;
 pub use records::*;
+pub use runtimes::*;
 pub use safety::*;
 pub use target::{queued_holder, queued_holder_and_waiter, spawn_acquire, Target};
 pub use waiting::*;
@@ -56,8 +58,10 @@ pub async fn run_all(t: &Target) {
         stale_release_never_removes_new_holder,
         extend_of_expired_or_foreign_lease_fails,
         fencing_tokens_strictly_increase,
+        fences_increase_within_a_millisecond,
         lock_expires_after_ttl,
         watchdog_keeps_lock_across_ttls,
+        extend_then_watchdog_keeps_the_extended_ttl,
         lost_fires_when_taken_away,
         wait_timeout_is_bounded,
         waiter_is_handed_the_lock_promptly,
@@ -68,6 +72,8 @@ pub async fn run_all(t: &Target) {
         acquire_many_never_deadlocks,
         tasks_never_overlap,
         shutdown_releases_every_held_lock,
+        a_locker_works_across_runtimes,
+        a_dropped_runtime_leaves_nothing_waiting,
         invalid_input_is_refused,
         run_records_keep_the_newest,
     );

@@ -16,7 +16,8 @@ use crate::options::LockOptions;
 /// runtime (tracked by [`Locker::shutdown`](crate::Locker::shutdown)); outside a runtime
 /// the lock simply expires at its TTL. [`release`](Self::release) releases and reports.
 ///
-/// With the watchdog on (the default) the lock is renewed every `ttl / 3` until released;
+/// With the watchdog on (the default) the lock is renewed every `ttl / 3` until released,
+/// on the process's renewal thread, whichever runtime granted it;
 /// if a renewal is refused, or the validity passes while the server does not answer,
 /// [`lost`](Self::lost) resolves and [`is_lost`](Self::is_lost) turns true. Renewals,
 /// [`extend`](Self::extend) and the release reach the server one at a time, in order.
@@ -162,7 +163,8 @@ impl LockGuard {
     ///
     /// `ttl` goes through the backend's rules first
     /// ([`Capabilities::effective_ttl`](crate::Capabilities::effective_ttl)); the watchdog
-    /// takes the new TTL once the server applied it. While the request is on its way,
+    /// takes the new TTL once the server applied it, and its next renewal comes a third of
+    /// the new TTL after the answer (a watchdog turn that fell due meanwhile is dropped). While the request is on its way,
     /// [`valid_until`](Self::valid_until) is the earlier of the validity before it and what
     /// the new TTL guarantees. With the watchdog off, this is how a holder keeps its lock.
     ///
@@ -201,7 +203,7 @@ impl LockGuard {
     /// ```
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let ttl = self.shared.caps().effective_ttl(ttl)?;
-        self.shared.renew(ttl).await?;
+        self.shared.extend(ttl).await?;
         tracing::debug!(key = self.key(), ?ttl, "lock extended");
         Ok(())
     }

@@ -25,7 +25,7 @@ use super::handover;
 use super::metrics::Series;
 use super::queue::{HandOverRequest, LocalHolder};
 use super::shared::{Held, Shared};
-use super::watchdog::{Renewable, Ticket};
+use super::watchdog::{renewal_period, Renewable, Ticket};
 use crate::capabilities::Ttl;
 use crate::error::{Error, Result};
 use crate::lease::Lease;
@@ -58,6 +58,8 @@ pub(super) struct GuardShared {
     ops: tokio::sync::Mutex<()>,
     /// The hold's place in the Locker's watchdog schedule, while it has one.
     renewal: Mutex<Option<Ticket>>,
+    /// Whether the watchdog renews this hold.
+    watchdog: bool,
     /// When the lock was granted, for the hold-time metric.
     granted_at: Instant,
     /// The key label of the hold's metrics.
@@ -86,8 +88,21 @@ impl GuardShared {
     /// when that is earlier (a shorter TTL may be applied on the server before its answer
     /// arrives, or without one), so a renewal that is cut off or fails never leaves the
     /// guard believing in more than the server may keep.
-    pub(super) async fn renew(&self, ttl: Ttl) -> Result<Instant> {
+    /// With the watchdog on, its next turn is rescheduled a [`renewal_period`] of `ttl`
+    /// after an answered renewal, so a TTL shorter than the time to the old turn is renewed
+    /// in time, and a turn that was already due does nothing (it is superseded).
+    pub(super) async fn extend(self: &Arc<Self>, ttl: Ttl) -> Result<Instant> {
         let _op = self.ops.lock().await;
+        let valid_until = self.renew_locked(ttl).await?;
+        if self.watchdog {
+            // Under the operation lock: no turn can renew with the TTL before this one.
+            self.schedule(Instant::now() + renewal_period(ttl.get()));
+        }
+        Ok(valid_until)
+    }
+
+    /// [`extend`](Self::extend)'s and the watchdog's renewal, with the operation lock held.
+    async fn renew_locked(&self, ttl: Ttl) -> Result<Instant> {
         if self.is_done() || self.is_gone() {
             return Err(self.not_held());
         }
@@ -230,11 +245,15 @@ impl GuardShared {
         true
     }
 
-    /// Puts the next renewal in the Locker's watchdog schedule, at `at`, unless the hold
+    /// Puts the next renewal in the Locker's watchdog schedule, at `at`, in place of the
+    /// one scheduled before (so a hold has at most one turn to come), unless the hold
     /// ended. Under the `renewal` lock, after which `finish` and `set_gone` look: so an
     /// ended hold never stays scheduled.
     fn schedule(self: &Arc<Self>, at: Instant) {
         let mut renewal = lock(&self.renewal);
+        if let Some(earlier) = renewal.take() {
+            self.locker.watchdog.cancel(earlier);
+        }
         if self.is_done() || self.is_gone() {
             return;
         }
@@ -339,18 +358,54 @@ impl GuardShared {
             self.granted.key_arc(),
             Arc::downgrade(self) as Weak<dyn LocalHolder>,
         );
-        let me = self.clone();
+        let ending = Ending {
+            hold: self.clone(),
+            answered: false,
+        };
         let spawned = self.locker.tasks.spawn(async move {
-            let _ = me.end_on_server().await;
+            let _ = ending.hold.end_on_server().await;
+            ending.answered();
         });
         if !spawned {
             tracing::debug!(
                 key = self.key(),
                 "guard dropped outside a tokio runtime; the lock expires at its TTL"
             );
-            self.set_gone();
-            self.settle();
-            self.locker.queues.holder_ended(&**self, self.key());
+            self.end_locally();
+        }
+    }
+
+    /// Ends the hold in this process only, the server not told: the lock expires at its
+    /// TTL, and the Locker's next waiter on the key no longer waits behind this hold.
+    fn end_locally(&self) {
+        self.set_gone();
+        self.settle();
+        self.locker.queues.holder_ended(self, self.key());
+    }
+}
+
+/// A dropped guard's release on its way: ends the hold locally if dropped unanswered (its
+/// runtime shut down), so neither the key's queue nor `shutdown` waits for it.
+struct Ending {
+    hold: Arc<GuardShared>,
+    answered: bool,
+}
+
+impl Ending {
+    /// The release was answered: nothing left to end.
+    fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        if !self.answered {
+            tracing::warn!(
+                key = self.hold.key(),
+                "the runtime of a dropped guard's release shut down before the release was answered; the lock expires at its TTL"
+            );
+            self.hold.end_locally();
         }
     }
 }
@@ -402,14 +457,15 @@ impl GuardShared {
                 settled: AtomicBool::new(false),
                 ops: tokio::sync::Mutex::new(()),
                 renewal: Mutex::new(None),
+                watchdog: opts.watchdog,
                 granted_at,
                 key_label: opts.metrics_label,
             });
             (shared.clone() as Arc<dyn Held>, shared)
         });
         if opts.watchdog {
-            // A third of the TTL after the grant, counted from its validity (no clock read).
-            let before_end = ttl.get() - ttl.get() / 3;
+            // A renewal period after the grant, counted from its validity (no clock read).
+            let before_end = ttl.get() - renewal_period(ttl.get());
             let valid_until = shared.valid_until();
             shared.schedule(
                 valid_until
@@ -447,35 +503,46 @@ impl GuardShared {
 }
 
 impl Renewable for GuardShared {
-    /// One turn of the watchdog: renews the lease and schedules the next turn `ttl / 3`
-    /// later (sooner after a transient failure). A renewal that has not answered when the
-    /// validity passes loses the lock; an ended or lost hold is not renewed.
-    fn renew_due(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    /// One turn of the watchdog: renews the lease with the TTL it has when the turn takes
+    /// the operation lock, and schedules the next turn a [`renewal_period`] later (sooner
+    /// after a transient failure). A renewal that has not answered when the validity
+    /// passes loses the lock; an ended or lost hold is not renewed, nor one whose turn was
+    /// superseded meanwhile (an `extend` rescheduled it).
+    fn renew_due(self: Arc<Self>, turn: Ticket) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(async move {
             if self.is_done() || self.is_gone() {
                 return;
             }
-            let ttl = lock(&self.validity).1;
-            let period = ttl.get() / 3;
             let valid_until = self.valid_until();
-            match tokio::time::timeout_at(valid_until.into(), self.renew(ttl)).await {
-                Ok(Ok(_)) => {
-                    tracing::debug!(key = self.key(), "lock renewed");
-                    self.schedule(Instant::now() + period);
+            let answered = tokio::time::timeout_at(valid_until.into(), async {
+                let _op = self.ops.lock().await;
+                if *lock(&self.renewal) != Some(turn) {
+                    return;
                 }
-                Ok(Err(_)) if self.is_done() || self.is_gone() => {}
-                Ok(Err(e)) => {
-                    tracing::debug!(key = self.key(), error = %e, "renewal failed; retrying");
-                    let now = Instant::now();
-                    let left = self.valid_until().saturating_duration_since(now);
-                    self.schedule(now + (period / 4).min(left / 2).max(Duration::from_millis(1)));
-                }
-                Err(_) => {
-                    if !self.is_done() {
-                        self.metrics(Series::renewal_failed);
-                        self.mark_lost("validity passed while the server did not answer");
+                let ttl = self.ttl();
+                let period = renewal_period(ttl.get());
+                // The next turn is scheduled under the operation lock, so no `extend` can
+                // come between this renewal and its rescheduling.
+                match self.renew_locked(ttl).await {
+                    Ok(_) => {
+                        tracing::debug!(key = self.key(), "lock renewed");
+                        self.schedule(Instant::now() + period);
+                    }
+                    Err(_) if self.is_done() || self.is_gone() => {}
+                    Err(e) => {
+                        tracing::debug!(key = self.key(), error = %e, "renewal failed; retrying");
+                        let now = Instant::now();
+                        let left = self.valid_until().saturating_duration_since(now);
+                        self.schedule(
+                            now + (period / 4).min(left / 2).max(Duration::from_millis(1)),
+                        );
                     }
                 }
+            })
+            .await;
+            if answered.is_err() && !self.is_done() {
+                self.metrics(Series::renewal_failed);
+                self.mark_lost("validity passed while the server did not answer");
             }
         })
     }

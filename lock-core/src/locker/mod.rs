@@ -62,9 +62,42 @@ pub use types::{validate_key, LockerStats, Outcome, MAX_KEY_LEN};
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
+///
+/// # Drop
+///
+/// Guards and background releases keep what they need of the Locker, so dropping the last
+/// clone of a Locker ends nothing. But background work runs on the runtime that started
+/// it: a program that returns from `main` right after dropping its guards cuts their
+/// releases short, and the locks stay on the server for their TTL. End a program with
+/// [`shutdown`](Self::shutdown); a Locker whose last clone is dropped while guards are held
+/// or background releases are on their way says so with a `tracing` warning naming how
+/// many.
 #[derive(Clone)]
 pub struct Locker {
     inner: Arc<Shared>,
+    /// Dropped with the last clone: warns of what is still outstanding.
+    _last: Arc<LastClone>,
+}
+
+/// Warns, when the last clone of a Locker is dropped, of the guards still held and the
+/// background releases still on their way.
+struct LastClone(Arc<Shared>);
+
+impl Drop for LastClone {
+    fn drop(&mut self) {
+        let (held, background) = (self.0.held.len(), self.0.tasks.len());
+        if held > 0 || background > 0 {
+            tracing::warn!(
+                backend = self.0.caps.name,
+                held,
+                background,
+                "a Locker was dropped with {held} locks held and {background} background \
+                 releases on their way: they end with their guards and runtimes, and a lock \
+                 whose release is cut short stays on the server for its TTL; call \
+                 Locker::shutdown().await before the program returns"
+            );
+        }
+    }
 }
 
 impl std::fmt::Debug for Locker {
@@ -89,8 +122,10 @@ impl Locker {
 
     /// A Locker over a shared backend handle whose [`lock`](Self::lock) uses `defaults`.
     pub fn with_options(backend: Arc<dyn Backend>, defaults: LockOptions) -> Self {
+        let inner = Arc::new(Shared::new(backend, defaults));
         Locker {
-            inner: Arc::new(Shared::new(backend, defaults)),
+            _last: Arc::new(LastClone(inner.clone())),
+            inner,
         }
     }
 

@@ -170,6 +170,18 @@ impl Drop for CancelCleanup<'_> {
     }
 }
 
+/// One task of a [`Tracker`]: uncounted when dropped, whether the task finished or its
+/// runtime dropped it unfinished.
+struct Counted(Arc<Tracker>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
 /// Background tasks a Locker waits for on shutdown.
 #[derive(Default)]
 pub(crate) struct Tracker {
@@ -178,7 +190,8 @@ pub(crate) struct Tracker {
 }
 
 impl Tracker {
-    /// Spawns `fut` on the current runtime, counted until it ends; false outside a runtime.
+    /// Spawns `fut` on the current runtime, counted until it ends or is dropped unfinished
+    /// (its runtime shut down); false outside a runtime.
     pub(crate) fn spawn<F>(self: &Arc<Self>, fut: F) -> bool
     where
         F: Future<Output = ()> + Send + 'static,
@@ -187,12 +200,11 @@ impl Tracker {
             return false;
         };
         self.count.fetch_add(1, Ordering::SeqCst);
-        let me = self.clone();
+        // Moved into the task from the start: dropped with it, polled or not.
+        let counted = Counted(self.clone());
         handle.spawn(async move {
+            let _counted = counted;
             fut.await;
-            if me.count.fetch_sub(1, Ordering::SeqCst) == 1 {
-                me.idle.notify_waiters();
-            }
         });
         true
     }

@@ -5,29 +5,62 @@
 //! spawned and no timer armed per guard. One task per Locker sleeps until the earliest
 //! renewal falls due and then starts it on a task of its own (so one slow server call does
 //! not hold up the others); the renewal puts the guard back in the schedule for its next
-//! turn. The task exits when the schedule is empty and starts again with the next entry,
-//! on the runtime that schedules it (also after the runtime it ran on shut down).
+//! turn. The task exits when the schedule is empty and starts again with the next entry.
 //!
-//! A Locker used from several runtimes renews on the runtime its task started on. When
-//! that runtime ends, its task ends with it, and renewals of guards held on the other
-//! runtimes wait for the next grant with the watchdog on, which starts the task again on
-//! its own runtime: until then such a guard may reach its validity and be lost (never
-//! held past it). A program with one runtime never sees this.
+//! The task and the renewals it starts run on the process's renewal runtime
+//! ([`renewal_runtime`]): one thread with a current-thread tokio runtime, started with the
+//! first renewal scheduled anywhere in the process and never stopped. So renewal does not
+//! depend on which runtime a guard was granted on: a Locker shared by several runtimes
+//! (a runtime per subsystem, `#[tokio::test]`s, a blocking wrapper) keeps renewing every
+//! guard while one of them idles or after it was dropped, and a renewal in flight never
+//! holds a guard's operation lock on a runtime that nobody drives.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 use crate::sync::lock;
 
+/// How often a guard is renewed: every third of its TTL, so that two renewals in a row
+/// can fail (or one can take a third of the TTL to answer) before the validity passes.
+pub(crate) fn renewal_period(ttl: Duration) -> Duration {
+    ttl / 3
+}
+
 /// A hold the watchdog renews.
 pub(crate) trait Renewable: Send + Sync + 'static {
-    /// Renews once, and schedules the next renewal when the hold goes on.
-    fn renew_due(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+    /// Renews once if `turn` is still the hold's place in the schedule (a turn superseded
+    /// by a reschedule, such as an `extend`'s, does nothing), and schedules the next
+    /// renewal when the hold goes on.
+    fn renew_due(self: Arc<Self>, turn: Ticket) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// The process's renewal runtime: a thread named `distlock-renewal` running a
+/// current-thread tokio runtime (timers and I/O enabled) for as long as the process lives,
+/// started on first use. `None` when the thread or the runtime cannot be made.
+pub(crate) fn renewal_runtime() -> Option<&'static tokio::runtime::Handle> {
+    static RUNTIME: OnceLock<Option<tokio::runtime::Handle>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .thread_name("distlock-renewal")
+                .build()
+                .map_err(|e| tracing::error!(error = %e, "cannot build the renewal runtime"))
+                .ok()?;
+            let handle = runtime.handle().clone();
+            std::thread::Builder::new()
+                .name("distlock-renewal".into())
+                .spawn(move || runtime.block_on(std::future::pending::<()>()))
+                .map_err(|e| tracing::error!(error = %e, "cannot start the renewal thread"))
+                .ok()?;
+            Some(handle)
+        })
+        .as_ref()
 }
 
 /// A place in the schedule: removing it takes the entry out.
@@ -52,8 +85,8 @@ struct State {
 }
 
 impl Watchdog {
-    /// Schedules `hold`'s renewal at `at`; `None` outside a tokio runtime (nothing would
-    /// run it).
+    /// Schedules `hold`'s renewal at `at`, to run on the [`renewal_runtime`]; `None` when
+    /// that runtime could not be started (nothing would run it).
     pub(crate) fn schedule(
         self: &Arc<Self>,
         at: Instant,
@@ -75,9 +108,9 @@ impl Watchdog {
                 watchdog: self.clone(),
                 armed: true,
             };
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn(self.clone().run(running))),
-                Err(_) => {
+            match renewal_runtime() {
+                Some(runtime) => drop(runtime.spawn(self.clone().run(running))),
+                None => {
                     // No runtime to run it: the entry goes, and the mark with `running`.
                     self.cancel(ticket);
                     drop(running);
@@ -100,8 +133,8 @@ impl Watchdog {
         lock(&self.state).due.len()
     }
 
-    /// Runs the schedule until it is empty. `running` is dropped with the task, also when
-    /// its runtime shuts down: the next entry then starts a task again.
+    /// Runs the schedule until it is empty. `running` is dropped with the task, so the
+    /// next entry starts a task again.
     async fn run(self: Arc<Self>, mut running: Running) {
         loop {
             let now = Instant::now();
@@ -112,7 +145,8 @@ impl Watchdog {
                     if entry.key().0 > now {
                         break;
                     }
-                    ready.push(entry.remove());
+                    let turn = *entry.key();
+                    ready.push((turn, entry.remove()));
                 }
                 let next = state.due.keys().next().map(|t| t.0);
                 state.sleeping_until = next;
@@ -123,8 +157,10 @@ impl Watchdog {
                 }
                 (ready, next)
             };
-            for hold in ready.iter().filter_map(Weak::upgrade) {
-                tokio::spawn(hold.renew_due());
+            for (turn, hold) in ready {
+                if let Some(hold) = hold.upgrade() {
+                    tokio::spawn(hold.renew_due(turn));
+                }
             }
             let Some(next) = next else { continue };
             tokio::select! {
@@ -136,7 +172,7 @@ impl Watchdog {
 }
 
 /// Marks the schedule without a task when the task is dropped before it saw the schedule
-/// empty (its runtime shut down).
+/// empty.
 struct Running {
     watchdog: Arc<Watchdog>,
     armed: bool,
