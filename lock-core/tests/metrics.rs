@@ -1,13 +1,14 @@
 //! The Locker's metrics (`lock_core::metrics`), recorded on the in-process backend into a
-//! `metrics-util` `DebuggingRecorder` set as the test thread's recorder: the counts and the
+//! `metrics-util` `DebuggingRecorder` installed as the global recorder: the counts and the
 //! label sets match what each test did, the key label appears only when set, and a raw key
 //! never appears in a label.
 //!
-//! Each test runs on its own current-thread runtime (the `tokio::test` default), so every
-//! task it starts, the watchdog's included, records into its own recorder.
+//! Global, as in a program exporting its metrics: renewals run on the process's renewal
+//! thread, which a thread's local recorder would not see. So the tests take turns, each
+//! counting from what the ones before it left.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -31,6 +32,7 @@ struct Seen {
 }
 
 impl Seen {
+    /// What was recorded since the last `take` (a snapshot drains the recorder).
     fn take(snapshotter: &Snapshotter) -> Seen {
         let mut seen = Seen::default();
         for (key, unit, _help, value) in snapshotter.snapshot().into_vec() {
@@ -42,6 +44,7 @@ impl Seen {
             labels.sort();
             let shown: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let name = key.name().to_owned();
+            let series = format!("{name}{{{}}}", shown.join(","));
             let n = match (kind, value) {
                 (MetricKind::Counter, DebugValue::Counter(n)) => n,
                 (MetricKind::Histogram, DebugValue::Histogram(values)) => {
@@ -53,8 +56,10 @@ impl Seen {
                 }
                 other => panic!("{name}: unexpected {other:?}"),
             };
-            seen.series
-                .insert(format!("{name}{{{}}}", shown.join(",")), n);
+            if n == 0 {
+                continue;
+            }
+            seen.series.insert(series, n);
             seen.units.insert(name, unit);
             seen.labels.extend(labels);
         }
@@ -86,12 +91,22 @@ impl Seen {
     }
 }
 
-/// A recorder for this thread; drop the guard to stop recording into it.
-fn recorder() -> (&'static DebuggingRecorder, Snapshotter) {
-    // Leaked: one small recorder per test, alive as long as the runtime's tasks may record.
-    let recorder: &'static DebuggingRecorder = Box::leak(Box::new(DebuggingRecorder::new()));
-    let snapshotter = recorder.snapshotter();
-    (recorder, snapshotter)
+/// The global recorder, for one test at a time (the turn is kept until the guard drops),
+/// drained of what the tests before left.
+async fn recorder() -> (tokio::sync::MutexGuard<'static, ()>, &'static Snapshotter) {
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    let turn = ONE_AT_A_TIME.lock().await;
+    let snapshotter = SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("the test binary's only global recorder");
+        snapshotter
+    });
+    Seen::take(snapshotter);
+    (turn, snapshotter)
 }
 
 fn skip() -> LockOptions {
@@ -103,8 +118,7 @@ fn skip() -> LockOptions {
 /// outcome or kind, with the `backend` label and no key label; the keys never show.
 #[tokio::test]
 async fn counts_and_labels_match_what_was_done() {
-    let (recorder, snapshotter) = recorder();
-    let _local = metrics::set_default_local_recorder(recorder);
+    let (_turn, snapshotter) = recorder().await;
     let backend = Arc::new(MemoryBackend::new());
     let locker = Locker::with_backend(backend.clone());
 
@@ -160,7 +174,7 @@ async fn counts_and_labels_match_what_was_done() {
     drop(doomed);
     locker.settle().await;
 
-    let seen = Seen::take(&snapshotter);
+    let seen = Seen::take(snapshotter);
     // 3 + the holder + the waiter + short + doomed.
     assert_eq!(
         seen.get(ACQUIRE_DURATION, &[("outcome", "granted")]),
@@ -234,8 +248,7 @@ async fn counts_and_labels_match_what_was_done() {
 /// guard's; acquisitions without it keep series without it, counted apart.
 #[tokio::test]
 async fn the_key_label_is_the_applications_not_the_key() {
-    let (recorder, snapshotter) = recorder();
-    let _local = metrics::set_default_local_recorder(recorder);
+    let (_turn, snapshotter) = recorder().await;
     let locker = Locker::new(MemoryBackend::new());
     let jobs = skip().metrics_label("jobs");
 
@@ -250,7 +263,7 @@ async fn the_key_label_is_the_applications_not_the_key() {
     b.release().await.unwrap();
     plain.release().await.unwrap();
 
-    let seen = Seen::take(&snapshotter);
+    let seen = Seen::take(snapshotter);
     let jobs = ("key_label", "jobs");
     assert_eq!(
         seen.get(ACQUIRE_DURATION, &[("outcome", "granted"), jobs]),
@@ -317,8 +330,7 @@ impl HandOver for HandingOver {
 /// to C at its release: one hand-over, three grants, two of them after a wait.
 #[tokio::test]
 async fn a_hand_over_is_counted() {
-    let (recorder, snapshotter) = recorder();
-    let _local = metrics::set_default_local_recorder(recorder);
+    let (_turn, snapshotter) = recorder().await;
     let locker = Locker::new(HandingOver(MemoryBackend::new()));
     let a = locker.acquire("queue/head", &skip()).await.unwrap();
     let patient = skip().wait_for(Duration::from_secs(5));
@@ -341,7 +353,7 @@ async fn a_hand_over_is_counted() {
     c.release().await.unwrap();
     locker.settle().await;
 
-    let seen = Seen::take(&snapshotter);
+    let seen = Seen::take(snapshotter);
     assert_eq!(seen.get(HAND_OVERS, &[]), 1, "{seen:#?}");
     assert_eq!(
         seen.get(ACQUIRE_DURATION, &[("outcome", "granted")]),
