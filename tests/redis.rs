@@ -1073,3 +1073,15 @@ async fn run_records_have_keys_of_their_own_and_refuse_foreign_values() {
     );
     assert!(records.recent(job, 0).await.unwrap().is_empty());
 }
+
+/// Grants of one key back to back, many within one millisecond of the server clock, get
+/// strictly increasing fences on the installed Redis (tests/redis5.rs checks the same on
+/// Redis 5.0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_strictly_increase_in_a_tight_loop() {
+    let server = RedisServer::start().await;
+    let node = node(&server, "tight:").await;
+    let (fences, same_ms) = common::fences_of_a_tight_loop(&node, "k", 500).await;
+    eprintln!("{same_ms} of 500 grants in the millisecond of the grant before");
+    common::assert_strictly_increasing(&fences);
+}

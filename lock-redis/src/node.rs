@@ -18,6 +18,10 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     min_ttl: Duration::from_millis(10),
     ttl_granularity: Duration::from_millis(1),
     max_ttl: Duration::from_secs(30 * 24 * 3600),
+    // Fences of a key strictly increase from grant to grant on every Redis from 5.0 (the
+    // fence script uses only `GET`, `SET … PX` and `TIME`), while the key's counter lives
+    // and, once it is lost or stale, as long as the server clock did not go back below the
+    // time of the earlier grants (see the crate documentation, "Fencing").
     monotonic_fencing: true,
     release_notices: true,
     cross_process: true,
