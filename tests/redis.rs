@@ -177,6 +177,45 @@ async fn only_an_awaited_release_is_announced() {
     next.release().await.unwrap();
 }
 
+/// Two backends built over ONE node (a shared connection, e.g. an application handing the
+/// same `RedisNode` to two Lockers) hear each other's releases: a waiter on one is woken by
+/// the other's release at once, not at the holder's 30 s TTL. (They shared the node's
+/// notice origin, so each one's subscription skipped the other's notices as its own.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_sharing_a_node_hear_each_others_releases() {
+    let server = RedisServer::start().await;
+    let shared = node(&server, "shared:").await;
+    let a = Arc::new(RedisBackend::from_node(shared.clone()));
+    let b = RedisBackend::from_node(shared);
+    let (holder_side, waiter_side) = (Locker::with_backend(a.clone()), Locker::new(b));
+    let ttl = Duration::from_secs(30);
+    let opts = LockOptions::new()
+        .ttl(ttl)
+        .wait_for(Duration::from_secs(25))
+        .watchdog(false);
+    for round in 0..3 {
+        let holder = holder_side.acquire("k", &opts).await.unwrap();
+        let waiter = conformance::spawn_acquire(&waiter_side, "k", &opts);
+        // The waiter's refusal marks the lock awaited: from then on the release publishes.
+        let key = a.node().lock_key("k");
+        let marked = format!("{}*", holder.lease().owner());
+        let until = Instant::now() + Duration::from_secs(10);
+        while raw_string(&server, &key).await.as_deref() != Some(marked.as_str()) {
+            assert!(Instant::now() < until, "the refusal marks the lock awaited");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        holder.release().await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("round {round}: the waiter was not woken by the release (TTL {ttl:?})")
+            })
+            .unwrap()
+            .unwrap();
+        next.release().await.unwrap();
+    }
+}
+
 /// `inspect` reports the holder's owner token, fence and remaining time; `None` when free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_reports_the_holder() {
