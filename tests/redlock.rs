@@ -908,6 +908,66 @@ async fn an_abandoned_attempt_arriving_late_grants_nothing() {
     }
 }
 
+/// An attempt refused by a majority while one node had not answered yet: that node's
+/// clean-up is an abandon (a tombstone), not a plain release. A plain release only
+/// cleans up when it runs after the attempt, which holds on one connection but not when
+/// the connection was replaced in between (a timeout of another request discards it, and
+/// the attempt's request then still sits in the old socket, or was re-sent): the late
+/// request, arriving after the release, left a lock on that node for its whole TTL. Here
+/// the node is cut off while the attempt is decided; once it is back and both the
+/// attempt and its clean-up have arrived, the same request arriving once more (as a
+/// late copy would) is refused, and the node holds no lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_node_of_a_refused_attempt_refuses_the_late_request() {
+    let nodes = RedisNodes::start(3).await;
+    let proxy = FaultProxy::start(nodes.addrs()[2]).await;
+    let addrs = vec![nodes.addrs()[0], nodes.addrs()[1], proxy.addr()];
+    let b = backend(&addrs, "timeout=200ms").await;
+    let ttl = Duration::from_secs(30);
+    // Load the scripts on every node, so that the held EVALSHAs run when they arrive.
+    let (warm, granted) = attempt(&b, "unanswered/warm", ttl).await;
+    b.release(&lease_of("unanswered/warm", warm, &granted.unwrap()))
+        .await
+        .unwrap();
+    let key = "unanswered/k";
+    for server in &nodes.nodes()[..2] {
+        preset_foreign(server, key, 30_000).await;
+    }
+    let third = &nodes.nodes()[2];
+    let before = script_calls(third).await;
+    proxy.set_mode(ProxyMode::Blackhole);
+    let (owner, result) = attempt(&b, key, ttl).await;
+    assert!(
+        matches!(result, Ok(Attempt::Taken { .. })),
+        "a majority holds foreign values: {result:?}"
+    );
+    // The attempt and its clean-up are held in the blackhole; let them through.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.set_mode(ProxyMode::Pass);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while script_calls(third).await < before + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the held attempt and its clean-up never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The attempt's request once more, as a copy arriving late over another connection.
+    let node = b.node(2).expect("node 2 is connected");
+    let again = node
+        .try_acquire(key, owner, b.capabilities().effective_ttl(ttl).unwrap())
+        .await
+        .expect("node 2 answers");
+    assert!(
+        matches!(again, Attempt::Taken { .. }),
+        "the late request of the refused attempt was granted on node 2: {again:?}"
+    );
+    assert!(
+        !raw_exists(third, &lock_key(key)).await,
+        "node 2 holds an orphaned lock of the refused attempt"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Release notices, inspect, force_release
 // ---------------------------------------------------------------------------------------
