@@ -278,6 +278,13 @@ return out
 /// awaited. Returns 1 when
 /// a lock was deleted, 0 otherwise. The tombstone is written in both cases: a request can
 /// have been sent twice (re-sent on a new connection after the first looked lost).
+///
+/// The retention is the abandoning handle's operation timeout times
+/// [`ABANDON_TIMEOUTS`](crate::ABANDON_TIMEOUTS) (at least 1 s, at most 10 minutes): the
+/// tombstone lives while the abandoned request can still arrive from a connection that
+/// stalled for less than that many timeouts; one arriving later can only grant a lock no
+/// one believes it holds, which blocks the key for the attempt's TTL at most (see
+/// `RedisNode::abandon_retention` for the reasoning).
 pub(crate) static ABANDON: Script = Script::new(concat!(
     awaited_helpers!(),
     r#"
