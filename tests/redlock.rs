@@ -779,6 +779,60 @@ async fn fencing_holds_across_different_majorities() {
     }
 }
 
+/// On three real Redis 5.0 nodes (the oldest Redis accepted; see tests/redis5.rs): grants
+/// of one key back to back get strictly increasing fences, and the write-back still orders
+/// two majorities that differ in their largest node. (With the fence script's `SET … GET`,
+/// new in 6.2, every node fell back to its bare clock: tokens repeated within a
+/// millisecond, and the written-back fence was overwritten by the next grant's clock.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_strictly_increase_on_redis_5_nodes() {
+    let mut servers = Vec::new();
+    let mut proxies = Vec::new();
+    for _ in 0..3 {
+        let server = RedisServer::start_with(RedisOptions {
+            binary: Some(lock_testkit::redis5_server()),
+            ..RedisOptions::default()
+        })
+        .await;
+        proxies.push(FaultProxy::start(server.addr()).await);
+        servers.push(server);
+    }
+    let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
+    let b = backend(&addrs, "").await;
+    let ttl = Duration::from_secs(5);
+    let mut fences = Vec::new();
+    for _ in 0..300 {
+        let (owner, result) = attempt(&b, "redis5/tight", ttl).await;
+        let lease = lease_of("redis5/tight", owner, &result.unwrap());
+        fences.push(lease.fence());
+        b.release(&lease).await.unwrap();
+    }
+    common::assert_strictly_increasing(&fences);
+
+    let key = "redis5/majorities";
+    let high: u64 = 1 << 52;
+    let mut raw = servers[2].client().await;
+    let _: redis::Value = redis::cmd("SET")
+        .arg(format!("distlock:{{{key}}}:fence"))
+        .arg(high)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // First majority: nodes 1 and 2 (node 2 issues the largest token).
+    proxies[0].set_mode(ProxyMode::Reset);
+    let (owner, result) = attempt(&b, key, ttl).await;
+    let first = lease_of(key, owner, &result.unwrap());
+    assert!(first.fence() > high, "node 2 issued the largest token");
+    b.release(&first).await.unwrap();
+    // Second majority: nodes 0 and 1; node 1 had the first token written back.
+    proxies[0].set_mode(ProxyMode::Pass);
+    proxies[2].set_mode(ProxyMode::Reset);
+    let (owner, result) = attempt(&b, key, ttl).await;
+    let second = lease_of(key, owner, &result.unwrap());
+    b.release(&second).await.unwrap();
+    assert!(second.fence() > first.fence(), "{second:?} after {first:?}");
+}
+
 /// Fencing tokens keep increasing when nodes restart from STALE snapshots (RDB taken before
 /// the last grants, then kill -9): grants a, b, c; SAVE on every node; grants d, e, f;
 /// nodes 1 and 2 restart from their snapshots and node 0 goes down, so the next quorum is
