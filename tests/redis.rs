@@ -177,6 +177,45 @@ async fn only_an_awaited_release_is_announced() {
     next.release().await.unwrap();
 }
 
+/// Two backends built over ONE node (a shared connection, e.g. an application handing the
+/// same `RedisNode` to two Lockers) hear each other's releases: a waiter on one is woken by
+/// the other's release at once, not at the holder's 30 s TTL. (They shared the node's
+/// notice origin, so each one's subscription skipped the other's notices as its own.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_sharing_a_node_hear_each_others_releases() {
+    let server = RedisServer::start().await;
+    let shared = node(&server, "shared:").await;
+    let a = Arc::new(RedisBackend::from_node(shared.clone()));
+    let b = RedisBackend::from_node(shared);
+    let (holder_side, waiter_side) = (Locker::with_backend(a.clone()), Locker::new(b));
+    let ttl = Duration::from_secs(30);
+    let opts = LockOptions::new()
+        .ttl(ttl)
+        .wait_for(Duration::from_secs(25))
+        .watchdog(false);
+    for round in 0..3 {
+        let holder = holder_side.acquire("k", &opts).await.unwrap();
+        let waiter = conformance::spawn_acquire(&waiter_side, "k", &opts);
+        // The waiter's refusal marks the lock awaited: from then on the release publishes.
+        let key = a.node().lock_key("k");
+        let marked = format!("{}*", holder.lease().owner());
+        let until = Instant::now() + Duration::from_secs(10);
+        while raw_string(&server, &key).await.as_deref() != Some(marked.as_str()) {
+            assert!(Instant::now() < until, "the refusal marks the lock awaited");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        holder.release().await.unwrap();
+        let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("round {round}: the waiter was not woken by the release (TTL {ttl:?})")
+            })
+            .unwrap()
+            .unwrap();
+        next.release().await.unwrap();
+    }
+}
+
 /// `inspect` reports the holder's owner token, fence and remaining time; `None` when free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_reports_the_holder() {
@@ -1072,4 +1111,47 @@ async fn run_records_have_keys_of_their_own_and_refuse_foreign_values() {
         "a refused append writes no last success either"
     );
     assert!(records.recent(job, 0).await.unwrap().is_empty());
+}
+
+/// The tombstone of an abandoned attempt lives `ABANDON_TIMEOUTS` operation timeouts of
+/// the abandoning handle (at least `MIN_ABANDON_RETENTION`), not a fixed ten minutes: a
+/// service cancelling many attempts a second would otherwise keep hundreds of thousands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tombstone_lives_a_bounded_number_of_timeouts() {
+    use distlock::redis::{ABANDON_TIMEOUTS, MIN_ABANDON_RETENTION};
+    let server = RedisServer::start().await;
+    let node = node(&server, "retention:").await;
+    for timeout in [
+        DEFAULT_TIMEOUT,
+        Duration::from_millis(200),
+        Duration::from_millis(10),
+    ] {
+        let handle = node.with_timeout(timeout);
+        let owner = Owner::random();
+        handle.abandon("k", owner).await.unwrap();
+        let bound = (timeout * ABANDON_TIMEOUTS).max(MIN_ABANDON_RETENTION);
+        assert_eq!(handle.abandon_retention(), bound);
+        let mut raw = server.client().await;
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(handle.tombstone_key("k", owner))
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert!(
+            pttl > 0 && pttl as u128 <= bound.as_millis(),
+            "timeout {timeout:?}: the tombstone's PTTL {pttl} ms is not within (0, {bound:?}]"
+        );
+    }
+}
+
+/// Grants of one key back to back, many within one millisecond of the server clock, get
+/// strictly increasing fences on the installed Redis (tests/redis5.rs checks the same on
+/// Redis 5.0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_strictly_increase_in_a_tight_loop() {
+    let server = RedisServer::start().await;
+    let node = node(&server, "tight:").await;
+    let (fences, same_ms) = common::fences_of_a_tight_loop(&node, "k", 500).await;
+    eprintln!("{same_ms} of 500 grants in the millisecond of the grant before");
+    common::assert_strictly_increasing(&fences);
 }

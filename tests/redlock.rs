@@ -779,6 +779,60 @@ async fn fencing_holds_across_different_majorities() {
     }
 }
 
+/// On three real Redis 5.0 nodes (the oldest Redis accepted; see tests/redis5.rs): grants
+/// of one key back to back get strictly increasing fences, and the write-back still orders
+/// two majorities that differ in their largest node. (With the fence script's `SET … GET`,
+/// new in 6.2, every node fell back to its bare clock: tokens repeated within a
+/// millisecond, and the written-back fence was overwritten by the next grant's clock.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_strictly_increase_on_redis_5_nodes() {
+    let mut servers = Vec::new();
+    let mut proxies = Vec::new();
+    for _ in 0..3 {
+        let server = RedisServer::start_with(RedisOptions {
+            binary: Some(lock_testkit::redis5_server()),
+            ..RedisOptions::default()
+        })
+        .await;
+        proxies.push(FaultProxy::start(server.addr()).await);
+        servers.push(server);
+    }
+    let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
+    let b = backend(&addrs, "").await;
+    let ttl = Duration::from_secs(5);
+    let mut fences = Vec::new();
+    for _ in 0..300 {
+        let (owner, result) = attempt(&b, "redis5/tight", ttl).await;
+        let lease = lease_of("redis5/tight", owner, &result.unwrap());
+        fences.push(lease.fence());
+        b.release(&lease).await.unwrap();
+    }
+    common::assert_strictly_increasing(&fences);
+
+    let key = "redis5/majorities";
+    let high: u64 = 1 << 52;
+    let mut raw = servers[2].client().await;
+    let _: redis::Value = redis::cmd("SET")
+        .arg(format!("distlock:{{{key}}}:fence"))
+        .arg(high)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // First majority: nodes 1 and 2 (node 2 issues the largest token).
+    proxies[0].set_mode(ProxyMode::Reset);
+    let (owner, result) = attempt(&b, key, ttl).await;
+    let first = lease_of(key, owner, &result.unwrap());
+    assert!(first.fence() > high, "node 2 issued the largest token");
+    b.release(&first).await.unwrap();
+    // Second majority: nodes 0 and 1; node 1 had the first token written back.
+    proxies[0].set_mode(ProxyMode::Pass);
+    proxies[2].set_mode(ProxyMode::Reset);
+    let (owner, result) = attempt(&b, key, ttl).await;
+    let second = lease_of(key, owner, &result.unwrap());
+    b.release(&second).await.unwrap();
+    assert!(second.fence() > first.fence(), "{second:?} after {first:?}");
+}
+
 /// Fencing tokens keep increasing when nodes restart from STALE snapshots (RDB taken before
 /// the last grants, then kill -9): grants a, b, c; SAVE on every node; grants d, e, f;
 /// nodes 1 and 2 restart from their snapshots and node 0 goes down, so the next quorum is
@@ -906,6 +960,66 @@ async fn an_abandoned_attempt_arriving_late_grants_nothing() {
             "node {i}: the late request of an abandoned attempt left an orphaned key"
         );
     }
+}
+
+/// An attempt refused by a majority while one node had not answered yet: that node's
+/// clean-up is an abandon (a tombstone), not a plain release. A plain release only
+/// cleans up when it runs after the attempt, which holds on one connection but not when
+/// the connection was replaced in between (a timeout of another request discards it, and
+/// the attempt's request then still sits in the old socket, or was re-sent): the late
+/// request, arriving after the release, left a lock on that node for its whole TTL. Here
+/// the node is cut off while the attempt is decided; once it is back and both the
+/// attempt and its clean-up have arrived, the same request arriving once more (as a
+/// late copy would) is refused, and the node holds no lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_node_of_a_refused_attempt_refuses_the_late_request() {
+    let nodes = RedisNodes::start(3).await;
+    let proxy = FaultProxy::start(nodes.addrs()[2]).await;
+    let addrs = vec![nodes.addrs()[0], nodes.addrs()[1], proxy.addr()];
+    let b = backend(&addrs, "timeout=200ms").await;
+    let ttl = Duration::from_secs(30);
+    // Load the scripts on every node, so that the held EVALSHAs run when they arrive.
+    let (warm, granted) = attempt(&b, "unanswered/warm", ttl).await;
+    b.release(&lease_of("unanswered/warm", warm, &granted.unwrap()))
+        .await
+        .unwrap();
+    let key = "unanswered/k";
+    for server in &nodes.nodes()[..2] {
+        preset_foreign(server, key, 30_000).await;
+    }
+    let third = &nodes.nodes()[2];
+    let before = script_calls(third).await;
+    proxy.set_mode(ProxyMode::Blackhole);
+    let (owner, result) = attempt(&b, key, ttl).await;
+    assert!(
+        matches!(result, Ok(Attempt::Taken { .. })),
+        "a majority holds foreign values: {result:?}"
+    );
+    // The attempt and its clean-up are held in the blackhole; let them through.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.set_mode(ProxyMode::Pass);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while script_calls(third).await < before + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the held attempt and its clean-up never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The attempt's request once more, as a copy arriving late over another connection.
+    let node = b.node(2).expect("node 2 is connected");
+    let again = node
+        .try_acquire(key, owner, b.capabilities().effective_ttl(ttl).unwrap())
+        .await
+        .expect("node 2 answers");
+    assert!(
+        matches!(again, Attempt::Taken { .. }),
+        "the late request of the refused attempt was granted on node 2: {again:?}"
+    );
+    assert!(
+        !raw_exists(third, &lock_key(key)).await,
+        "node 2 holds an orphaned lock of the refused attempt"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

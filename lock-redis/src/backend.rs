@@ -77,10 +77,12 @@ impl RedisBackend {
         RedisBuilder::from_url(url)?.build().await
     }
 
-    /// A backend over an already connected node.
+    /// A backend over an already connected node. It announces its releases under an origin
+    /// of its own ([`RedisNode::with_own_origin`]), so several backends over one node (or
+    /// its clones) wake each other's waiters.
     pub fn from_node(node: RedisNode) -> RedisBackend {
         RedisBackend {
-            node,
+            node: node.with_own_origin(),
             notices: Arc::new(ReleaseNotices::new()),
             watch: OnceLock::new(),
         }

@@ -53,6 +53,11 @@ use crate::watch::ReleaseWatch;
 pub struct RedisNode {
     shared: Arc<Shared>,
     pub(crate) timeout: Duration,
+    /// Prefix of the release notices sent through this handle and its clones, so that the
+    /// subscription started through them can skip them (their sender notified its own
+    /// waiters already). Per handle, not per connection: two backends over one node each
+    /// get their own ([`with_own_origin`](Self::with_own_origin)), and hear each other.
+    origin: Arc<str>,
 }
 
 struct Shared {
@@ -62,8 +67,6 @@ struct Shared {
     /// sentinels), or each seed of a cluster in turn.
     watch_endpoints: Vec<Endpoint>,
     channel: String,
-    /// Prefix of this node's release notices, so its own watch can skip them.
-    origin: String,
     link: Arc<Connector>,
     /// Acquires and releases, grouped into one script call per kind under load.
     ops: Arc<GroupCommit<Ops>>,
@@ -140,11 +143,11 @@ impl RedisNode {
                 addr,
                 watch_endpoints,
                 channel,
-                origin: format!("{} ", Owner::random()),
                 config,
                 ops,
             }),
             timeout,
+            origin: new_origin(),
         };
         node.ping().await?;
         Ok(node)
@@ -161,6 +164,22 @@ impl RedisNode {
         RedisNode {
             shared: self.shared.clone(),
             timeout: timeout.max(Duration::from_millis(1)),
+            origin: self.origin.clone(),
+        }
+    }
+
+    /// A handle on the same server and connection whose releases are announced under an
+    /// origin of its own: a subscription started through it ([`watch_releases`]) hears the
+    /// releases made through this node's other handles, and skips only its own. Each
+    /// [`RedisBackend`](crate::RedisBackend) takes one, so two backends over one node wake
+    /// each other's waiters.
+    ///
+    /// [`watch_releases`]: Self::watch_releases
+    pub fn with_own_origin(&self) -> RedisNode {
+        RedisNode {
+            shared: self.shared.clone(),
+            timeout: self.timeout,
+            origin: new_origin(),
         }
     }
 
@@ -244,8 +263,10 @@ impl RedisNode {
     /// [`release_channel`](Self::release_channel)), feeding `notices`: each release
     /// announced by another client calls [`ReleaseNotices::notify`]; each (re)subscription
     /// calls [`ReleaseNotices::notify_all`], since notices may have been missed meanwhile.
-    /// Releases made through this node (and its clones) are not echoed back: the caller
-    /// notifies its own waiters directly.
+    /// Releases made through this handle (and its clones and
+    /// [`with_timeout`](Self::with_timeout) handles) are not echoed back: the caller
+    /// notifies its own waiters directly. Releases through a
+    /// [`with_own_origin`](Self::with_own_origin) handle, or any other client, are.
     ///
     /// The subscription reconnects by itself after a failure (backoff up to 1 s) and checks
     /// a silent connection with `PING` every few seconds. It stops when the returned
@@ -254,7 +275,7 @@ impl RedisNode {
         ReleaseWatch::start(
             self.shared.watch_endpoints.clone(),
             self.shared.channel.clone(),
-            self.shared.origin.clone(),
+            self.origin.to_string(),
             self.timeout,
             notices,
         )
@@ -262,8 +283,8 @@ impl RedisNode {
 
     /// The payload announcing `name`'s release: this node's origin, a space, the name.
     pub(crate) fn notice(&self, name: &str) -> String {
-        let mut notice = String::with_capacity(self.shared.origin.len() + name.len());
-        notice.push_str(&self.shared.origin);
+        let mut notice = String::with_capacity(self.origin.len() + name.len());
+        notice.push_str(&self.origin);
         notice.push_str(name);
         notice
     }
@@ -330,6 +351,11 @@ impl RedisNode {
         }
         .into_error()
     }
+}
+
+/// A fresh release-notice origin: a random token and a space.
+fn new_origin() -> Arc<str> {
+    Arc::from(format!("{} ", Owner::random()))
 }
 
 /// Calls on their way at once through a cluster node's group commit: its calls go to

@@ -38,6 +38,9 @@ pub use baseline::BASELINE_CYCLE;
 pub use config::{database_path, url_database, DEFAULT_PORT};
 pub use config::{RedisBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 pub use handle::RedisNode;
-pub use node::{ABANDON_RETENTION, CAPABILITIES, FENCE_RETENTION, MAX_FENCE};
+pub use node::{
+    ABANDON_RETENTION, ABANDON_TIMEOUTS, CAPABILITIES, FENCE_RETENTION, MAX_FENCE,
+    MIN_ABANDON_RETENTION,
+};
 pub use sentinel::{DEFAULT_SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_URL_PARAMS};
 pub use watch::ReleaseWatch;

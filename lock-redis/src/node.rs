@@ -18,6 +18,10 @@ pub const CAPABILITIES: Capabilities = Capabilities {
     min_ttl: Duration::from_millis(10),
     ttl_granularity: Duration::from_millis(1),
     max_ttl: Duration::from_secs(30 * 24 * 3600),
+    // Fences of a key strictly increase from grant to grant on every Redis from 5.0 (the
+    // fence script uses only `GET`, `SET … PX` and `TIME`), while the key's counter lives
+    // and, once it is lost or stale, as long as the server clock did not go back below the
+    // time of the earlier grants (see the crate documentation, "Fencing").
     monotonic_fencing: true,
     release_notices: true,
     cross_process: true,
@@ -29,12 +33,15 @@ pub const CAPABILITIES: Capabilities = Capabilities {
 /// does; afterwards the server clock orders them (see the crate documentation).
 pub const FENCE_RETENTION: Duration = Duration::from_secs(600);
 
-/// How long the tombstone of an abandoned attempt lives ([`RedisNode::abandon`]): an
-/// attempt's request that reaches the server up to this long after its abandon is refused.
-/// A request delayed longer (a server paused for more than this with the request in its
-/// socket buffer) can still grant, and that lock then lives for its TTL. Ten minutes is
-/// far longer than TCP keeps retransmitting to an unreachable peer by default, and each
-/// tombstone is one small key, written only for attempts whose answer never came.
+/// The tombstone of an abandoned attempt ([`RedisNode::abandon`]) lives this many times
+/// the operation timeout of the handle that abandons it (see
+/// [`abandon_retention`](RedisNode::abandon_retention)): 30 s with the default 1 s timeout.
+pub const ABANDON_TIMEOUTS: u32 = 30;
+
+/// The shortest a tombstone lives, whatever the timeout.
+pub const MIN_ABANDON_RETENTION: Duration = Duration::from_secs(1);
+
+/// The longest a tombstone lives, whatever the timeout.
 pub const ABANDON_RETENTION: Duration = Duration::from_secs(600);
 
 /// The largest fence this protocol handles: Lua numbers are doubles, exact up to 2^53.
@@ -192,13 +199,17 @@ impl RedisNode {
 
     /// Forgets `owner`'s attempt on lock `name` whose answer never came (it timed out, or
     /// its caller gave up): writes the attempt's tombstone ([`tombstone_key`], kept for
-    /// [`ABANDON_RETENTION`]), so that its request, if it reaches the server later (it may
-    /// sit in the socket buffer of a discarded connection while this goes on a new one),
-    /// is answered "taken" and grants nothing; and deletes the lock (announcing the
-    /// release) if the attempt was granted already. `true` when a lock was deleted.
+    /// [`abandon_retention`](Self::abandon_retention)), so that its request, if it reaches
+    /// the server later (it may sit in the socket buffer of a discarded connection while
+    /// this goes on a new one), is answered "taken" and grants nothing; and deletes the lock
+    /// (announcing the release) if the attempt was granted already. `true` when a lock was
+    /// deleted.
     ///
     /// One script, sent at once (not behind queued requests): order does not matter, the
     /// tombstone covers an attempt that arrives after it.
+    ///
+    /// Abandon through a handle whose timeout is at least the attempt's (the node's own, or
+    /// a longer [`with_timeout`](Self::with_timeout)): the retention counts in it.
     ///
     /// Cancellation: dropping the future after the request went out does not recall it;
     /// before, nothing is written, and the attempt may still grant (until its TTL).
@@ -220,10 +231,35 @@ impl RedisNode {
                     .arg(&owner[..])
                     .arg(self.release_channel())
                     .arg(&notice)
-                    .arg(millis(ABANDON_RETENTION));
+                    .arg(millis(self.abandon_retention()));
             })
             .await?;
         self.flag("abandon", reply)
+    }
+
+    /// How long a tombstone written through this handle lives: [`ABANDON_TIMEOUTS`] times
+    /// its [`timeout`](Self::timeout), between [`MIN_ABANDON_RETENTION`] and
+    /// [`ABANDON_RETENTION`] (30 s with the default 1 s timeout).
+    ///
+    /// The rule: a tombstone is kept while the abandoned request can still arrive, and
+    /// what a request arriving later can do is bounded anyway. The request was sent at
+    /// most one timeout before its abandon (an attempt is abandoned when its timeout
+    /// fires, or sooner when its caller gives up), and it is either
+    /// - on a connection that still delivers in order (the caller gave up early): the
+    ///   server reads it before the abandon sent behind it, or, when that connection was
+    ///   replaced meanwhile, as soon as the server reads the old one, moments later; or
+    /// - on a connection discarded because a request on it timed out: its bytes arrive
+    ///   only once the server or the path that stalled for a whole timeout resumes.
+    ///
+    /// A server that stayed silent for [`ABANDON_TIMEOUTS`] timeouts has been down, by
+    /// the client's own measure, that many times over; a request of it arriving even
+    /// later can grant, but only a lock that holds the key for the attempt's TTL and never
+    /// counts for anyone (its owner gave up), the same as a crash of that owner. So the
+    /// retention scales with the timeout instead of being a fixed long time: a service
+    /// cancelling 1,000 attempts a second keeps about 30,000 tombstones (some 5 MB) with
+    /// the default timeout, not the 600,000 of a fixed 10 minutes.
+    pub fn abandon_retention(&self) -> Duration {
+        (self.timeout * ABANDON_TIMEOUTS).clamp(MIN_ABANDON_RETENTION, ABANDON_RETENTION)
     }
 
     /// Deletes lock `name` whoever holds it and announces the release; `true` when a lock

@@ -47,18 +47,19 @@ end
 
 /// The next fence of a lock whose fence counter is `counter` (see [`ACQUIRE`]), into
 /// `fence` (a local the caller declares), reading the server's clock once per script into
-/// the script's local `clock` (one reading serves every lock of a group): `max(counter + 1, server TIME in µs)`, written
-/// back to the counter, which is then kept for `retention` ms from this grant. The time is
-/// read in whole milliseconds (still counted in µs): nodes of a Redlock that grant in the
-/// same millisecond, with their counters in step, then issue the SAME token, which needs
-/// no write-back round trip. When the
-/// write is refused (e.g. `OOM`), `fence` is `false` and `err` (also the caller's local)
-/// says why.
+/// the script's local `clock` (one reading serves every lock of a group):
+/// `max(counter + 1, server TIME in µs)`, written back to the counter, which is then kept
+/// for `retention` ms from this grant. The time is read in whole milliseconds (still
+/// counted in µs): nodes of a Redlock that grant in the same millisecond, with their
+/// counters in step, then issue the SAME token, which needs no write-back round trip. When
+/// the write is refused (e.g. `OOM`), `fence` is `false` and `err` (also the caller's
+/// local) says why.
 ///
-/// The clock's fence is written first with `SET … GET`, which answers the value it
-/// replaced: one write, and no read, when the clock is ahead of the counter (the usual
-/// case); a second write raises it to `counter + 1` otherwise, inside the same atomic step.
-/// A foreign type at the counter (which `SET … GET` refuses) is overwritten as missing.
+/// The counter is read with a plain `GET` and written with a plain `SET … PX`, inside the
+/// same atomic step: both exist on every Redis distlock accepts (5.0 and newer), so fences
+/// strictly increase the same way on every version (`SET … GET`, one command fewer, exists
+/// only from 6.2). A counter that is not a number, or of a foreign type (which `GET`
+/// refuses), counts as missing and is overwritten.
 macro_rules! next_fence {
     () => {
         r#"
@@ -67,18 +68,10 @@ macro_rules! next_fence {
       clock = tonumber(now[1]) * 1000000 + math.floor(tonumber(now[2]) / 1000) * 1000
     end
     fence = clock
-    local last = redis.pcall('SET', counter, string.format('%d', fence), 'PX', retention, 'GET')
-    local written = true
-    if type(last) == 'table' and last.err then
-      last = nil
-      written = redis.pcall('SET', counter, string.format('%d', fence), 'PX', retention)
-    else
-      last = type(last) == 'string' and tonumber(last)
-      if last and last >= fence then
-        fence = last + 1
-        written = redis.pcall('SET', counter, string.format('%d', fence), 'PX', retention)
-      end
-    end
+    local last = redis.pcall('GET', counter)
+    last = type(last) == 'string' and tonumber(last)
+    if last and last >= fence then fence = last + 1 end
+    local written = redis.pcall('SET', counter, string.format('%d', fence), 'PX', retention)
     if type(written) == 'table' and written.err then fence, err = false, written.err end
 "#
     };
@@ -285,6 +278,13 @@ return out
 /// awaited. Returns 1 when
 /// a lock was deleted, 0 otherwise. The tombstone is written in both cases: a request can
 /// have been sent twice (re-sent on a new connection after the first looked lost).
+///
+/// The retention is the abandoning handle's operation timeout times
+/// [`ABANDON_TIMEOUTS`](crate::ABANDON_TIMEOUTS) (at least 1 s, at most 10 minutes): the
+/// tombstone lives while the abandoned request can still arrive from a connection that
+/// stalled for less than that many timeouts; one arriving later can only grant a lock no
+/// one believes it holds, which blocks the key for the attempt's TTL at most (see
+/// `RedisNode::abandon_retention` for the reasoning).
 pub(crate) static ABANDON: Script = Script::new(concat!(
     awaited_helpers!(),
     r#"

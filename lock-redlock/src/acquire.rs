@@ -44,7 +44,8 @@ pub(crate) async fn try_acquire(
         }
     }
     // Requests still in flight were handed to their connections: dropping their futures
-    // does not recall them (a late grant is cleaned up by `give_up` or by our release).
+    // does not recall them (a late grant is refused or deleted by `give_up`'s abandon, or
+    // deleted by our release).
     drop(replies);
     let (quorum_granted, quorum_refused) = (tally.reached(), tally.refused());
     let Tally {
@@ -106,18 +107,21 @@ pub(crate) async fn try_acquire(
 }
 
 /// Cleans up after an attempt of `owner` that was not granted, on every node that may
-/// hold it: `now` (those that granted) released before returning; `failed` (an error,
-/// e.g. a timeout that discarded the node's connection, so a release could overtake
-/// the attempt) abandoned with a tombstone ([`RedisNode::abandon`]) in the background;
-/// `unanswered` (still on their way on a live connection) released in the background,
-/// queued behind the attempt on the same connection.
+/// hold it: `now` (those that granted) released before returning; `failed` (an error, e.g.
+/// a timeout that discarded the node's connection) and `unanswered` (still on their way)
+/// abandoned with a tombstone ([`RedisNode::abandon`]) in the background. A plain release
+/// would do for an unanswered node only if it ran after the attempt, which one connection
+/// keeps but a replaced one does not: a timeout of another request may discard the
+/// connection the attempt sits on (or the attempt may have been re-sent), the release then
+/// goes on a new one, overtakes it, and the attempt's late grant stays for its TTL. The
+/// tombstone refuses the attempt whenever, and over whichever connection, it arrives.
 async fn give_up(
     nodes: &Nodes,
     key: &Arc<str>,
     owner: Owner,
     timeout: Duration,
     now: Vec<usize>,
-    failed: Vec<usize>,
+    mut failed: Vec<usize>,
     unanswered: Vec<usize>,
 ) {
     let release = |node: RedisNode| {
@@ -130,9 +134,7 @@ async fn give_up(
     };
     // No local notice for these: the keys never blocked a quorum, and a notice would wake
     // this very attempt's waiter at once.
-    nodes
-        .fan_out(unanswered, timeout, release)
-        .finish_in_background(|_, _| {});
+    failed.extend(unanswered);
     nodes
         .fan_out(failed, nodes.timeout_for(None), abandon)
         .finish_in_background(|_, _| {});

@@ -18,6 +18,7 @@ mod postgres;
 mod process;
 mod proxy;
 mod redis;
+mod redis5;
 mod sentinel;
 mod tls;
 
@@ -32,5 +33,6 @@ pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};
 pub use crate::proxy::{FaultProxy, ProxyMode};
 pub use crate::redis::{RedisNodes, RedisOptions, RedisServer};
+pub use crate::redis5::{redis5_server, REDIS5_SERVER_VAR, REDIS5_VERSION};
 pub use crate::sentinel::{RedisSentinels, DOWN_AFTER, FAILOVER_TIMEOUT, SENTINEL_MASTER};
 pub use crate::tls::{ServerTls, TestCerts};

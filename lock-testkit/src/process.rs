@@ -120,6 +120,9 @@ pub struct ManagedProcess {
     log_path: PathBuf,
     /// The user and group ids to run as (`None`: as this process).
     user: Option<(u32, u32)>,
+    /// Always a child process on the host, also in container mode (a binary of the host
+    /// that only shares its file name with an image's server, e.g. an older Redis).
+    on_host: bool,
     state: Mutex<State>,
 }
 
@@ -145,6 +148,7 @@ impl ManagedProcess {
             args: args.into_iter().map(Into::into).collect(),
             log_path: log_path.into(),
             user: None,
+            on_host: false,
             state: Mutex::new(State {
                 run: Run::Stopped,
                 log_start: 0,
@@ -174,6 +178,36 @@ impl ManagedProcess {
             args: args.into_iter().map(Into::into).collect(),
             log_path: log_path.into(),
             user,
+            on_host: false,
+            state: Mutex::new(State {
+                run: Run::Stopped,
+                log_start: 0,
+            }),
+        };
+        process.respawn()?;
+        Ok(process)
+    }
+
+    /// Like [`spawn`](Self::spawn), but always as a child process on the host, also in
+    /// container mode: for a host binary that only shares its file name with a server some
+    /// image holds (e.g. an older `redis-server` than the image's).
+    ///
+    /// # Errors
+    ///
+    /// Like [`spawn`](Self::spawn).
+    pub fn spawn_on_host(
+        name: impl Into<String>,
+        program: impl Into<PathBuf>,
+        args: impl IntoIterator<Item = impl Into<OsString>>,
+        log_path: impl Into<PathBuf>,
+    ) -> io::Result<ManagedProcess> {
+        let process = ManagedProcess {
+            name: name.into(),
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+            log_path: log_path.into(),
+            user: None,
+            on_host: true,
             state: Mutex::new(State {
                 run: Run::Stopped,
                 log_start: 0,
@@ -222,7 +256,7 @@ impl ManagedProcess {
 
     /// In container mode, for a program some image holds: what its container runs.
     fn container_spec(&self) -> Option<container::Spec> {
-        if launch_mode() != LaunchMode::Containers {
+        if self.on_host || launch_mode() != LaunchMode::Containers {
             return None;
         }
         let (image, program) = images::image_for_program(&self.program)?;

@@ -52,6 +52,11 @@ pub struct RedisOptions {
     /// lines. The `default` user stays as it is (no password unless `password` is set).
     /// Default: none.
     pub users: Vec<String>,
+    /// The `redis-server` to run instead of the one found on `PATH` (e.g. an older Redis:
+    /// [`redis5_server`](crate::redis5_server)). It always runs as a host process, also in
+    /// container mode. Options a version lacks (TLS, ACL users before 6.0) are its refusal
+    /// to start. Default: none (the installed `redis-server`).
+    pub binary: Option<PathBuf>,
 }
 
 /// A `redis-server` child process on `127.0.0.1` and a free port, with its
@@ -90,7 +95,10 @@ impl RedisServer {
     ///
     /// Like [`start`](Self::start).
     pub async fn start_with(options: RedisOptions) -> RedisServer {
-        let binary = find_binary("redis-server", "redis-server");
+        let binary = match &options.binary {
+            Some(binary) => binary.clone(),
+            None => find_binary("redis-server", "redis-server"),
+        };
         let dir = tempfile::Builder::new()
             .prefix("lock-testkit-redis-")
             .tempdir()
@@ -101,12 +109,13 @@ impl RedisServer {
         let log_path = dir.path().join("redis-server.log");
         for attempt in 1..=START_ATTEMPTS {
             let port = free_port();
-            let process = ManagedProcess::spawn(
-                format!("redis-server 127.0.0.1:{port}"),
-                &binary,
-                redis_args(port, &options, &data_dir),
-                &log_path,
-            )
+            let name = format!("redis-server 127.0.0.1:{port}");
+            let args = redis_args(port, &options, &data_dir);
+            let process = if options.binary.is_some() {
+                ManagedProcess::spawn_on_host(name, &binary, args, &log_path)
+            } else {
+                ManagedProcess::spawn(name, &binary, args, &log_path)
+            }
             .unwrap_or_else(|e| panic!("lock-testkit: cannot spawn {}: {e}", binary.display()));
             let probe = Probe::of(&options, port);
             let ready = process

@@ -437,3 +437,54 @@ async fn restart_all<S: Server>(servers: &mut [S]) {
         server.restart().await;
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Fences of one key
+// ---------------------------------------------------------------------------------------
+
+/// The fences of `n` grants of one key on `node`, taken and released back to back as fast
+/// as the node answers (a loopback round trip is well under a millisecond, so many grants
+/// share one millisecond of the server clock), and how many of them fell in the same
+/// millisecond as the grant before (by the client's clock, a hint for the report).
+#[cfg(feature = "redis")]
+pub async fn fences_of_a_tight_loop(
+    node: &distlock::redis::RedisNode,
+    key: &str,
+    n: usize,
+) -> (Vec<u64>, usize) {
+    let ttl = distlock::redis::CAPABILITIES
+        .effective_ttl(Duration::from_secs(10))
+        .expect("a valid TTL");
+    let mut fences = Vec::with_capacity(n);
+    let mut same_ms = 0;
+    let mut last_ms = None;
+    for _ in 0..n {
+        let owner = Owner::random();
+        match node.try_acquire(key, owner, ttl).await {
+            Ok(distlock::Attempt::Granted { fence, .. }) => fences.push(fence),
+            other => panic!("a free key was not granted: {other:?}"),
+        }
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        same_ms += usize::from(last_ms == Some(ms));
+        last_ms = Some(ms);
+        assert!(node.release(key, owner).await.expect("release"));
+    }
+    (fences, same_ms)
+}
+
+/// Panics unless every fence of `fences` is greater than the one before, naming the first
+/// pair that is not.
+pub fn assert_strictly_increasing(fences: &[u64]) {
+    if let Some(i) = fences.windows(2).position(|w| w[1] <= w[0]) {
+        panic!(
+            "fences must strictly increase: grant {} got {} after {} (of {} grants)",
+            i + 1,
+            fences[i + 1],
+            fences[i],
+            fences.len()
+        );
+    }
+}
