@@ -380,7 +380,7 @@ enum CutOff {
     /// By the backend's operation timeout (4 s); the watchdog then renews the guard.
     Timeout,
     /// By the caller, who drops the `extend` future after 4 s (the operation timeout being
-    /// 10 s); the guard is then dropped.
+    /// 10 s); the guard (watchdog off) is then dropped, and its release finishes the move.
     Dropped,
 }
 
@@ -404,7 +404,13 @@ async fn a_cut_off_extension_strands_nothing(cut: CutOff) {
     let k = key("cut-extend");
     let ttl = Duration::from_secs(10);
     let guard = holder
-        .acquire(&k, &LockOptions::new().ttl(ttl).skip())
+        .acquire(
+            &k,
+            &LockOptions::new()
+                .ttl(ttl)
+                .skip()
+                .watchdog(cut == CutOff::Timeout),
+        )
         .await
         .unwrap();
     let fence = guard.fence();
