@@ -458,6 +458,11 @@ async fn a_cut_off_extension_strands_nothing(cut: CutOff) {
 
     match cut {
         CutOff::Timeout => {
+            let taken = other.acquire(&k, &LockOptions::new().ttl(ttl).skip()).await;
+            assert!(
+                matches!(taken, Err(Error::Locked { .. })),
+                "nobody else gets the key while the guard holds it: {taken:?}"
+            );
             // The watchdog's next turn (due 3.3 s after the grant) renews the guard.
             let deadline = Instant::now() + Duration::from_secs(20);
             while !guard.is_lost()
