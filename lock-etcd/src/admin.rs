@@ -1,5 +1,5 @@
-//! Administration ([`Backend::inspect`](lock_core::Backend::inspect),
-//! [`Backend::force_release`](lock_core::Backend::force_release)): read or delete a lock
+//! Administration ([`Admin::inspect`](lock_core::Admin::inspect),
+//! [`Admin::force_release`](lock_core::Admin::force_release)): read or delete a lock
 //! whoever holds it.
 
 use etcd_client::DeleteOptions;
