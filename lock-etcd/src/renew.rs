@@ -74,31 +74,30 @@ impl Shared {
         let full = self.full_key(lease.key());
         let outcome = self.finish_move(&full, owner, pending).await?;
         let mut held = lock(&self.held);
-        let entry = held
-            .map
-            .get_mut(&owner.as_u128())
-            .filter(|entry| entry.pending() == Some(pending));
-        match (outcome, entry) {
-            (Outcome::Moved | Outcome::Stayed, Some(entry)) => {
-                let loser = entry.settle(outcome);
-                drop(held);
-                if let Some(loser) = loser {
-                    self.revoke_later(loser);
-                }
-                Ok(())
-            }
-            (_, entry) => {
-                // Not ours any more, or released or reaped meanwhile: neither lease may
-                // keep the key.
-                if entry.is_some() {
-                    held.map.remove(&owner.as_u128());
-                }
-                drop(held);
-                self.revoke_later(pending.from);
-                self.revoke_later(pending.to.lease_id);
-                Err(lease.not_held())
-            }
+        let Some(entry) = held.map.get_mut(&owner.as_u128()) else {
+            // Released or reaped meanwhile: neither lease may keep the key.
+            drop(held);
+            self.revoke_later(pending.from);
+            self.revoke_later(pending.to.lease_id);
+            return Err(lease.not_held());
+        };
+        if entry.pending() != Some(pending) {
+            // Settled meanwhile by another operation, which found what this one did.
+            return Ok(());
         }
+        if outcome == Outcome::Lost {
+            held.map.remove(&owner.as_u128());
+            drop(held);
+            self.revoke_later(pending.from);
+            self.revoke_later(pending.to.lease_id);
+            return Err(lease.not_held());
+        }
+        let loser = entry.settle(outcome);
+        drop(held);
+        if let Some(loser) = loser {
+            self.revoke_later(loser);
+        }
+        Ok(())
     }
 
     /// Sends `pending`'s move again and tells where the key is now. The transaction is the
