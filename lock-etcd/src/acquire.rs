@@ -102,6 +102,7 @@ impl Shared {
                     valid_until,
                     slot: Some(slot),
                     value_fence: None,
+                    moving: None,
                 },
             );
             return Ok(Attempt::Granted {
@@ -192,10 +193,15 @@ impl Shared {
         let owner = seen.owner?.as_u128();
         let mut held = lock(&self.held);
         let entry = held.map.get(&owner)?;
-        if entry.lease_id != seen.lease || Instant::now() < entry.valid_until {
+        if !entry.carries(seen.lease) || Instant::now() < entry.valid_until {
             return None;
         }
-        held.map.remove(&owner);
+        let entry = held.map.remove(&owner)?;
+        drop(held);
+        // The other lease of an unanswered move holds nothing of ours either.
+        for id in entry.leases().filter(|&id| id != seen.lease) {
+            self.revoke_later(id);
+        }
         Some(seen.lease)
     }
 
@@ -205,7 +211,7 @@ impl Shared {
         let seen = seen?;
         if let Some(owner) = seen.owner {
             if let Some(entry) = lock(&self.held).map.get(&owner.as_u128()) {
-                if entry.lease_id == seen.lease {
+                if entry.carries(seen.lease) {
                     return Some(entry.valid_until.saturating_duration_since(Instant::now()));
                 }
             }

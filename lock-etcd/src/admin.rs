@@ -1,5 +1,5 @@
-//! Administration ([`Backend::inspect`](lock_core::Backend::inspect),
-//! [`Backend::force_release`](lock_core::Backend::force_release)): read or delete a lock
+//! Administration ([`Admin::inspect`](lock_core::Admin::inspect),
+//! [`Admin::force_release`](lock_core::Admin::force_release)): read or delete a lock
 //! whoever holds it.
 
 use etcd_client::DeleteOptions;
@@ -47,8 +47,14 @@ impl Shared {
                 let Some(seen) = deleted.prev_kvs().first().map(seen) else {
                     return Ok(false);
                 };
-                if let Some(owner) = seen.owner {
-                    lock(&self.held).map.remove(&owner.as_u128());
+                let entry = seen
+                    .owner
+                    .and_then(|owner| lock(&self.held).map.remove(&owner.as_u128()));
+                // The other lease of an unanswered move holds nothing any more.
+                for id in entry.iter().flat_map(|e| e.leases()) {
+                    if id != seen.lease {
+                        self.revoke_later(id);
+                    }
                 }
                 if seen.lease != 0 {
                     // The holder's next renewal then fails at once.

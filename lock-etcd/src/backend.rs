@@ -90,7 +90,12 @@ impl Drop for EtcdBackend {
     fn drop(&mut self) {
         self.watch.abort();
         let mut leases = lock(&self.shared.pool).drain();
-        leases.extend(lock(&self.shared.held).map.drain().map(|(_, h)| h.lease_id));
+        leases.extend(
+            lock(&self.shared.held)
+                .map
+                .drain()
+                .flat_map(|(_, h)| h.leases()),
+        );
         if leases.is_empty() {
             return;
         }

@@ -8,6 +8,7 @@ use lock_core::sync::lock;
 use lock_core::{Attempt, Error, Lease, Owner, Result};
 
 use crate::error::{failed, unexpected, NAME};
+use crate::held::{Held, Outcome};
 use crate::leases::EtcdLease;
 use crate::shared::Shared;
 use crate::txn::{hand_over_txn, release_txn};
@@ -34,6 +35,13 @@ impl Shared {
                     return Err(Error::Unsupported {
                         backend: NAME,
                         operation: "hand_over to another TTL",
+                    })
+                }
+                // An extension left a move unanswered: the release settles it first.
+                Some(entry) if entry.moving.is_some() => {
+                    return Err(Error::Unsupported {
+                        backend: NAME,
+                        operation: "hand_over while a move to a new lease is unanswered",
                     })
                 }
                 Some(_) => held.map.remove(&owner),
@@ -92,21 +100,32 @@ impl Shared {
     }
 
     /// Deletes the key while it is still `lease`'s, then frees or revokes its etcd lease.
+    /// A move an extension left unanswered is finished first, so the key's lease and value
+    /// are known.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<()> {
         let sent = Instant::now();
-        let entry = lock(&self.held).map.remove(&lease.owner().as_u128());
+        let mut entry = lock(&self.held).map.remove(&lease.owner().as_u128());
         let full = self.full_key(lease.key());
-        let value_fence = entry.as_ref().and_then(|e| e.value_fence);
-        let txn = release_txn(&full, lease.owner(), value_fence);
         let deleted = self
             .within("releasing", async {
+                if let Some(pending) = entry.as_ref().and_then(Held::pending) {
+                    let outcome = self.finish_move(&full, lease.owner(), pending).await?;
+                    if outcome == Outcome::Lost {
+                        return Ok((false, 0));
+                    }
+                    if let Some(loser) = entry.as_mut().and_then(|e| e.settle(outcome)) {
+                        self.revoke_later(loser);
+                    }
+                }
+                let value_fence = entry.as_ref().and_then(|e| e.value_fence);
+                let txn = release_txn(&full, lease.owner(), value_fence);
                 self.batch
                     .send(GroupKey::of(full.as_str()), txn, self.timeout)
                     .await
+                    .map(|answer| (answer.succeeded(), answer.revision))
                     .map_err(failed("releasing"))
             })
-            .await
-            .map(|answer| (answer.succeeded(), answer.revision));
+            .await;
         if let Ok((true, revision)) = deleted {
             // Waiters in this process need not wait for the watch event of this deletion,
             // which then wakes nobody again.
@@ -115,13 +134,18 @@ impl Shared {
         }
         let deleted = deleted.map(|(succeeded, _)| succeeded);
         if let Some(entry) = entry {
+            let leases: Vec<i64> = entry.leases().collect();
             match (&deleted, entry.slot) {
                 // The key was on this lease (an operation cut off half-way would have kept
                 // its slot): the lease is free for the next lock.
                 (Ok(true), Some(slot)) => self.recycle(slot),
-                // Otherwise revoke it, which deletes the key if it is still on it, and
-                // nothing else.
-                _ => self.revoke_later(entry.lease_id),
+                // Otherwise revoke it (both leases of a move still unanswered), which
+                // deletes the key if it is still on one, and nothing else.
+                _ => {
+                    for id in leases {
+                        self.revoke_later(id);
+                    }
+                }
             }
         }
         match deleted {

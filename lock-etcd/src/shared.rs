@@ -119,6 +119,12 @@ impl Shared {
     pub(crate) async fn grant(&self, ttl_secs: i64, used: &mut Vec<i64>) -> Result<EtcdLease> {
         let id = new_lease_id();
         used.push(id);
+        self.grant_as(id, ttl_secs).await
+    }
+
+    /// Grants lease `id` (chosen by the caller, see [`new_lease_id`]) for locks of
+    /// `ttl_secs`; revokes it when the grant fails.
+    pub(crate) async fn grant_as(&self, id: i64, ttl_secs: i64) -> Result<EtcdLease> {
         let lease_secs = ttl_secs + HEADROOM_SECS;
         let sent = Instant::now();
         let options = LeaseGrantOptions::new().with_id(id);

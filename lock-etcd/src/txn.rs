@@ -58,7 +58,8 @@ pub(crate) fn release_txn(full: &str, owner: Owner, value_fence: Option<u64>) ->
 }
 
 /// Move to a new lease: while the key holds `owner`'s value on lease `old`, put it again on
-/// lease `new`, its value now carrying `fence`.
+/// lease `new`, its value now carrying `fence`; otherwise read it. Sent twice, the second
+/// copy does nothing (the key is no longer on `old`).
 pub(crate) fn move_txn(
     full: &str,
     owner: Owner,
@@ -77,6 +78,7 @@ pub(crate) fn move_txn(
             stored_value(owner, Some(fence)),
             Some(PutOptions::new().with_lease(new)),
         )])
+        .or_else([TxnOp::get(full, None)])
 }
 
 /// A lock key's value: the owner token, followed by `:` and the fence once the key was
