@@ -264,6 +264,13 @@ pub trait Backend: Send + Sync + 'static {
     fn run_records(&self) -> Option<&dyn crate::records::RunRecords> {
         None
     }
+
+    /// The fire-time claims kept in this server, for the scheduler
+    /// ([`FireClaims`](crate::claims::FireClaims)); `None` (the default) when the backend
+    /// cannot keep them (Redlock: a majority write is not one atomic step).
+    fn fire_claims(&self) -> Option<&dyn crate::claims::FireClaims> {
+        None
+    }
 }
 
 /// A backend's one-step hand-over: the lock passes from its holder straight to the next
@@ -498,6 +505,9 @@ macro_rules! forward_backend {
             }
             fn run_records(&self) -> Option<&dyn crate::records::RunRecords> {
                 (**self).run_records()
+            }
+            fn fire_claims(&self) -> Option<&dyn crate::claims::FireClaims> {
+                (**self).fire_claims()
             }
         }
     };

@@ -3,6 +3,7 @@
 
 mod backend;
 mod capabilities;
+pub mod claims;
 mod error;
 pub mod group;
 mod lease;

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+mod claims;
 mod coarse;
 mod config;
 mod records;
@@ -67,6 +68,8 @@ pub struct MemoryBackend {
     clock: coarse::CoarseClock,
     /// The scheduler's run history, kept beside the locks.
     history: records::History,
+    /// The scheduler's fire-time claims, kept beside the locks.
+    claims: claims::Claims,
 }
 
 impl Default for MemoryBackend {
@@ -101,6 +104,7 @@ impl MemoryBackend {
             notices: ReleaseNotices::new(),
             clock: coarse::CoarseClock::new(),
             history: records::History::default(),
+            claims: claims::Claims::default(),
         }
     }
 
@@ -176,6 +180,10 @@ impl Backend for MemoryBackend {
 
     fn run_records(&self) -> Option<&dyn lock_core::records::RunRecords> {
         Some(&self.history)
+    }
+
+    fn fire_claims(&self) -> Option<&dyn lock_core::claims::FireClaims> {
+        Some(&self.claims)
     }
 }
 

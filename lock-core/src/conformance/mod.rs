@@ -27,6 +27,7 @@ macro_rules! run_rules {
 }
 
 mod basic;
+mod claims;
 pub mod exclusion;
 mod faults;
 mod jobs;
@@ -37,6 +38,7 @@ mod target;
 mod waiting;
 
 pub use basic::*;
+pub use claims::*;
 pub use faults::*;
 pub use jobs::*;
 pub use records::*;
@@ -76,5 +78,6 @@ pub async fn run_all(t: &Target) {
         a_dropped_runtime_leaves_nothing_waiting,
         invalid_input_is_refused,
         run_records_keep_the_newest,
+        fire_time_claims_are_won_once,
     );
 }

@@ -1,16 +1,64 @@
-//! The helpers above `acquire`: [`Locker::run`] for scheduled jobs and
-//! [`Locker::acquire_many`] for sets of keys.
+//! The helpers above `acquire`: [`Locker::run`] for scheduled jobs,
+//! [`Locker::claim_fire_time`] for their fire times, and [`Locker::acquire_many`] for sets
+//! of keys.
 
 use std::future::Future;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use super::{LockGuard, Locker, Outcome};
+use crate::claims::{check_claim, ClaimAnswer, FireClaim};
 use crate::error::{Error, Result};
 use crate::lease::LockKey;
 use crate::options::{LockOptions, WaitStrategy};
 use crate::validate_key;
 
 impl Locker {
+    /// Claims `fire_time` of `job` for `replica` in the lock server
+    /// ([`FireClaims::claim`](crate::claims::FireClaims::claim)): won by exactly one call per
+    /// job and fire time, whatever the callers' clocks; a fire time equal to or older than
+    /// the one kept is never won. The fire time is kept in whole milliseconds.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for an invalid job name, replica or fire time, before any I/O;
+    /// [`Error::Shutdown`]; [`Error::Unsupported`] on a backend that keeps no claims
+    /// ([`Backend::fire_claims`](crate::Backend::fire_claims)); transient backend errors,
+    /// after which the claim may or may not have been made.
+    ///
+    /// # Cancel safety
+    /// Dropping the future may leave the claim made or not; a claim made and not heard of
+    /// means that fire time runs nowhere (never twice).
+    pub async fn claim_fire_time(
+        &self,
+        job: &str,
+        fire_time: SystemTime,
+        replica: &str,
+    ) -> Result<ClaimAnswer> {
+        let fire_time = check_claim(job, fire_time, replica)?;
+        if self.inner.is_shut_down() {
+            return Err(Error::Shutdown);
+        }
+        self.fire_claims()?.claim(job, fire_time, replica).await
+    }
+
+    /// The fire-time claim the lock server keeps for `job`, if any.
+    ///
+    /// # Errors
+    /// As [`claim_fire_time`](Self::claim_fire_time), but for the shutdown.
+    ///
+    /// # Cancel safety
+    /// A read only: dropping the future changes nothing.
+    pub async fn fire_claim(&self, job: &str) -> Result<Option<FireClaim>> {
+        validate_key(job)?;
+        self.fire_claims()?.current(job).await
+    }
+
+    fn fire_claims(&self) -> Result<&dyn crate::claims::FireClaims> {
+        self.inner.proto().fire_claims().ok_or(Error::Unsupported {
+            backend: self.inner.caps.name,
+            operation: "fire-time claims (the scheduler's exactly-once fire times)",
+        })
+    }
+
     /// Runs `job` only if `key` is won, and says what happened.
     ///
     /// The job is cancelled (dropped) as soon as the lock is known lost or

@@ -1,0 +1,115 @@
+//! The rule of the fire-time claims ability ([`FireClaims`](crate::claims::FireClaims)).
+
+use std::time::{Duration, SystemTime};
+
+use super::target::{opts, Target};
+use crate::claims::from_fire_millis;
+use crate::Error;
+
+/// Fire-time claims are won once per job and fire time: the first claim of a fire time
+/// newer than the one kept wins, every other claim of it or of an older one is refused
+/// with the claim kept; concurrent claims from several Lockers have exactly one winner;
+/// the server's clock is answered; claims of one job leave other jobs and every lock
+/// untouched; bad input is refused before any I/O. A backend without the ability refuses
+/// with [`Error::Unsupported`].
+pub async fn fire_time_claims_are_won_once(t: &Target) {
+    let locker = t.locker();
+    let job = t.key("claims/nächtlich 'x'; --");
+    let f1 = from_fire_millis(1_800_000_000_000);
+    if t.backend.fire_claims().is_none() {
+        match locker.claim_fire_time(&job, f1, "a").await {
+            Err(Error::Unsupported { .. }) => {}
+            other => panic!("no fire_claims(): claims are refused, got {other:?}"),
+        }
+        eprintln!("conformance [{}]: keeps no fire-time claims", t.caps().name);
+        return;
+    }
+    // The job's lock is held meanwhile: claims must not touch it.
+    let guard = locker
+        .acquire(&job, &opts(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(
+        locker.fire_claim(&job).await.unwrap(),
+        None,
+        "nothing claimed yet"
+    );
+
+    let before = SystemTime::now();
+    let first = locker
+        .claim_fire_time(&job, f1 + Duration::from_micros(700), "a")
+        .await
+        .unwrap();
+    assert!(first.won, "{first:?}");
+    assert_eq!(first.claim.fire_time, f1, "kept in whole milliseconds");
+    assert_eq!(first.claim.replica, "a");
+    if let Some(server) = first.server_time {
+        let off = |a: SystemTime, b: SystemTime| a.duration_since(b).unwrap_or_default();
+        assert!(
+            off(before, server) < Duration::from_secs(60)
+                && off(server, SystemTime::now()) < Duration::from_secs(60),
+            "the server's clock on loopback is near ours: {server:?}"
+        );
+        assert!(first.claim.claimed_at.is_some(), "{first:?}");
+    }
+    for (fire, replica) in [(f1, "b"), (f1 - Duration::from_secs(1), "b"), (f1, "a")] {
+        let again = locker.claim_fire_time(&job, fire, replica).await.unwrap();
+        assert!(!again.won, "{fire:?} by {replica}: {again:?}");
+        assert_eq!(again.claim.fire_time, f1);
+        assert_eq!(again.claim.replica, "a", "the claim kept is answered");
+    }
+    assert_eq!(
+        locker.fire_claim(&job).await.unwrap().map(|c| c.replica),
+        Some("a".to_owned())
+    );
+
+    // Many claims of the next fire time at once, from several Lockers: one wins.
+    let f2 = f1 + Duration::from_secs(10);
+    let lockers: Vec<_> = (0..4).map(|_| t.locker()).collect();
+    let claims = (0..16).map(|i| {
+        let (locker, job) = (lockers[i % 4].clone(), job.clone());
+        tokio::spawn(async move { locker.claim_fire_time(&job, f2, &format!("r{i}")).await })
+    });
+    let answers: Vec<_> = futures::future::join_all(claims)
+        .await
+        .into_iter()
+        .map(|a| a.expect("the claim task").expect("the claim"))
+        .collect();
+    let winners: Vec<_> = answers.iter().filter(|a| a.won).collect();
+    assert_eq!(winners.len(), 1, "exactly one winner: {answers:?}");
+    let winner = &winners[0].claim.replica;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.claim.fire_time == f2 && &a.claim.replica == winner),
+        "{answers:?}"
+    );
+
+    // Another job is untouched, and starts from nothing.
+    let other = t.key("claims/other");
+    let theirs = locker.claim_fire_time(&other, f1, "c").await.unwrap();
+    assert!(theirs.won, "{theirs:?}");
+    assert_eq!(
+        locker.fire_claim(&job).await.unwrap().map(|c| c.fire_time),
+        Some(f2)
+    );
+
+    // Bad input, before any I/O.
+    for (job, fire, replica) in [
+        ("", f1, "a"),
+        (job.as_str(), f2 + Duration::from_secs(1), ""),
+        (job.as_str(), f2 + Duration::from_secs(1), &"r".repeat(257)),
+        (
+            job.as_str(),
+            SystemTime::UNIX_EPOCH - Duration::from_secs(1),
+            "a",
+        ),
+    ] {
+        match locker.claim_fire_time(job, fire, replica).await {
+            Err(Error::InvalidKey { .. }) => {}
+            other => panic!("{job:?} {fire:?} {replica:?}: refused, got {other:?}"),
+        }
+    }
+    assert!(!guard.is_lost(), "claims leave the job's lock alone");
+    guard.release().await.expect("the lock is still ours");
+}
