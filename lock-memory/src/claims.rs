@@ -1,5 +1,9 @@
-//! The fire-time claims of the in-process backend: the newest claim per job, in memory,
-//! on this process's clock (the "server" is the process).
+//! The fire-time claims of the in-process backend: the newest claim per job, in memory.
+//!
+//! The "server" is the process itself, whose schedulers keep their own clocks (a test's
+//! manual clock, a simulation's offset): there is no server clock apart from theirs, so
+//! claims answer none (`claimed_at` and `server_time` are `None`) and a scheduler goes by
+//! its own clock.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,16 +23,14 @@ pub(crate) struct Claims {
 #[async_trait]
 impl FireClaims for Claims {
     async fn claim(&self, job: &str, fire_time: SystemTime, replica: &str) -> Result<ClaimAnswer> {
-        let now = SystemTime::now();
         let mut jobs = lock(&self.jobs);
-        let won = !jobs.get(job).is_some_and(|kept| kept.fire_time >= fire_time);
+        let won = !jobs
+            .get(job)
+            .is_some_and(|kept| kept.fire_time >= fire_time);
         if won {
-            jobs.insert(
-                job.to_owned(),
-                FireClaim::new(fire_time, replica, Some(now)),
-            );
+            jobs.insert(job.to_owned(), FireClaim::new(fire_time, replica, None));
         }
-        Ok(ClaimAnswer::new(won, jobs[job].clone(), Some(now)))
+        Ok(ClaimAnswer::new(won, jobs[job].clone(), None))
     }
 
     async fn current(&self, job: &str) -> Result<Option<FireClaim>> {

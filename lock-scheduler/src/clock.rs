@@ -2,10 +2,12 @@
 //! system's shifted by an offset ([`OffsetClock`], for simulations), and one a test moves by
 //! hand ([`ManualClock`]).
 //!
-//! Only the schedule reads this clock: when a fire time is due, how late it is, and until
-//! when the lock is held after a run (`fire time + at_least`). Durations that are not
-//! wall-clock instants (the job's hard timeout, the shutdown grace period, lock TTLs and
-//! renewals) run on tokio's monotonic clock, so a wall-clock step cannot cut a job short.
+//! Only the schedule reads this clock: when a fire time is due (to claim it), and how late
+//! it is where the lock server has no clock of its own. Once a fire time is claimed, its
+//! start, lateness bound and at-least hold are placed on the monotonic clock by the
+//! server's answer and waited for with [`Clock::sleep_for`] (tokio's monotonic clock for
+//! every real clock), as are the job's hard timeout, the shutdown grace period, lock TTLs
+//! and renewals: a wall-clock step cannot stretch a hold or cut a job short.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,6 +34,16 @@ pub trait Clock: Send + Sync + 'static {
     /// # Cancel safety
     /// Dropping the future leaves nothing behind.
     fn sleep_until(&self, at: SystemTime) -> Sleep;
+
+    /// A future that resolves once `duration` has passed: on tokio's monotonic clock by
+    /// default, so a step of the wall clock neither stretches nor cuts it. A clock for tests
+    /// ([`ManualClock`]) counts it in its own time.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing behind.
+    fn sleep_for(&self, duration: Duration) -> Sleep {
+        Box::pin(tokio::time::sleep(duration))
+    }
 }
 
 impl<C: Clock + ?Sized> Clock for Arc<C> {
@@ -41,6 +53,10 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
 
     fn sleep_until(&self, at: SystemTime) -> Sleep {
         (**self).sleep_until(at)
+    }
+
+    fn sleep_for(&self, duration: Duration) -> Sleep {
+        (**self).sleep_for(duration)
     }
 }
 
@@ -200,5 +216,11 @@ impl Clock for ManualClock {
             // this future holds a view's receiver, but end the sleep rather than hang.
             let _ = rx.wait_for(|t| shift(*t, offset) >= at).await;
         })
+    }
+
+    /// Until this clock has been moved `duration` past its reading now.
+    fn sleep_for(&self, duration: Duration) -> Sleep {
+        let now = self.now();
+        self.sleep_until(now.checked_add(duration).unwrap_or(now))
     }
 }

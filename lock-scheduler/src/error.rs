@@ -102,6 +102,19 @@ pub enum Error {
         backend: &'static str,
     },
 
+    /// The lock server cannot keep fire-time claims (its backend has no
+    /// [`FireClaims`](lock_core::claims::FireClaims): Redlock, whose majority writes are
+    /// not one atomic step), so the scheduler cannot run each fire time once: it refuses to
+    /// start.
+    #[error(
+        "the {backend} backend cannot keep fire-time claims, so the scheduler cannot run each \
+         fire time once; schedule on memory (one process), Redis, etcd or PostgreSQL"
+    )]
+    ClaimsNotKept {
+        /// The backend's name.
+        backend: &'static str,
+    },
+
     /// The lock server failed (reading records, or an invalid TTL found before any I/O).
     #[error(transparent)]
     Lock(#[from] lock_core::Error),

@@ -1,6 +1,14 @@
-//! One fire time of one job, in its own task: take the lock, run the job (cancelled on a
-//! lost lock, the hard timeout or the end of a shutdown's grace), hold until the at-least
+//! One fire time of one job, in its own task: claim the fire time in the lock server, wait
+//! until the server's clock reaches it, take the lock, run the job (cancelled on a lost
+//! lock, the hard timeout or the end of a shutdown's grace), hold until the at-least
 //! instant, release, and record the outcome.
+//!
+//! The claim decides which replica runs the fire time (one per fire time, whatever the
+//! replicas' clocks say); the lock keeps runs from overlapping; the at-least hold is
+//! defence in depth. Once claimed, the fire time is placed on this process's monotonic
+//! clock by the server's answer ([`Placed`]): the start, the lateness bound and the end of
+//! the hold are monotonic instants, so a step of the replica's wall clock moves none of
+//! them.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -16,6 +24,33 @@ use crate::job::{Job, JobContext, OnBusy};
 use crate::observe;
 use crate::plan::{instant_of, Plan};
 use crate::state::{Control, Ended, Inner};
+
+/// Where the fire time falls on this process's monotonic clock: `instant` is when the
+/// deciding clock (the lock server's where it has one, else the scheduler's) read `wall`.
+#[derive(Clone, Copy, Debug)]
+struct Placed {
+    instant: Instant,
+    wall: SystemTime,
+}
+
+impl Placed {
+    /// The monotonic instant at which the deciding clock reads `t`; `None` when that was
+    /// longer ago than the monotonic clock counts (long past).
+    fn instant_of(&self, t: SystemTime) -> Option<Instant> {
+        match t.duration_since(self.wall) {
+            Ok(ahead) => Some(self.instant + ahead),
+            Err(behind) => self.instant.checked_sub(behind.duration()),
+        }
+    }
+
+    /// Whether the deciding clock has passed `t` by now.
+    fn passed(&self, t: SystemTime) -> bool {
+        match self.instant_of(t) {
+            Some(t) => t <= Instant::now(),
+            None => true,
+        }
+    }
+}
 
 /// One fire time of one job, as its task sees it.
 struct FireTime {
@@ -53,23 +88,88 @@ impl FireTime {
         let record = self.record(outcome, None, None, detail.into());
         observe::finish(&self.inner, &record, None).await;
         Ended {
-            record,
+            record: Some(record),
             ran_until: None,
         }
     }
 
+    /// Claims the fire time in the lock server and places it on the monotonic clock by the
+    /// server's answer; `Err` is how the fire time ended instead (claimed by another
+    /// replica: no record, it runs there).
+    async fn claim(&self) -> std::result::Result<Placed, Ended> {
+        let sent = Instant::now();
+        let asked_at = self.inner.clock.now();
+        let claimed = self
+            .inner
+            .locker
+            .claim_fire_time(&self.job.name, self.at, &self.inner.replica)
+            .await;
+        let answered = Instant::now();
+        let answer = match claimed {
+            Ok(answer) => answer,
+            Err(e) => {
+                let detail = format!("could not claim the fire time: {e}");
+                return Err(self.not_run(RunOutcome::Failed, detail).await);
+            }
+        };
+        if !answer.won {
+            observe::claimed_elsewhere(&self.job.name, self.at, &answer.claim.replica);
+            return Err(Ended {
+                record: None,
+                ran_until: None,
+            });
+        }
+        Ok(match answer.server_time {
+            // The server's time stands for the middle of the round trip.
+            Some(server) => {
+                let half = (answered - sent) / 2;
+                let ours = asked_at + half;
+                observe::clock_offset(signed_seconds(ours, server));
+                Placed {
+                    instant: sent + half,
+                    wall: server,
+                }
+            }
+            None => Placed {
+                instant: answered,
+                wall: self.inner.clock.now(),
+            },
+        })
+    }
+
+    /// Waits until the deciding clock reaches the fire time (a replica whose clock is fast
+    /// claims early and starts on time); `Err` when the scheduler stopped meanwhile.
+    async fn wait_for_the_fire_time(&self, placed: &Placed) -> std::result::Result<(), Ended> {
+        let Some(start) = placed.instant_of(self.at).filter(|t| *t > Instant::now()) else {
+            return Ok(());
+        };
+        let mut stop = self.control.state.stop.subscribe();
+        let stopped = tokio::select! {
+            biased;
+            _ = stop.wait_for(|stopping| *stopping) => true,
+            _ = tokio::time::sleep_until(start.into()) => false,
+        };
+        if stopped {
+            return Err(self
+                .not_run(RunOutcome::SkippedBusy, SHUT_DOWN_WAITING)
+                .await);
+        }
+        Ok(())
+    }
+
     /// Takes the lock (one attempt, or the job's bounded wait, never past the lateness
     /// bound); `Err` is how the fire time ended instead.
-    async fn lock(&self) -> std::result::Result<LockGuard, Ended> {
-        let latest_start = self.at + self.plan.lateness;
+    async fn lock(&self, placed: &Placed) -> std::result::Result<LockGuard, Ended> {
+        let latest = self.at + self.plan.lateness;
+        if placed.passed(latest) {
+            return Err(self.missed(placed, "claimed").await);
+        }
+        let latest_start = placed.instant_of(latest).unwrap_or_else(Instant::now);
         let wait = match self.job.on_busy {
             OnBusy::Skip => WaitStrategy::Skip,
-            OnBusy::Wait(bound) => {
-                let left = latest_start
-                    .duration_since(self.inner.clock.now())
-                    .unwrap_or_default();
-                WaitStrategy::Wait(bound.min(left))
-            }
+            OnBusy::Wait(bound) => WaitStrategy::Wait(
+                bound.min(latest_start.saturating_duration_since(Instant::now())),
+            ),
         };
         let opts = LockOptions::new()
             .ttl(self.plan.ttl)
@@ -96,13 +196,9 @@ impl FireTime {
                 return Err(self.not_run(RunOutcome::Failed, detail).await);
             }
         };
-        let now = self.inner.clock.now();
-        if now > latest_start {
+        if Instant::now() > latest_start {
             release(guard, &self.job.name).await;
-            let late = now.duration_since(self.at).unwrap_or_default();
-            let detail =
-                format!("the lock was won {late:?} after the fire time, past the lateness bound");
-            return Err(self.not_run(RunOutcome::Missed, detail).await);
+            return Err(self.missed(placed, "the lock was won").await);
         }
         if self.control.stopping() {
             release(guard, &self.job.name).await;
@@ -111,6 +207,19 @@ impl FireTime {
                 .await);
         }
         Ok(guard)
+    }
+
+    /// Ends a fire time found past its lateness bound when `what` happened.
+    async fn missed(&self, placed: &Placed, what: &str) -> Ended {
+        let late = placed
+            .instant_of(self.at)
+            .map(|at| at.elapsed())
+            .unwrap_or(Duration::MAX);
+        let detail = format!(
+            "{what} {late:?} after the fire time (on the lock server's clock where it has \
+             one), past the lateness bound"
+        );
+        self.not_run(RunOutcome::Missed, detail).await
     }
 
     /// Runs the task under `guard` until it ends, the lock is lost, the timeout passes or
@@ -158,26 +267,38 @@ impl FireTime {
         (outcome, detail, started_at)
     }
 
-    /// Keeps the lock until `fire time + at_least` on the scheduler's clock (a shutdown or
-    /// the loss of the lock ends it sooner), then releases it.
-    async fn hold_then_release(&self, guard: LockGuard) {
-        let until = self.at + self.plan.at_least;
-        if self.inner.clock.now() < until {
+    /// Keeps the lock until `fire time + at_least` as the claim placed it on the monotonic
+    /// clock, waited for with [`Clock::sleep_for`](crate::Clock::sleep_for) (a shutdown or
+    /// the loss of the lock ends it sooner), then releases it. A step of the wall clock
+    /// meanwhile neither stretches nor cuts it.
+    async fn hold_then_release(&self, guard: LockGuard, placed: &Placed) {
+        let left = placed
+            .instant_of(self.at + self.plan.at_least)
+            .map(|until| until.saturating_duration_since(Instant::now()))
+            .unwrap_or_default();
+        if !left.is_zero() {
             let mut stop = self.control.state.stop.subscribe();
             tokio::select! {
                 biased;
                 // A shutdown ends the hold at once (see `Running::shutdown`).
                 _ = stop.wait_for(|stopping| *stopping) => {}
                 _ = guard.lost() => {}
-                _ = self.inner.clock.sleep_until(until) => {}
+                _ = self.inner.clock.sleep_for(left) => {}
             }
         }
         release(guard, &self.job.name).await;
     }
 
-    /// The whole fire time: lock, run, record, hold, release.
+    /// The whole fire time: claim, wait for it, lock, run, record, hold, release.
     async fn go(self) -> Ended {
-        let guard = match self.lock().await {
+        let placed = match self.claim().await {
+            Ok(placed) => placed,
+            Err(ended) => return ended,
+        };
+        if let Err(ended) = self.wait_for_the_fire_time(&placed).await {
+            return ended;
+        }
+        let guard = match self.lock(&placed).await {
             Ok(guard) => guard,
             Err(ended) => return ended,
         };
@@ -192,10 +313,10 @@ impl FireTime {
             // Known gone: dropping the guard is all that is left to do.
             RunOutcome::LockLost => drop(guard),
             RunOutcome::Cut => release(guard, &self.job.name).await,
-            _ => self.hold_then_release(guard).await,
+            _ => self.hold_then_release(guard, &placed).await,
         }
         Ended {
-            record,
+            record: Some(record),
             ran_until: Some(ran_until),
         }
     }
@@ -239,6 +360,14 @@ pub(crate) fn run_fire(
     }
     .go()
     .instrument(span)
+}
+
+/// `a − b` in seconds, signed.
+fn signed_seconds(a: SystemTime, b: SystemTime) -> f64 {
+    match a.duration_since(b) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
 }
 
 async fn release(guard: LockGuard, job: &str) {

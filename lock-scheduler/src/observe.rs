@@ -20,8 +20,18 @@ pub mod metric_names {
     /// Histogram, seconds: how long runs took from start to end, by `job` and `outcome`
     /// (only fire times that ran: `ok`, `failed`, `timed-out`, `lock-lost`, `cut`).
     pub const RUN_DURATION: &str = "distlock_scheduler_run_duration_seconds";
-    /// Counter: fire times skipped because the lock was held elsewhere, by `job`.
+    /// Counter: fire times this replica claimed but did not run because an earlier run
+    /// still held the job's lock (the run overran its period), by `job`. Another
+    /// replica's run of the same fire time is not a skip: see [`CLAIMED_ELSEWHERE`].
     pub const SKIPS: &str = "distlock_scheduler_skips_total";
+    /// Counter: fire times another replica had already claimed when this one asked (it
+    /// runs them; nothing is recorded here), by `job`. With N healthy replicas this grows
+    /// by N − 1 per fire time.
+    pub const CLAIMED_ELSEWHERE: &str = "distlock_scheduler_claimed_elsewhere_total";
+    /// Gauge, seconds: this replica's clock minus the lock server's, as last measured by a
+    /// claim (the server's time against the middle of the round trip). Absent on a server
+    /// without a clock to read (etcd, the in-process backend).
+    pub const CLOCK_OFFSET: &str = "distlock_scheduler_clock_offset_seconds";
     /// Gauge, Unix seconds: when the job last ended `ok`, by `job`. Alert on
     /// `time() - max by (job) (…) > 2 × period`: no success for two periods.
     pub const LAST_SUCCESS: &str = "distlock_scheduler_last_success_timestamp_seconds";
@@ -30,7 +40,9 @@ pub mod metric_names {
     pub const RECORD_ERRORS: &str = "distlock_scheduler_record_errors_total";
 }
 
-use metric_names::{LAST_SUCCESS, RECORD_ERRORS, RUNS, RUN_DURATION, SKIPS};
+use metric_names::{
+    CLAIMED_ELSEWHERE, CLOCK_OFFSET, LAST_SUCCESS, RECORD_ERRORS, RUNS, RUN_DURATION, SKIPS,
+};
 
 /// Describes the metrics to the installed recorder (units and help texts).
 pub(crate) fn describe() {
@@ -40,13 +52,39 @@ pub(crate) fn describe() {
         metrics::Unit::Seconds,
         "Duration of the runs, by job and outcome"
     );
-    metrics::describe_counter!(SKIPS, "Fire times skipped: the lock was held elsewhere");
+    metrics::describe_counter!(
+        SKIPS,
+        "Fire times claimed but skipped: an earlier run still held the job"
+    );
+    metrics::describe_counter!(
+        CLAIMED_ELSEWHERE,
+        "Fire times another replica had claimed (and runs)"
+    );
+    metrics::describe_gauge!(
+        CLOCK_OFFSET,
+        metrics::Unit::Seconds,
+        "This replica's clock minus the lock server's"
+    );
     metrics::describe_gauge!(
         LAST_SUCCESS,
         metrics::Unit::Seconds,
         "Unix time of the job's last successful run"
     );
     metrics::describe_counter!(RECORD_ERRORS, "Run records the lock server did not take");
+}
+
+/// Counts a fire time of `job` that another replica claimed.
+pub(crate) fn claimed_elsewhere(job: &str, at: SystemTime, by: &str) {
+    metrics::counter!(CLAIMED_ELSEWHERE, "job" => job.to_owned()).increment(1);
+    let scheduled = jiff::Timestamp::try_from(at)
+        .map(|t| t.to_string())
+        .unwrap_or_default();
+    tracing::debug!(job, scheduled, by, "fire time claimed by another replica");
+}
+
+/// Sets the clock-offset gauge: this replica's clock minus the server's, in seconds.
+pub(crate) fn clock_offset(seconds: f64) {
+    metrics::gauge!(CLOCK_OFFSET).set(seconds);
 }
 
 /// Sets the last-success gauge of `job` to `at`.

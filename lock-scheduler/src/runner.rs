@@ -81,8 +81,14 @@ pub(crate) fn check(inner: &Inner, job: Job) -> Result<Job> {
     Ok(job)
 }
 
-/// Starts the timer tasks of every job; a scheduler starts once.
+/// Starts the timer tasks of every job; a scheduler starts once, on a backend that keeps
+/// fire-time claims.
 pub(crate) fn start(inner: &Arc<Inner>) -> Result<()> {
+    if inner.locker.backend().fire_claims().is_none() {
+        return Err(Error::ClaimsNotKept {
+            backend: inner.locker.capabilities().name,
+        });
+    }
     {
         // Jobs, then the started state, as `Scheduler::add` takes them: a job added
         // meanwhile is started once, by one of the two.
@@ -122,7 +128,14 @@ pub(crate) async fn shutdown(inner: &Inner, grace: Duration) -> ShutdownReport {
     let mut runs = std::mem::take(&mut *lock(&control.state.runs));
     let mut report = ShutdownReport::default();
     let mut collect = |ended: std::result::Result<Ended, tokio::task::JoinError>| match ended {
-        Ok(Ended { record, ran_until }) => {
+        Ok(Ended {
+            record: None,
+            ran_until: _,
+        }) => {}
+        Ok(Ended {
+            record: Some(record),
+            ran_until,
+        }) => {
             if record.outcome == RunOutcome::Cut {
                 report.cut.push(record);
             } else if ran_until.is_some_and(|t| t >= began) {

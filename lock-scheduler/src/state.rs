@@ -46,7 +46,8 @@ pub(crate) struct ControlState {
 
 /// How a fire-time task ended.
 pub(crate) struct Ended {
-    pub(crate) record: RunRecord,
+    /// How it ended; `None` for a fire time another replica claimed.
+    pub(crate) record: Option<RunRecord>,
     /// When the run ended (monotonic), for runs that started.
     pub(crate) ran_until: Option<Instant>,
 }

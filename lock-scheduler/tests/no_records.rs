@@ -1,5 +1,6 @@
 //! A lock server that keeps no run records: jobs run all the same, outcomes reach the
-//! metrics and the log, and the history reads say the records are not kept.
+//! metrics and the log, and the history reads say the records are not kept. One that
+//! keeps no fire-time claims is refused at the start.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, UNIX_EPOCH};
@@ -28,6 +29,54 @@ impl Backend for Forgetful {
     }
     fn listen(&self, key: &str) -> Option<ReleaseListener> {
         self.0.listen(key)
+    }
+    fn fire_claims(&self) -> Option<&dyn lock_core::claims::FireClaims> {
+        self.0.fire_claims()
+    }
+}
+
+/// The memory backend without its fire-time claims either.
+struct Claimless(MemoryBackend);
+
+#[async_trait]
+impl Backend for Claimless {
+    fn capabilities(&self) -> &Capabilities {
+        self.0.capabilities()
+    }
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> lock_core::Result<Attempt> {
+        self.0.try_acquire(key, owner, ttl).await
+    }
+    async fn extend(&self, lease: &Lease, ttl: Ttl) -> lock_core::Result<Instant> {
+        self.0.extend(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> lock_core::Result<()> {
+        self.0.release(lease).await
+    }
+    fn listen(&self, key: &str) -> Option<ReleaseListener> {
+        self.0.listen(key)
+    }
+}
+
+/// A lock server that cannot keep fire-time claims cannot run each fire time once: the
+/// scheduler refuses to start, naming the backend.
+#[test]
+fn a_server_without_claims_is_refused_at_the_start() {
+    let scheduler = Scheduler::builder(Locker::new(Claimless(MemoryBackend::new())))
+        .replica("a")
+        .build()
+        .unwrap();
+    scheduler
+        .add(
+            Job::every("plain", Duration::from_secs(10))
+                .unwrap()
+                .run(|_ctx| async { Ok::<_, BoxError>(()) }),
+        )
+        .unwrap();
+    match scheduler.start() {
+        Err(e @ Error::ClaimsNotKept { backend: "memory" }) => {
+            assert!(e.to_string().contains("fire-time claims"), "{e}");
+        }
+        other => panic!("expected ClaimsNotKept, got {:?}", other.map(|_| ())),
     }
 }
 

@@ -72,7 +72,8 @@ async fn interval_jobs_fire_at_multiples_of_the_period() {
 }
 
 /// Two replicas over one lock server, the second's clock `behind` the first's; both run a
-/// job at second 0 of each minute with a 10 s at-least hold. Returns who ran 10:00:00.
+/// job at second 0 of each minute with a 10 s at-least hold. Returns who ran 10:00:00, and
+/// the records B wrote of it once its clock had passed it for a while.
 async fn two_replicas(behind: Duration) -> (Vec<(String, SystemTime)>, Vec<RunOutcome>) {
     let server = server();
     let clock_a = ManualClock::at("2026-06-01T09:59:59Z");
@@ -104,33 +105,42 @@ async fn two_replicas(behind: Duration) -> (Vec<(String, SystemTime)>, Vec<RunOu
         })
         .await;
     }
-    // B's clock reaches the same fire time.
+    // B's clock reaches the same fire time: A's claim of it stands.
     clock_b.set(fire);
-    let b_record = record_for(&b, "minutely", fire, "b").await;
-    let result = (runs.get(), outcomes(&[b_record]));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let b_records: Vec<_> = records(&b, "minutely")
+        .await
+        .into_iter()
+        .filter(|r| r.scheduled_at == fire && r.replica == "b")
+        .collect();
+    let claim = b.locker().fire_claim("minutely").await.unwrap().unwrap();
+    assert_eq!((claim.fire_time, claim.replica.as_str()), (fire, "a"));
+    let result = (runs.get(), outcomes(&b_records));
     running_a.shutdown(GRACE).await;
     running_b.shutdown(GRACE).await;
     result
 }
 
-/// A replica whose clock is behind by less than `at_least` finds the lock still held when
-/// its clock reaches the fire time: it records SkippedBusy and does not run it again.
+/// A replica whose clock is behind by less than `at_least` finds the fire time claimed
+/// when its clock reaches it: it neither runs it again nor records a skip (the run is
+/// A's; a skip would mean an earlier run still held the job).
 #[tokio::test]
 async fn a_replica_behind_by_less_than_at_least_does_not_run_the_fire_time_again() {
     let fire = t("2026-06-01T10:00:00Z");
     let (runs, b) = two_replicas(Duration::from_secs(5)).await;
     assert_eq!(runs, [("a".to_owned(), fire)]);
-    assert_eq!(b, [RunOutcome::SkippedBusy]);
+    assert_eq!(b, []);
 }
 
-/// A replica whose clock is behind by more than `at_least` runs the fire time again: the
-/// hold's limit, as documented.
+/// A replica whose clock is behind by more than `at_least` (A's hold already ended) does
+/// not run the fire time again either: the claim, not the hold, ties a run to its fire
+/// time.
 #[tokio::test]
-async fn a_replica_behind_by_more_than_at_least_runs_it_again() {
+async fn a_replica_behind_by_more_than_at_least_does_not_run_it_again_either() {
     let fire = t("2026-06-01T10:00:00Z");
     let (runs, b) = two_replicas(Duration::from_secs(15)).await;
-    assert_eq!(runs, [("a".to_owned(), fire), ("b".to_owned(), fire)]);
-    assert_eq!(b, [RunOutcome::Ok]);
+    assert_eq!(runs, [("a".to_owned(), fire)]);
+    assert_eq!(b, []);
 }
 
 /// The lock stays held after a quick run until `fire time + at_least`, then is released.
