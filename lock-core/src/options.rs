@@ -26,6 +26,11 @@ pub struct LockOptions {
     pub watchdog: bool,
     /// Hard limit for the future given to [`Locker::run`](crate::Locker::run) (default none).
     pub job_timeout: Option<Duration>,
+    /// How long [`Locker::run`](crate::Locker::run) keeps the lock at least, counted on the
+    /// monotonic clock from the grant (from the fire time for
+    /// [`Locker::run_scheduled`](crate::Locker::run_scheduled)), however soon the job ends
+    /// (default none: released when the job ends).
+    pub at_least: Option<Duration>,
     /// The `key_label` of this acquisition's metrics and its guard's (default none: the
     /// series then have no key label). See [`metrics_label`](Self::metrics_label).
     pub metrics_label: Option<&'static str>,
@@ -38,6 +43,7 @@ impl Default for LockOptions {
             wait: WaitStrategy::Wait(Duration::from_secs(30)),
             watchdog: true,
             job_timeout: None,
+            at_least: None,
             metrics_label: None,
         }
     }
@@ -85,6 +91,15 @@ impl LockOptions {
     /// Sets the hard timeout of [`Locker::run`](crate::Locker::run).
     pub fn job_timeout(mut self, timeout: Duration) -> Self {
         self.job_timeout = Some(timeout);
+        self
+    }
+
+    /// Sets the at-least hold of [`Locker::run`](crate::Locker::run): the lock is kept
+    /// until `hold` after the grant (after the fire time for
+    /// [`Locker::run_scheduled`](crate::Locker::run_scheduled)) even when the job ends
+    /// sooner, so a replica starting a little later finds it held.
+    pub fn at_least(mut self, hold: Duration) -> Self {
+        self.at_least = Some(hold);
         self
     }
 

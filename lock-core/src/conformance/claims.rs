@@ -113,3 +113,68 @@ pub async fn fire_time_claims_are_won_once(t: &Target) {
     assert!(!guard.is_lost(), "claims leave the job's lock alone");
     guard.release().await.expect("the lock is still ours");
 }
+
+/// `Locker::run_scheduled` runs a fire time once across Lockers: of several asking for
+/// the same fire time at once, one runs it (not before the fire time, with a margin for
+/// the server's clock) and the others are told it was claimed elsewhere; its at-least hold
+/// keeps the lock after a quick job. A backend without claims refuses.
+pub async fn run_scheduled_runs_a_fire_time_once(t: &Target) {
+    let job = t.key("claims/run-scheduled");
+    let fire = SystemTime::now() + Duration::from_millis(300);
+    let hold = t.short_ttl() * 2;
+    let lockers: Vec<_> = (0..4).map(|_| t.locker()).collect();
+    if t.backend.fire_claims().is_none() {
+        let refused = lockers[0]
+            .run_scheduled(&job, fire, "r0", &opts(hold), async {})
+            .await;
+        assert!(
+            matches!(refused, Err(Error::Unsupported { .. })),
+            "{refused:?}"
+        );
+        return;
+    }
+    let runs = lockers.iter().enumerate().map(|(i, locker)| {
+        let (locker, job) = (locker.clone(), job.clone());
+        let o = opts(Duration::from_secs(10)).at_least(hold);
+        tokio::spawn(async move {
+            locker
+                .run_scheduled(&job, fire, &format!("r{i}"), &o, async {
+                    SystemTime::now()
+                })
+                .await
+        })
+    });
+    let outcomes: Vec<_> = futures::future::join_all(runs)
+        .await
+        .into_iter()
+        .map(|o| o.expect("the task").expect("run_scheduled"))
+        .collect();
+    let started: Vec<SystemTime> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            crate::Outcome::Ran(at) => Some(*at),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(started.len(), 1, "one run: {outcomes:?}");
+    let elsewhere = outcomes
+        .iter()
+        .filter(|o| matches!(o, crate::Outcome::ClaimedElsewhere))
+        .count();
+    assert_eq!(elsewhere, 3, "{outcomes:?}");
+    // The server's clock is near ours on loopback: never more than a second early.
+    assert!(
+        started[0] + Duration::from_secs(1) >= fire,
+        "ran {:?} before the fire time",
+        fire.duration_since(started[0]).unwrap_or_default()
+    );
+    // The same fire time again: claimed already.
+    let again = lockers[0]
+        .run_scheduled(&job, fire, "r0", &opts(hold), async {})
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, crate::Outcome::ClaimedElsewhere),
+        "{again:?}"
+    );
+}

@@ -79,5 +79,6 @@ pub async fn run_all(t: &Target) {
         invalid_input_is_refused,
         run_records_keep_the_newest,
         fire_time_claims_are_won_once,
+        run_scheduled_runs_a_fire_time_once,
     );
 }

@@ -76,6 +76,10 @@ impl Locker {
     /// (for example because the lock expired just then) is logged, not reported: the
     /// outcome stays [`Outcome::Ran`].
     ///
+    /// With `opts.at_least`, the lock is kept until that long after the grant (on the
+    /// monotonic clock) even when the job ends sooner, so a process starting the same job
+    /// a little later finds it held; a loss of the lock ends that hold.
+    ///
     /// # Errors
     /// Invalid input, and backend failures while acquiring (other than a wait timeout).
     /// That is: [`Error::InvalidKey`](crate::Error::InvalidKey) / [`Error::InvalidTtl`](crate::Error::InvalidTtl) before any I/O,
@@ -115,11 +119,77 @@ impl Locker {
         K: LockKey + ?Sized,
         F: Future<Output = T>,
     {
+        self.run_until(key, opts, job, None).await
+    }
+
+    /// Runs `job` for fire time `fire_time` of the job named `key`, once across every
+    /// process that asks for the same fire time: the fire time is claimed first
+    /// ([`claim_fire_time`](Self::claim_fire_time), for `replica`), and only the claim's
+    /// winner runs it, as [`run`](Self::run) does, after the lock server's clock reached
+    /// `fire_time` (a caller whose clock is fast waits; on a server without a clock, the
+    /// caller's clock decides). A claim already made is [`Outcome::ClaimedElsewhere`].
+    /// `opts.at_least` counts from the fire time (as the server's clock placed it, on the
+    /// monotonic clock).
+    ///
+    /// # Errors
+    /// As [`claim_fire_time`](Self::claim_fire_time) and [`run`](Self::run).
+    ///
+    /// # Cancel safety
+    /// Dropping the future before the claim's answer may leave the fire time claimed and
+    /// not run (never run twice); after it, as for [`run`](Self::run).
+    pub async fn run_scheduled<K, F, T>(
+        &self,
+        key: &K,
+        fire_time: SystemTime,
+        replica: &str,
+        opts: &LockOptions,
+        job: F,
+    ) -> Result<Outcome<T>>
+    where
+        K: LockKey + ?Sized,
+        F: Future<Output = T>,
+    {
+        let sent = Instant::now();
+        let answer = self
+            .claim_fire_time(key.as_key(), fire_time, replica)
+            .await?;
+        if !answer.won {
+            return Ok(Outcome::ClaimedElsewhere);
+        }
+        // The fire time on the monotonic clock, as the server's clock places it (its time
+        // stands for the middle of the round trip), else as ours does.
+        let (at, wall) = match answer.server_time {
+            Some(server) => (sent + sent.elapsed() / 2, server),
+            None => (Instant::now(), SystemTime::now()),
+        };
+        let fire = match fire_time.duration_since(wall) {
+            Ok(ahead) => at + ahead,
+            Err(behind) => at.checked_sub(behind.duration()).unwrap_or(at),
+        };
+        tokio::time::sleep_until(fire.into()).await;
+        self.run_until(key, opts, job, Some(fire)).await
+    }
+
+    /// [`run`](Self::run), the at-least hold counted from `from` (else from the grant).
+    async fn run_until<K, F, T>(
+        &self,
+        key: &K,
+        opts: &LockOptions,
+        job: F,
+        from: Option<Instant>,
+    ) -> Result<Outcome<T>>
+    where
+        K: LockKey + ?Sized,
+        F: Future<Output = T>,
+    {
         let guard = match self.acquire(key, opts).await {
             Ok(guard) => guard,
             Err(Error::Locked { .. } | Error::Timeout { .. }) => return Ok(Outcome::Skipped),
             Err(e) => return Err(e),
         };
+        let hold_until = opts
+            .at_least
+            .map(|hold| from.unwrap_or_else(|| guard.granted_at()) + hold);
         let key = key.as_key();
         let lost = guard.lost();
         let hard_timeout = async {
@@ -140,6 +210,13 @@ impl Locker {
                 Outcome::TimedOut
             }
         };
+        if let Some(until) = hold_until {
+            // A loss ends the hold: nothing is left to keep.
+            tokio::select! {
+                _ = guard.lost() => {}
+                _ = tokio::time::sleep_until(until.into()) => {}
+            }
+        }
         if let Err(e) = guard.release().await {
             tracing::warn!(key, error = %e, "release after the job failed");
         }

@@ -38,6 +38,9 @@ pub enum Outcome<T> {
     TimedOut,
     /// The lock was lost while the job ran; the job was cancelled.
     LockLost,
+    /// The fire time given to [`Locker::run_scheduled`](super::Locker::run_scheduled) was
+    /// already claimed (another process runs it, or ran it); the job did not run.
+    ClaimedElsewhere,
 }
 
 /// Counts of what a [`Locker`](super::Locker) holds in memory, for monitoring and leak tests.

@@ -309,6 +309,12 @@ impl Worker {
                 }
             }
             Ok(Outcome::LockLost) => self.state.count(|c| c.runs[3] += 1),
+            // `run` claims no fire time.
+            Ok(Outcome::ClaimedElsewhere) => self.state.violation(
+                ViolationKind::RunOutcome,
+                &key_name,
+                format!("{}: run, which claims nothing, said ClaimedElsewhere", self.who),
+            ),
             Err(e) => self.acquire_failed(&key_name, e).await,
         }
     }
