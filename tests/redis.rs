@@ -1162,7 +1162,12 @@ async fn fire_time_claims_race_across_connections_and_refuse_foreign_values() {
         );
         assert_eq!(winner.fire_time, fire);
         assert_eq!(
-            b.fire_claims().unwrap().current(job).await.unwrap().as_ref(),
+            b.fire_claims()
+                .unwrap()
+                .current(job)
+                .await
+                .unwrap()
+                .as_ref(),
             Some(winner)
         );
     }
@@ -1186,7 +1191,7 @@ async fn fire_time_claims_race_across_connections_and_refuse_foreign_values() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    assert_eq!(keys, [key.clone()], "claims write their key only");
+    assert_eq!(keys, [key.as_str()], "claims write their key only");
 
     // The server's clock, not ours.
     let claims = a.fire_claims().unwrap();
@@ -1251,7 +1256,9 @@ async fn fire_time_claims_race_across_connections_and_refuse_foreign_values() {
         );
     }
     assert_eq!(
-        raw_string(&server, &node.claim_key("string")).await.as_deref(),
+        raw_string(&server, &node.claim_key("string"))
+            .await
+            .as_deref(),
         Some("not a claim"),
         "the foreign string is left as it was"
     );
@@ -1261,7 +1268,11 @@ async fn fire_time_claims_race_across_connections_and_refuse_foreign_values() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    assert_eq!(fields, ["fire", "soon"], "the foreign hash is left as it was");
+    assert_eq!(
+        fields,
+        ["fire", "soon"],
+        "the foreign hash is left as it was"
+    );
     let pttl: i64 = redis::cmd("PTTL")
         .arg(node.claim_key("hash"))
         .query_async(&mut raw)

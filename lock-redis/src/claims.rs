@@ -99,7 +99,8 @@ impl RedisNode {
     ) -> Result<&'a [Value]> {
         match reply {
             Value::Array(items) if items.len() == n => Ok(items),
-            Value::Array(items) if matches!(&items[..], [Value::BulkString(tag), _] if tag == b"foreign") => {
+            Value::Array(items) if matches!(&items[..], [Value::BulkString(tag), _] if tag == b"foreign") =>
+            {
                 let why = crate::codec::text(&items[1]).unwrap_or_default();
                 Err(self.failure(
                     op,
