@@ -313,7 +313,10 @@ impl Worker {
             Ok(Outcome::ClaimedElsewhere) => self.state.violation(
                 ViolationKind::RunOutcome,
                 &key_name,
-                format!("{}: run, which claims nothing, said ClaimedElsewhere", self.who),
+                format!(
+                    "{}: run, which claims nothing, said ClaimedElsewhere",
+                    self.who
+                ),
             ),
             Err(e) => self.acquire_failed(&key_name, e).await,
         }
