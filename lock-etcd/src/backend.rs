@@ -193,6 +193,12 @@ impl Backend for EtcdBackend {
     fn run_records(&self) -> Option<&dyn lock_core::records::RunRecords> {
         Some(self)
     }
+
+    /// Keys of their own beside the lock prefix, without a clock (see the design notes,
+    /// "Fire-time claims").
+    fn fire_claims(&self) -> Option<&dyn lock_core::claims::FireClaims> {
+        Some(self)
+    }
 }
 
 #[async_trait]

@@ -6,6 +6,7 @@ mod admin;
 mod backend;
 mod baseline;
 mod batch;
+mod claims;
 mod config;
 mod connect;
 mod detached;
