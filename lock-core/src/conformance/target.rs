@@ -108,13 +108,11 @@ impl Target {
     }
 }
 
-/// Slack allowed for scheduling and network round trips in timing bounds.
-pub(crate) fn slack(t: &Target) -> Duration {
-    if t.caps().cross_process {
-        Duration::from_millis(250)
-    } else {
-        Duration::from_millis(100)
-    }
+/// Slack allowed for scheduling and network round trips in timing bounds: the same for an
+/// in-process backend, whose waits are timers too (a loaded 2-core machine delayed one by
+/// 320 ms past a 100 ms bound).
+pub(crate) fn slack(_t: &Target) -> Duration {
+    Duration::from_millis(250)
 }
 
 pub(crate) fn opts(ttl: Duration) -> LockOptions {
