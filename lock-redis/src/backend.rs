@@ -168,6 +168,12 @@ impl Backend for RedisBackend {
     fn run_records(&self) -> Option<&dyn lock_core::records::RunRecords> {
         Some(self)
     }
+
+    /// A hash per job, beside the locks, claimed by one script on the server's clock (see
+    /// `claims.rs`).
+    fn fire_claims(&self) -> Option<&dyn lock_core::claims::FireClaims> {
+        Some(self)
+    }
 }
 
 #[async_trait]

@@ -48,7 +48,9 @@ use crate::watch::ReleaseWatch;
 /// `<prefix>{<name>}:baseline` ([`raw_cycle`](Self::raw_cycle)), never a lock's keys.
 /// Run records of job `job` (the scheduler's history, [`append_run`](Self::append_run))
 /// live at `<prefix>runs:{<job>}` (a list, newest first) and `<prefix>runs:{<job>}:ok` (the
-/// last success), apart from every lock key.
+/// last success), apart from every lock key. The fire-time claim of job `job`
+/// ([`claim_fire_time`](Self::claim_fire_time)) is a hash at `<prefix>claim:{<job>}`, apart
+/// from every lock and records key.
 #[derive(Clone)]
 pub struct RedisNode {
     shared: Arc<Shared>,
@@ -238,6 +240,20 @@ impl RedisNode {
     pub fn last_success_key(&self, job: &str) -> String {
         let mut key = self.runs_key(job);
         key.push_str(":ok");
+        key
+    }
+
+    /// The Redis hash holding job `job`'s fire-time claim (the newest fire time claimed,
+    /// by whom, when): `<prefix>claim:{<job>}`. It starts `<prefix>claim:{`, so it cannot
+    /// equal a lock's key (`<prefix>{`) nor a run records key (`<prefix>runs:{`), whatever
+    /// the names; the braces are the job's hash tag.
+    pub fn claim_key(&self, job: &str) -> String {
+        let mut key = String::with_capacity(self.prefix().len() + job.len() + 8);
+        key.push_str(self.prefix());
+        key.push_str("claim:");
+        key.push('{');
+        key.push_str(job);
+        key.push('}');
         key
     }
 

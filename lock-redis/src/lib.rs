@@ -3,6 +3,7 @@
 
 // Modules, each depending only on those listed after it (config excepted: the builder
 // and what it builds name each other):
+// - claims: the fire-time claims of a node and of the backend (`FireClaims`);
 // - records: the run records of a node and of the backend (`RunRecords`);
 // - baseline: the raw `SET NX PX` + `DEL` cycle of a node and of the backend (`Baseline`);
 // - backend: `RedisBackend`, the `Backend` over one node, with its release notices;
@@ -20,6 +21,7 @@
 //   connection and watch.
 mod backend;
 mod baseline;
+mod claims;
 mod cluster;
 mod codec;
 mod config;
@@ -35,6 +37,7 @@ mod watch;
 
 pub use backend::RedisBackend;
 pub use baseline::BASELINE_CYCLE;
+pub use claims::CLAIM_RETENTION;
 pub use config::{database_path, url_database, DEFAULT_PORT};
 pub use config::{RedisBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
 pub use handle::RedisNode;
