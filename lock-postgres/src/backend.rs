@@ -96,6 +96,11 @@ impl PostgresBackend {
         &self.connection().names.runs
     }
 
+    /// The quoted `"schema"."<table>_fires"` of the fire-time claims' table.
+    pub fn fires_table(&self) -> &str {
+        &self.connection().names.fires
+    }
+
     /// The channel releases are announced on (`LISTEN "…"`).
     pub fn channel(&self) -> &str {
         &self.connection().names.channel
@@ -270,6 +275,11 @@ impl Backend for PostgresBackend {
 
     /// The table `<table>_runs` beside the lease table (see `records.rs`).
     fn run_records(&self) -> Option<&dyn lock_core::records::RunRecords> {
+        Some(self)
+    }
+
+    /// The table `<table>_fires` beside the lease table (see `claims.rs`).
+    fn fire_claims(&self) -> Option<&dyn lock_core::claims::FireClaims> {
         Some(self)
     }
 }

@@ -154,7 +154,8 @@ impl PostgresBuilder {
     }
 
     /// The lease table; default `distlock_leases`. Created (with its fence sequence
-    /// `<table>_fence`, and `<table>_runs`, the scheduler's run records) when missing.
+    /// `<table>_fence`, and `<table>_runs` and `<table>_fires`, the scheduler's run records
+    /// and fire-time claims) when missing.
     ///
     /// A plain identifier (an ASCII letter or `_`, then ASCII letters, digits or `_`, at most
     /// 57 bytes so that the sequence's name fits too), checked by `build` before any SQL is
@@ -284,6 +285,8 @@ pub(crate) struct Names {
     pub(crate) sequence: String,
     /// `"schema"."table_runs"`, the run records.
     pub(crate) runs: String,
+    /// `"schema"."table_fires"`, the fire-time claims.
+    pub(crate) fires: String,
     /// The unquoted schema and table (for catalog look-ups, as parameters).
     pub(crate) raw_schema: String,
     pub(crate) raw_table: String,
@@ -306,6 +309,8 @@ impl Names {
             sequence: format!("\"{schema}\".\"{table}_fence\""),
             // `_runs` is shorter than `_fence`: it fits wherever the sequence does.
             runs: format!("\"{schema}\".\"{table}_runs\""),
+            // `_fires` is as long as `_fence` (`_claims` would not fit the longest table).
+            fires: format!("\"{schema}\".\"{table}_fires\""),
             raw_schema: schema.to_owned(),
             raw_table: table.to_owned(),
             channel,

@@ -29,6 +29,8 @@ pub(crate) struct Statements {
     pub(crate) append_run: Statement,
     pub(crate) recent_runs: Statement,
     pub(crate) last_success: Statement,
+    pub(crate) claim: Statement,
+    pub(crate) current_claim: Statement,
 }
 
 /// One open connection.
@@ -225,10 +227,12 @@ impl Connection {
                 client.prepare(&sql.raw_set),
                 client.prepare(&sql.raw_del),
             )?;
-            let (append_run, recent_runs, last_success) = futures::try_join!(
+            let (append_run, recent_runs, last_success, claim, current_claim) = futures::try_join!(
                 client.prepare(&sql.append_run),
                 client.prepare(&sql.recent_runs),
                 client.prepare(&sql.last_success),
+                client.prepare(&sql.claim),
+                client.prepare(&sql.current_claim),
             )?;
             let statements = Statements {
                 acquire,
@@ -245,6 +249,8 @@ impl Connection {
                 append_run,
                 recent_runs,
                 last_success,
+                claim,
+                current_claim,
             };
             Ok::<_, tokio_postgres::Error>((backend, statements))
         };
@@ -262,8 +268,8 @@ impl Connection {
         }
     }
 
-    /// Creates the schema, the lease table, its sequence, the raw baseline's table and the
-    /// run records' table, when one is missing.
+    /// Creates the schema, the lease table, its sequence, the raw baseline's table, the
+    /// run records' table and the fire-time claims' table, when one is missing.
     async fn create_table(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
         let names = &self.names;
         let row = client
@@ -275,6 +281,7 @@ impl Connection {
                     &crate::sql::raw_table(names),
                     &names.raw_schema,
                     &names.runs,
+                    &names.fires,
                 ],
             )
             .await?;

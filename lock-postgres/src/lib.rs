@@ -3,6 +3,7 @@
 
 // Modules, each depending only on those listed after it (config excepted: the builder
 // and what it builds name each other):
+// - claims: the fire-time claims (`FireClaims`) in `<table>_fires`;
 // - records: the run records (`RunRecords`) in `<table>_runs`;
 // - backend: `PostgresBackend`, the `Backend`, `HandOver`, `Admin` and `Baseline`;
 // - watch: the `LISTEN` connection feeding the release notices;
@@ -12,6 +13,7 @@
 // - error: request failures and the errors they become; config: the builder and names.
 mod backend;
 mod batch;
+mod claims;
 mod config;
 mod connection;
 mod error;

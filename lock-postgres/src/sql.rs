@@ -39,9 +39,15 @@ pub(crate) struct Sql {
     pub(crate) append_run: String,
     pub(crate) recent_runs: String,
     pub(crate) last_success: String,
+    /// A fire-time claim: `$1` the job (`bytea`), `$2` the fire time in milliseconds since
+    /// the Unix epoch, `$3` the replica (`bytea`).
+    pub(crate) claim: String,
+    /// The claim kept for `$1`, and the database's clock.
+    pub(crate) current_claim: String,
     pub(crate) exists: String,
     /// Run in one transaction when something is missing (the schema first, when missing):
-    /// the lease table, its sequence, the raw baseline's table and the run records' table.
+    /// the lease table, its sequence, the raw baseline's table, the run records' table and
+    /// the fire-time claims' table.
     pub(crate) create: Vec<String>,
     pub(crate) create_schema: String,
 }
@@ -62,6 +68,7 @@ impl Sql {
             table,
             sequence,
             runs,
+            fires,
             ..
         } = names;
         // A quoted, validated name inside a string literal: it holds no `'`.
@@ -204,9 +211,39 @@ impl Sql {
                  ORDER BY id DESC LIMIT $2::bigint"
             ),
             last_success: format!("SELECT record FROM {runs} WHERE job = $1::bytea AND id = 0"),
+            // Fire-time claims: one statement, its own transaction. The insert (or the
+            // update of a job's row whose fire time is older) is the claim, answered by its
+            // `RETURNING`; a refused claim's `ON CONFLICT` locked the row it compared with,
+            // the newest version (after waiting for a concurrent claim to commit), and
+            // `old` reads it with `FOR SHARE`, which in READ COMMITTED also follows to the
+            // newest version rather than the statement's snapshot. Only a row inserted by a
+            // claim that committed after this statement's snapshot was taken is out of its
+            // sight: then no row comes back, and the caller reads the claim right after
+            // (`current_claim`, a new snapshot). Time: `clock_timestamp()`, the database's
+            // clock when it is read (not `now()`, the transaction's start, which a claim
+            // that waited for a concurrent one would answer from before its wait); the
+            // answer's is read last, after the claim.
+            claim: format!(
+                "WITH up AS (INSERT INTO {fires} AS kept (job, fire_ms, replica, claimed_at) \
+                 VALUES ($1::bytea, $2::bigint, $3::bytea, clock_timestamp()) \
+                 ON CONFLICT (job) DO UPDATE SET fire_ms = EXCLUDED.fire_ms, \
+                 replica = EXCLUDED.replica, claimed_at = clock_timestamp() \
+                 WHERE kept.fire_ms < EXCLUDED.fire_ms \
+                 RETURNING fire_ms, replica, claimed_at), \
+                 old AS (SELECT fire_ms, replica, claimed_at FROM {fires} \
+                 WHERE job = $1::bytea AND NOT EXISTS (SELECT 1 FROM up) FOR SHARE) \
+                 SELECT true, fire_ms, replica, claimed_at, clock_timestamp() FROM up \
+                 UNION ALL \
+                 SELECT false, fire_ms, replica, claimed_at, clock_timestamp() FROM old"
+            ),
+            current_claim: format!(
+                "SELECT false, fire_ms, replica, claimed_at, clock_timestamp() FROM {fires} \
+                 WHERE job = $1::bytea"
+            ),
             exists:
                 "SELECT to_regclass($1::text) IS NOT NULL AND to_regclass($2::text) IS NOT NULL \
-                     AND to_regclass($3::text) IS NOT NULL AND to_regclass($5::text) IS NOT NULL, \
+                     AND to_regclass($3::text) IS NOT NULL AND to_regclass($5::text) IS NOT NULL \
+                     AND to_regclass($6::text) IS NOT NULL, \
                      EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $4::text)"
                     .to_owned(),
             create: vec![
@@ -231,6 +268,15 @@ impl Sql {
                     "CREATE TABLE IF NOT EXISTS {runs} (\
                      job bytea NOT NULL, id bigserial NOT NULL, record bytea NOT NULL, \
                      PRIMARY KEY (job, id))"
+                ),
+                // One row per job, never deleted by the backend: the newest fire time
+                // claimed (ms since the Unix epoch, never negative), by which replica, on
+                // the database's clock when.
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {fires} (\
+                     job bytea PRIMARY KEY, fire_ms bigint NOT NULL CHECK (fire_ms >= 0), \
+                     replica bytea NOT NULL, \
+                     claimed_at timestamptz NOT NULL)"
                 ),
             ],
             create_schema: format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
