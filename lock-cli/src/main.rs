@@ -11,6 +11,7 @@ mod metrics;
 mod progress;
 mod report;
 mod run;
+mod schedule;
 mod status;
 mod units;
 

@@ -14,7 +14,7 @@ use distlock::scheduler::{self, jiff, Scheduler};
 use tokio::sync::watch;
 
 use crate::common::Target;
-use crate::exit::{CliError, Exit, INTERNAL};
+use crate::exit::{CliError, Exit, INTERNAL, UNAVAILABLE, USAGE};
 use crate::job::Signals;
 use crate::units::fmt_duration;
 use command::{rfc3339, Stops, Task, STOP_MARGIN};
@@ -155,6 +155,17 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     // Everything that can be wrong with the file is found before connecting.
     let file = file::load(&path)?;
     let target = Target::choose(args.url)?;
+    if target.is_default() {
+        return Err(CliError::new(
+            USAGE,
+            "no lock server named (neither --url nor DISTLOCK_URL): every replica would run \
+             every job; give every replica the same --url, or --url memory:// to run the jobs \
+             in this process alone",
+        ));
+    }
+    for warning in &file.warnings {
+        eprintln!("distlock: warning: {}: {warning}", path.display());
+    }
     let metrics_addr = args
         .metrics_addr
         .as_deref()
@@ -215,9 +226,10 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
             locker.capabilities().name
         );
     }
-    let running = scheduler
-        .start()
-        .map_err(|e| CliError::new(INTERNAL, format!("cannot start the scheduler: {e}")))?;
+    let running = scheduler.start().map_err(|e| match e {
+        scheduler::Error::ClaimsNotKept { .. } => CliError::new(UNAVAILABLE, e.to_string()),
+        e => CliError::new(INTERNAL, format!("cannot start the scheduler: {e}")),
+    })?;
     eprintln!(
         "distlock: cron: {} job(s) from {} on {} as replica {replica_id:?}",
         file.jobs.len(),
