@@ -6,6 +6,7 @@ mod bench;
 mod common;
 mod cron;
 mod exit;
+mod fire;
 mod job;
 mod metrics;
 mod progress;

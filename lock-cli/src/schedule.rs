@@ -146,8 +146,9 @@ impl Timing {
         plans
     }
 
-    /// Checks that the timing can work: a lateness of at least [`MIN_LATENESS`], below the
-    /// at-least hold at every fire time looked at. `Err` names the field at fault
+    /// Checks that the timing can work, as a schedule file needs it: a lateness of at
+    /// least [`MIN_LATENESS`], and when `at_least` or `lateness` is set, a lateness below
+    /// the at-least hold at every fire time looked at. `Err` names the field at fault
     /// (`"lateness"`, or `"at_least"` when only the lateness is the default) and why.
     ///
     /// # Errors
@@ -158,6 +159,20 @@ impl Timing {
         zone: &TimeZone,
         now: SystemTime,
     ) -> Result<(), (&'static str, String)> {
+        self.check_floor()?;
+        if self.at_least.is_none() && self.lateness.is_none() {
+            // The defaults alone are the scheduler's business (a one-second gap gives
+            // 500ms for both, which the scheduler accepts).
+            return Ok(());
+        }
+        self.check_pair(schedule, zone, now)
+    }
+
+    /// A lateness, when set, of at least [`MIN_LATENESS`].
+    ///
+    /// # Errors
+    /// It is shorter.
+    pub fn check_floor(&self) -> Result<(), (&'static str, String)> {
         if let Some(l) = self.lateness {
             if l < MIN_LATENESS {
                 return Err((
@@ -170,6 +185,20 @@ impl Timing {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The lateness (set or default) below the at-least hold (set or default) at each of
+    /// the next fire times.
+    ///
+    /// # Errors
+    /// The first fire time where it is not, naming the field at fault.
+    pub fn check_pair(
+        &self,
+        schedule: &Schedule,
+        zone: &TimeZone,
+        now: SystemTime,
+    ) -> Result<(), (&'static str, String)> {
         let Some(plan) = self
             .upcoming(schedule, zone, now)
             .into_iter()

@@ -1,7 +1,7 @@
 //! `distlock cron`: run a schedule file on this replica (every replica runs the same file),
 //! and `distlock cron status`: what the lock server remembers of the runs.
 
-mod command;
+pub(crate) mod command;
 mod fields;
 pub mod file;
 mod status;
