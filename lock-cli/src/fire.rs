@@ -107,7 +107,8 @@ impl Scheduled {
         lateness: Option<Duration>,
         at_least: Option<Duration>,
     ) -> Result<Scheduled, CliError> {
-        let usage = |flag: &str, message: String| CliError::new(USAGE, format!("{flag}: {message}"));
+        let usage =
+            |flag: &str, message: String| CliError::new(USAGE, format!("{flag}: {message}"));
         let mut job = schedule::job(key, expression).map_err(|e| match e {
             ScheduleError::Every(m) => usage("--schedule", m),
             ScheduleError::Library(e) => usage("--schedule", e.to_string()),
@@ -135,9 +136,7 @@ impl Scheduled {
             "lateness" => "--lateness",
             _ => "--at-least",
         };
-        timing
-            .check_floor()
-            .map_err(|(f, m)| usage(flag(f), m))?;
+        timing.check_floor().map_err(|(f, m)| usage(flag(f), m))?;
         if at_least.is_some() {
             timing
                 .check_pair(job.schedule(), &zone, SystemTime::now())
@@ -203,7 +202,8 @@ impl Scheduled {
             // fire time, which is the one to run (claims only move forward).
             if let (Some(server), false) = (answer.server_time, tried_server_time) {
                 tried_server_time = true;
-                if let Some((newer, newer_plan)) = due(&self.schedule, &self.zone, &self.timing, server)
+                if let Some((newer, newer_plan)) =
+                    due(&self.schedule, &self.zone, &self.timing, server)
                 {
                     if newer > fire && answer.claim.fire_time < newer {
                         fire = newer;
@@ -228,11 +228,7 @@ impl Scheduled {
                     ),
                 )));
             }
-            return Ok(Claimed {
-                fire,
-                plan,
-                placed,
-            });
+            return Ok(Claimed { fire, plan, placed });
         }
     }
 

@@ -9,17 +9,17 @@ use clap::Args;
 use distlock::{Error, Event, LockGuard, LockOptions, Locker};
 
 use crate::common::{parse_duration, parse_positive_duration, Target};
-use crate::fire::{Claimed, NotClaimed, Scheduled};
 use crate::exit::{
     not_acquired_after, transient_message, CliError, Exit, LOCK_LOST, NOT_ACQUIRED, TIMED_OUT,
 };
+use crate::fire::{Claimed, NotClaimed, Scheduled};
 use crate::job::{status_code, Job, Signals};
 use crate::units::fmt_duration;
 
 pub const AFTER_HELP: &str = "\
 Examples:
-  # cron on every host: run the backup on one host at a time, skip if it is running
-  */5 * * * * distlock run backup --no-wait --url redis://db1:6379 -- /usr/local/bin/backup
+  # cron on every host: each fire time runs on exactly one host; the others exit 0 silently
+  */5 * * * * distlock run backup --schedule '0 */5 * * * *' -E 0 -q --no-wait --url redis://db1:6379 -- /usr/local/bin/backup
   # wait up to a minute for the lock, stop the job if it runs for more than an hour
   distlock run reindex --wait 1m --timeout 1h -- ./reindex.sh
   # the job sees the key and the fencing token of its grant
@@ -34,7 +34,9 @@ Exit status:
   69            lock server unreachable or refusing, or its backend not compiled in,
                 or --metrics-addr cannot be listened on
   70            internal error
-  75            lock not acquired: held elsewhere (--no-wait) or --wait passed
+  75            lock not acquired: held elsewhere (--no-wait) or --wait passed, or the
+                --schedule fire time claimed by another host (-E N sets these); a
+                --schedule fire time missed (past --lateness)
   76            lock lost while CMD ran; CMD was stopped
   124           --timeout passed; CMD was stopped
   126           CMD could not be executed
@@ -46,7 +48,8 @@ Exit status:
 
 CMD's environment adds DISTLOCK_KEY (the key) and DISTLOCK_FENCE (the fencing token of
 this grant, greater than every earlier grant's on backends with monotonic fencing):
-pass it to the resource you write to so that it can refuse a stale holder.
+pass it to the resource you write to so that it can refuse a stale holder. With
+--schedule it adds DISTLOCK_SCHEDULED_AT, the fire time claimed (RFC 3339, UTC).
 
 CMD runs in its own process group, so it is not the terminal's foreground job: it cannot
 read from the terminal, and distlock relays Ctrl-C to it.

@@ -49,9 +49,8 @@ pub fn parse_every(period: &str) -> Result<Duration, String> {
             ));
         }
     }
-    let d = parse_duration(period).map_err(|e| {
-        format!("\"every {period}\" is not `every DUR` (like `every 30s`): {e}")
-    })?;
+    let d = parse_duration(period)
+        .map_err(|e| format!("\"every {period}\" is not `every DUR` (like `every 30s`): {e}"))?;
     if d < MIN_PERIOD {
         return Err(format!(
             "`every {period}` is shorter than one second: fire times come at most once a \
@@ -329,14 +328,19 @@ mod tests {
             )
         );
         let p = t.plan(&every("every 1s"), &TimeZone::UTC, hour());
-        assert_eq!((p.at_least, p.lateness), (Duration::from_millis(500), Duration::from_millis(500)));
+        assert_eq!(
+            (p.at_least, p.lateness),
+            (Duration::from_millis(500), Duration::from_millis(500))
+        );
     }
 
     #[test]
     fn every_refuses_months_years_and_sub_second_periods() {
         assert!(parse_every("5M").unwrap_err().contains("months or years"));
         assert!(parse_every("1y").unwrap_err().contains("months or years"));
-        assert!(parse_every("2 months").unwrap_err().contains("months or years"));
+        assert!(parse_every("2 months")
+            .unwrap_err()
+            .contains("months or years"));
         assert!(parse_every("500ms").unwrap_err().contains("one second"));
         assert_eq!(parse_every("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_every("1s"), Ok(Duration::from_secs(1)));

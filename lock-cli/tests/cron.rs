@@ -667,7 +667,11 @@ command = {}
     let context = format!("{runs:#?}\n{stderr:#?}\n{status:#}");
     let fires: Vec<i64> = runs.iter().map(|r| epoch_secs(&r.scheduled_at)).collect();
     let distinct: BTreeSet<i64> = fires.iter().copied().collect();
-    assert_eq!(distinct.len(), fires.len(), "a fire time ran twice: {context}");
+    assert_eq!(
+        distinct.len(),
+        fires.len(),
+        "a fire time ran twice: {context}"
+    );
     let (first, last) = (*distinct.first().unwrap(), *distinct.last().unwrap());
     assert!(last - first >= 6, "too few runs: {context}");
     assert_eq!(
@@ -693,7 +697,8 @@ command = {}
     for (s, r, o) in &recorded {
         assert_eq!(o, "ok", "only the runs are recorded: {context}");
         assert!(
-            runs.iter().any(|run| &run.scheduled_at == s && &run.replica == r),
+            runs.iter()
+                .any(|run| &run.scheduled_at == s && &run.replica == r),
             "a record the commands did not write: {s} {r}\n{context}"
         );
     }
@@ -1054,7 +1059,11 @@ command = ["no-such-program-distlock-test"]
     let mut replica = setup.replica("memory://", "only", &[]);
     let deadline = Instant::now() + PROMPT;
     while !replica.stderr().contains("cron: 2 job(s)") {
-        assert!(Instant::now() < deadline, "did not start: {}", replica.stderr());
+        assert!(
+            Instant::now() < deadline,
+            "did not start: {}",
+            replica.stderr()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     replica.terminate(Duration::from_secs(30)).await;
@@ -1073,7 +1082,8 @@ command = ["no-such-program-distlock-test"]
 /// every job): exit 64, one line saying how to ask for one process explicitly.
 #[tokio::test]
 async fn no_url_is_refused_and_memory_must_be_asked_for() {
-    let setup = Setup::new("[[job]]\nname = \"j\"\nschedule = \"every 1h\"\ncommand = [\"true\"]\n");
+    let setup =
+        Setup::new("[[job]]\nname = \"j\"\nschedule = \"every 1h\"\ncommand = [\"true\"]\n");
     let out = finish(distlock(["cron".as_ref(), setup.file.as_os_str()]), PROMPT).await;
     out.expect_code(64)
         .expect_stderr("every replica would run every job")
@@ -1087,9 +1097,15 @@ async fn redlock_is_refused_in_one_line() {
     let nodes = lock_testkit::RedisNodes::start(3).await;
     let hosts: Vec<String> = nodes.addrs().iter().map(|a| a.to_string()).collect();
     let url = format!("redlock://{}", hosts.join(","));
-    let setup = Setup::new("[[job]]\nname = \"j\"\nschedule = \"every 1h\"\ncommand = [\"true\"]\n");
+    let setup =
+        Setup::new("[[job]]\nname = \"j\"\nschedule = \"every 1h\"\ncommand = [\"true\"]\n");
     let out = finish(
-        distlock(["cron".as_ref(), setup.file.as_os_str(), "--url".as_ref(), url.as_ref()]),
+        distlock([
+            "cron".as_ref(),
+            setup.file.as_os_str(),
+            "--url".as_ref(),
+            url.as_ref(),
+        ]),
         PROMPT,
     )
     .await;

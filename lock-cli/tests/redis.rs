@@ -386,7 +386,15 @@ async fn a_scheduled_run_runs_once_across_hosts() {
     let args = run_args(
         &url,
         "tick",
-        &["--schedule", "every 2s", "--lateness", "1500ms", "-E", "0", "-q"],
+        &[
+            "--schedule",
+            "every 2s",
+            "--lateness",
+            "1500ms",
+            "-E",
+            "0",
+            "-q",
+        ],
         &script,
     );
     // Just after a fire time (whole even seconds of the Unix epoch).
@@ -432,14 +440,28 @@ async fn conflict_exit_code_and_quiet() {
     let url = server.url();
     let holder = Sleeper::start(&url, "busy", &[]).await;
     let quiet = finish(
-        distlock(run_args(&url, "busy", &["--no-wait", "-E", "0", "-q"], "echo ran")),
+        distlock(run_args(
+            &url,
+            "busy",
+            &["--no-wait", "-E", "0", "-q"],
+            "echo ran",
+        )),
         PROMPT,
     )
     .await;
     quiet.expect_code(0);
-    assert_eq!((quiet.stdout.as_str(), quiet.stderr.as_str()), ("", ""), "{quiet:#?}");
+    assert_eq!(
+        (quiet.stdout.as_str(), quiet.stderr.as_str()),
+        ("", ""),
+        "{quiet:#?}"
+    );
     let loud = finish(
-        distlock(run_args(&url, "busy", &["--no-wait", "--conflict-exit-code", "3"], "echo ran")),
+        distlock(run_args(
+            &url,
+            "busy",
+            &["--no-wait", "--conflict-exit-code", "3"],
+            "echo ran",
+        )),
         PROMPT,
     )
     .await;

@@ -181,7 +181,10 @@ async fn unrunnable_commands() {
 #[tokio::test]
 async fn at_least_holds_past_a_quick_command() {
     let out = finish(
-        distlock(run_args(&["--url", "memory://", "--at-least", "1500ms"], "true")),
+        distlock(run_args(
+            &["--url", "memory://", "--at-least", "1500ms"],
+            "true",
+        )),
         PROMPT,
     )
     .await;
@@ -195,7 +198,14 @@ async fn at_least_holds_past_a_quick_command() {
 async fn a_scheduled_run_sees_its_fire_time() {
     let out = finish(
         distlock(run_args(
-            &["--url", "memory://", "--schedule", "every 1s", "--lateness", "1s"],
+            &[
+                "--url",
+                "memory://",
+                "--schedule",
+                "every 1s",
+                "--lateness",
+                "1s",
+            ],
             "echo $DISTLOCK_SCHEDULED_AT",
         )),
         PROMPT,

@@ -50,10 +50,13 @@ first six may also be set per job.
   schedule = \"every 30s\"        # at Unix epoch + k x 30s, the same on every replica
   command = [\"sh\", \"-c\", \"exec /usr/local/bin/sync >> /var/log/sync.log 2>&1\"]
 
-Each fire time runs on one replica: the first to lock the job's name runs it, holding the
-lock at least until the fire time + at_least, so that a replica whose clock is behind by
-less than at_least cannot run the same fire time again. The others record it as
-skipped-busy. Outcomes: ok, failed, skipped-busy, timed-out, lock-lost, missed, cut.
+Each fire time runs on one replica: it is first claimed in the lock server (one atomic
+step that exactly one replica wins, whatever the replicas' clocks say; the server's clock
+decides when it is due), then the winner locks the job's name and holds the lock at least
+until the fire time + at_least. A run of the same job still holding the lock makes the
+fire time skipped-busy. Outcomes: ok, failed, skipped-busy, timed-out, lock-lost, missed,
+cut. The URL must be named (--url or DISTLOCK_URL; --url memory:// runs the jobs in this
+process alone), and its backend must keep claims (not redlock://).
 
 The command gets DISTLOCK_JOB, DISTLOCK_SCHEDULED_AT (the fire time, RFC 3339 in UTC),
 DISTLOCK_FENCE (the fencing token of this run's lock) and DISTLOCK_REPLICA. It runs in its
@@ -67,9 +70,9 @@ A second signal kills every command at once (SIGKILL); those runs are not record
 Exit status:
   0    shut down by SIGTERM or Ctrl-C
   64   bad command line or schedule file (one line naming the job and the field),
-       or a --metrics-addr that is not HOST:PORT
-  69   lock server unreachable or refusing, its backend not compiled in,
-       or --metrics-addr cannot be listened on
+       no --url nor DISTLOCK_URL, or a --metrics-addr that is not HOST:PORT
+  69   lock server unreachable or refusing, its backend not compiled in or unable to
+       keep fire-time claims (redlock), or --metrics-addr cannot be listened on
   70   internal error
 
 --metrics-addr serves the scheduler's metrics in the Prometheus text format:
@@ -106,7 +109,9 @@ struct RunArgs {
     #[arg(value_name = "FILE", required = true)]
     file: Option<PathBuf>,
 
-    /// Lock server URL [default: $DISTLOCK_URL, else memory://].
+    /// Lock server URL, the same on every replica [default: $DISTLOCK_URL; without either
+    /// distlock cron refuses to start: --url memory:// runs the jobs in this process
+    /// alone].
     #[arg(long, value_name = "URL")]
     url: Option<String>,
 
