@@ -419,7 +419,7 @@ command = ["/bin/a", "--x"]
 
 [[job]]
 name = "b"
-schedule = "every 30s"
+schedule = "0 */5 * * * *"
 time_zone = "UTC"
 timeout = "1m"
 on_busy = "wait"
@@ -440,7 +440,7 @@ command = ["b"]
         assert_eq!(a.job.schedule().expression(), Some("0 30 2 * * *"));
         assert_eq!(b.time_zone.as_deref(), Some("UTC"));
         assert_eq!(b.timeout, Some(Duration::from_secs(60)));
-        assert_eq!(b.job.schedule().period(), Some(Duration::from_secs(30)));
+        assert_eq!(b.job.schedule().expression(), Some("0 */5 * * * *"));
     }
 
     #[test]
