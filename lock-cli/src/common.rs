@@ -66,6 +66,11 @@ impl Target {
         }
     }
 
+    /// Whether neither `--url` nor `DISTLOCK_URL` named the server (it is `memory://`).
+    pub fn is_default(&self) -> bool {
+        self.origin == Origin::Default
+    }
+
     /// The URL with any password replaced by `***`, safe to print.
     pub fn shown(&self) -> String {
         distlock::url::redact(&self.url)

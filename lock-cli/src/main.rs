@@ -6,11 +6,13 @@ mod bench;
 mod common;
 mod cron;
 mod exit;
+mod fire;
 mod job;
 mod metrics;
 mod progress;
 mod report;
 mod run;
+mod schedule;
 mod status;
 mod units;
 

@@ -3,7 +3,7 @@
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use distlock::{Error, Event, LockGuard, LockOptions, Locker};
@@ -12,13 +12,14 @@ use crate::common::{parse_duration, parse_positive_duration, Target};
 use crate::exit::{
     not_acquired_after, transient_message, CliError, Exit, LOCK_LOST, NOT_ACQUIRED, TIMED_OUT,
 };
+use crate::fire::{Claimed, NotClaimed, Scheduled};
 use crate::job::{status_code, Job, Signals};
 use crate::units::fmt_duration;
 
 pub const AFTER_HELP: &str = "\
 Examples:
-  # cron on every host: run the backup on one host at a time, skip if it is running
-  */5 * * * * distlock run backup --no-wait --url redis://db1:6379 -- /usr/local/bin/backup
+  # cron on every host: each fire time runs on exactly one host; the others exit 0 silently
+  */5 * * * * distlock run backup --schedule '0 */5 * * * *' -E 0 -q --no-wait --url redis://db1:6379 -- /usr/local/bin/backup
   # wait up to a minute for the lock, stop the job if it runs for more than an hour
   distlock run reindex --wait 1m --timeout 1h -- ./reindex.sh
   # the job sees the key and the fencing token of its grant
@@ -33,7 +34,9 @@ Exit status:
   69            lock server unreachable or refusing, or its backend not compiled in,
                 or --metrics-addr cannot be listened on
   70            internal error
-  75            lock not acquired: held elsewhere (--no-wait) or --wait passed
+  75            lock not acquired: held elsewhere (--no-wait) or --wait passed, or the
+                --schedule fire time claimed by another host (-E N sets these); a
+                --schedule fire time missed (past --lateness)
   76            lock lost while CMD ran; CMD was stopped
   124           --timeout passed; CMD was stopped
   126           CMD could not be executed
@@ -45,7 +48,8 @@ Exit status:
 
 CMD's environment adds DISTLOCK_KEY (the key) and DISTLOCK_FENCE (the fencing token of
 this grant, greater than every earlier grant's on backends with monotonic fencing):
-pass it to the resource you write to so that it can refuse a stale holder.
+pass it to the resource you write to so that it can refuse a stale holder. With
+--schedule it adds DISTLOCK_SCHEDULED_AT, the fire time claimed (RFC 3339, UTC).
 
 CMD runs in its own process group, so it is not the terminal's foreground job: it cannot
 read from the terminal, and distlock relays Ctrl-C to it.
@@ -100,6 +104,42 @@ pub struct RunArgs {
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<String>,
 
+    /// Run CMD only for a fire time of this schedule, once across every host: a cron
+    /// expression with seconds (`0 */5 * * * *`) or `every DUR`. The newest fire time not
+    /// after now (on the lock server's clock where it has one) and within --lateness is
+    /// claimed in the lock server; a host that loses the claim does not run CMD (see
+    /// --conflict-exit-code). CMD gets DISTLOCK_SCHEDULED_AT (RFC 3339, UTC).
+    #[arg(long, value_name = "EXPR")]
+    schedule: Option<String>,
+
+    /// The time zone of a cron --schedule: an IANA name, UTC or local [default: UTC].
+    #[arg(long, value_name = "TZ", requires = "schedule")]
+    time_zone: Option<String>,
+
+    /// With --schedule: a fire time not started within DUR of it is missed (exit 75)
+    /// [default: the scheduler's: half of at_least (itself half the gap, at most 1m), at
+    /// least 500ms].
+    #[arg(long, value_name = "DUR", requires = "schedule", value_parser = parse_duration)]
+    lateness: Option<Duration>,
+
+    /// Keep the lock until DUR after CMD started (with --schedule: after the fire time),
+    /// however quickly CMD ended, measured on the monotonic clock.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    at_least: Option<Duration>,
+
+    /// The exit status when another holder keeps CMD from running: the lock is held
+    /// (--no-wait, or --wait passed) or, with --schedule, another host claimed the fire
+    /// time. As flock(1)'s -E. 0 makes it a success.
+    #[arg(short = 'E', long, value_name = "N", default_value_t = 75,
+          value_parser = clap::value_parser!(u8))]
+    conflict_exit_code: u8,
+
+    /// Print nothing when another holder keeps CMD from running (see
+    /// --conflict-exit-code): with `-E 0 -q` a crontab entry on every host sends no mail
+    /// from the hosts that did not run it.
+    #[arg(short, long)]
+    quiet: bool,
+
     /// The command to run and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD", num_args = 1..)]
     command: Vec<OsString>,
@@ -127,6 +167,19 @@ enum Stop {
 pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
     let target = Target::choose(args.url.clone())?;
     distlock::validate_key(&args.key).map_err(|e| target.error(e))?;
+    let scheduled = args
+        .schedule
+        .as_deref()
+        .map(|expr| {
+            Scheduled::new(
+                &args.key,
+                expr,
+                args.time_zone.as_deref(),
+                args.lateness,
+                args.at_least,
+            )
+        })
+        .transpose()?;
     let metrics_addr = args
         .metrics_addr
         .as_deref()
@@ -152,12 +205,61 @@ pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
             target.shown()
         );
     }
+    let conflict = |e: CliError| -> Result<Exit, CliError> {
+        if args.quiet {
+            Ok(Exit::Code(i32::from(args.conflict_exit_code)))
+        } else {
+            Err(CliError {
+                code: i32::from(args.conflict_exit_code),
+                ..e
+            })
+        }
+    };
 
-    let wait = match (args.no_wait, args.wait) {
+    let claimed = match &scheduled {
+        None => None,
+        Some(scheduled) => {
+            let replica = distlock::scheduler::default_replica();
+            let claim = tokio::select! {
+                claim = scheduled.claim(&locker, &target, &args.key, &replica) => claim,
+                sig = signals.recv() => return Ok(Exit::Signal(sig)),
+            };
+            match claim {
+                Ok(claimed) => Some(claimed),
+                Err(NotClaimed::Elsewhere(e)) => return conflict(e),
+                Err(NotClaimed::Error(e)) => return Err(e),
+            }
+        }
+    };
+    if let Some(claimed) = &claimed {
+        // A host whose clock is ahead claimed early: the server's clock reaches the fire
+        // time later.
+        let start = claimed.placed.instant_of(claimed.fire);
+        tokio::select! {
+            () = tokio::time::sleep_until(start.into()) => {}
+            sig = signals.recv() => return Ok(Exit::Signal(sig)),
+        }
+        if Instant::now() > claimed.latest_start() {
+            return Err(claimed.missed(&args.key, "the claim was answered too late"));
+        }
+    }
+
+    let mut wait = match (args.no_wait, args.wait) {
         (true, _) => WaitFor::Not,
         (false, Some(d)) => WaitFor::AtMost(d),
         (false, None) => WaitFor::Forever,
     };
+    if let Some(claimed) = &claimed {
+        // A fire time waits for an earlier run at most until its lateness bound.
+        let left = claimed
+            .latest_start()
+            .saturating_duration_since(Instant::now());
+        wait = match wait {
+            WaitFor::Not => WaitFor::Not,
+            WaitFor::AtMost(d) => WaitFor::AtMost(d.min(left)),
+            WaitFor::Forever => WaitFor::AtMost(left),
+        };
+    }
     let opts = LockOptions::new().ttl(args.ttl).watchdog(true);
     let acquired = tokio::select! {
         acquired = acquire(&locker, &target, &args.key, &opts, wait) => acquired,
@@ -171,15 +273,42 @@ pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
     let guard = match acquired {
         Ok(guard) => guard,
         Err(e) if e.code == NOT_ACQUIRED => {
-            return Err(CliError {
+            locker.shutdown().await;
+            return conflict(CliError {
                 message: format!("{}; not running the command", e.message),
                 ..e
-            })
+            });
         }
         Err(e) => return Err(e),
     };
+    if let Some(claimed) = &claimed {
+        if Instant::now() > claimed.latest_start() {
+            let _ = guard.release().await;
+            locker.settle().await;
+            return Err(claimed.missed(&args.key, "the lock was won too late"));
+        }
+    }
 
-    let outcome = hold(&guard, &args, &mut signals).await;
+    let started = Instant::now();
+    let scheduled_at = claimed.as_ref().map(Claimed::scheduled_at);
+    let mut outcome = hold(&guard, &args, scheduled_at, &mut signals).await;
+    if let (Some(at_least), Ok((_, None | Some(Stop::TimedOut(_))))) = (args.at_least, &outcome) {
+        let until = match &claimed {
+            Some(claimed) => claimed.hold_until(at_least),
+            None => started + at_least,
+        };
+        // The lock is kept, however quickly the command ended; a signal or a lost lock
+        // ends the hold.
+        tokio::select! {
+            () = tokio::time::sleep_until(until.into()) => {}
+            () = guard.lost() => {}
+            sig = signals.recv() => {
+                if let Ok((status, _)) = outcome {
+                    outcome = Ok((status, Some(Stop::Signal(sig))));
+                }
+            }
+        }
+    }
     finish(guard, &target, &args.key, &locker, outcome).await
 }
 
@@ -229,12 +358,16 @@ async fn acquire(
 async fn hold(
     guard: &LockGuard,
     args: &RunArgs,
+    scheduled_at: Option<String>,
     signals: &mut Signals,
 ) -> Result<(std::process::ExitStatus, Option<Stop>), CliError> {
-    let env = [
+    let mut env = vec![
         ("DISTLOCK_KEY", args.key.clone()),
         ("DISTLOCK_FENCE", guard.fence().to_string()),
     ];
+    if let Some(at) = scheduled_at {
+        env.push(("DISTLOCK_SCHEDULED_AT", at));
+    }
     let mut job = Job::spawn(&args.command, &env)?;
     let lost = guard.lost();
     let timeout = async {

@@ -6,7 +6,7 @@
 //! Every command appends `JOB SCHEDULED_AT REPLICA start|end NS` lines to one log file, so
 //! the checks read what the commands themselves saw, then compare it with the run records
 //! (`distlock cron status --json`) and the metrics.
-#![cfg(all(feature = "redis", feature = "etcd"))]
+#![cfg(all(feature = "redis", feature = "postgres", feature = "redlock"))]
 
 mod common;
 
@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{assert_gone, distlock, finish, free_port, kill, scrape, PROMPT};
-use lock_testkit::{EtcdServer, RedisServer};
+use lock_testkit::{PostgresServer, RedisServer};
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
@@ -485,11 +485,11 @@ async fn three_replicas_on_redis() {
     three_replicas(&server.url()).await;
 }
 
-/// The same on etcd.
+/// The same on PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_replicas_on_etcd() {
-    let server = EtcdServer::start().await;
-    three_replicas(&format!("etcd://{}", server.addr())).await;
+async fn three_replicas_on_postgres() {
+    let server = PostgresServer::start().await;
+    three_replicas(&server.url()).await;
 }
 
 /// A replica killed with SIGKILL in the middle of a run: its lock expires within the TTL
@@ -503,7 +503,7 @@ async fn a_killed_replica_s_lock_expires_and_another_runs_the_next_fire_time() {
     let setup = Setup::new(&format!(
         r#"
 ttl = "2s"
-at_least = "500ms"
+at_least = "600ms"
 [[job]]
 name = "long"
 schedule = "*/4 * * * * *"
@@ -552,7 +552,7 @@ async fn sigterm_lets_the_running_command_finish_and_releases_the_lock() {
     let url = server.url();
     let setup = Setup::new(&format!(
         r#"
-at_least = "0s"
+at_least = "600ms"
 shutdown_grace = "20s"
 [[job]]
 name = "steady"
@@ -633,77 +633,80 @@ async fn assert_free(url: &str, key: &str) {
     assert_eq!(v["held"], false, "lock {key} released: {v}");
 }
 
-/// Two replicas, one with its clock 1 s behind, a job every 4 s: returns the runs the
-/// commands logged, and the records.
-///
-/// The hold is measured on the holder's clock: the late replica's hold of a fire time it
-/// won ends `at_least + 1 s` after that fire time in real time, which must stay below the
-/// 4 s gap, or it would keep the on-time replica from every later fire time too.
-async fn skewed(at_least: &str) -> (Vec<Run>, Value) {
+/// Three replicas on one Redis server, with clocks 0, 6 s behind and 5 s ahead of the
+/// server's, one job every 7 s (above the offsets: a replica ahead by more than the period
+/// claims the next fire time before the current one is claimed, which then runs nowhere,
+/// a limit of the scheduler's claims): each fire time runs
+/// exactly once, never before the fire time on the server's (here the real) clock and
+/// within its lateness bound; the replicas that lost a claim write no record of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clock_offsets_leave_each_fire_time_to_one_run_on_time() {
+    let _serial = SERIAL.lock().await;
     let server = RedisServer::start().await;
     let url = server.url();
     let setup = Setup::new(&format!(
         r#"
-at_least = "{at_least}"
+history = 1000
+grace = "1s"
 [[job]]
-name = "skew"
-schedule = "*/4 * * * * *"
+name = "tick"
+schedule = "every 7s"
 command = {}
 "#,
         logged("true", 0)
     ));
     let mut replicas = [
-        setup.replica(&url, "on-time", &[]),
-        setup.replica(&url, "behind", &["--clock-offset", "-1s"]),
+        setup.replica(&url, "on-time", &["--clock-offset", "0s"]),
+        setup.replica(&url, "behind", &["--clock-offset", "-6s"]),
+        setup.replica(&url, "ahead", &["--clock-offset", "+5s"]),
     ];
-    tokio::time::sleep(Duration::from_secs(13)).await;
+    tokio::time::sleep(Duration::from_secs(26)).await;
     terminate_all(&mut replicas, Duration::from_secs(30)).await;
+    let lines = setup.lines();
+    let runs = runs(&lines).remove("tick").unwrap_or_default();
     let status = setup.status(&url).await;
-    (
-        runs(&setup.lines()).remove("skew").unwrap_or_default(),
-        status,
-    )
-}
-
-/// A replica whose clock is 1 s behind does not run a fire time a second time when
-/// `at_least` (here 2 s) is above the skew: the lock is still held when its clock reaches
-/// the fire time, and it records skipped-busy.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_least_above_the_skew_keeps_a_fire_time_to_one_run() {
-    let _serial = SERIAL.lock().await;
-    let (runs, status) = skewed("2s").await;
-    let fires: Vec<&str> = runs.iter().map(|r| r.scheduled_at.as_str()).collect();
-    let distinct: BTreeSet<&str> = fires.iter().copied().collect();
-    assert!(distinct.len() >= 2, "{runs:#?}");
+    let stderr: Vec<String> = replicas.iter().map(Replica::stderr).collect();
+    let context = format!("{runs:#?}\n{stderr:#?}\n{status:#}");
+    let fires: Vec<i64> = runs.iter().map(|r| epoch_secs(&r.scheduled_at)).collect();
+    let distinct: BTreeSet<i64> = fires.iter().copied().collect();
     assert_eq!(
         distinct.len(),
         fires.len(),
-        "a fire time ran twice: {runs:#?}"
+        "a fire time ran twice: {context}"
     );
-    assert!(
-        records(&status, "skew")
-            .iter()
-            .any(|(_, r, o)| r == "behind" && o == "skipped-busy"),
-        "{status:#}"
+    let (first, last) = (*distinct.first().unwrap(), *distinct.last().unwrap());
+    assert!(last - first >= 14, "too few runs: {context}");
+    assert_eq!(
+        distinct.len() as i64,
+        (last - first) / 7 + 1,
+        "a fire time did not run: {context}"
     );
-}
-
-/// The same replica with `at_least` (200 ms) below the skew runs fire times a second time:
-/// the rule is the documented one, the hold (not anything else) is what keeps it out.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_least_below_the_skew_lets_a_late_clock_run_a_fire_time_again() {
-    let _serial = SERIAL.lock().await;
-    let (runs, _) = skewed("200ms").await;
-    let mut on: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for r in &runs {
-        on.entry(r.scheduled_at.as_str())
-            .or_default()
-            .insert(r.replica.as_str());
+    for run in &runs {
+        let fire_ns = epoch_secs(&run.scheduled_at) as u128 * 1_000_000_000;
+        // The claim's answer places the server's clock at the middle of a loopback round
+        // trip: a few milliseconds of slack.
+        assert!(
+            run.start + 20_000_000 >= fire_ns,
+            "a run started before its fire time: {run:?}\n{context}"
+        );
+        // The default lateness for 7 s is 1750 ms; the command's start follows the grant.
+        assert!(
+            run.start < fire_ns + 4_000_000_000,
+            "a run started late: {run:?}\n{context}"
+        );
     }
-    assert!(
-        on.values().any(|replicas| replicas.len() == 2),
-        "no fire time ran on both replicas: {runs:#?}"
-    );
+    // One ok record per run, on its replica; a replica waiting for the server's clock to
+    // reach a fire time it claimed when the shutdown came records it skipped-busy.
+    let ok: BTreeSet<(String, String)> = records(&status, "tick")
+        .into_iter()
+        .filter(|(_, _, o)| o == "ok")
+        .map(|(s, r, _)| (s, r))
+        .collect();
+    let ran: BTreeSet<(String, String)> = runs
+        .iter()
+        .map(|r| (r.scheduled_at.clone(), r.replica.clone()))
+        .collect();
+    assert_eq!(ok, ran, "{context}");
 }
 
 /// Bad files: exit 64 with one line naming the job and the field, and nothing runs.
@@ -739,6 +742,34 @@ async fn bad_files_are_refused_before_anything_runs() {
         (
             "[[job]]\nschedule = \"* * * * * *\"\ncommand = [\"true\"]\n",
             "job #2, field `name`: missing",
+        ),
+        (
+            "[[job]]\nname = \"late\"\nschedule = \"every 10s\"\nat_least = \"2s\"\nlateness = \"2s\"\ncommand = [\"true\"]\n",
+            "job \"late\", field `lateness`: lateness 2s is not below at_least 2s",
+        ),
+        (
+            "[[job]]\nname = \"short\"\nschedule = \"every 10s\"\nat_least = \"400ms\"\ncommand = [\"true\"]\n",
+            "job \"short\", field `at_least`: lateness 500ms (the default",
+        ),
+        (
+            "[[job]]\nname = \"long\"\nschedule = \"every 10s\"\nlateness = \"5s\"\ncommand = [\"true\"]\n",
+            "job \"long\", field `lateness`: lateness 5s is not below at_least 5s (the default",
+        ),
+        (
+            "[[job]]\nname = \"tiny\"\nschedule = \"every 10s\"\nlateness = \"5ms\"\ncommand = [\"true\"]\n",
+            "job \"tiny\", field `lateness`: 5ms is shorter than a lock round trip",
+        ),
+        (
+            "[[job]]\nname = \"sub\"\nschedule = \"every 500ms\"\ncommand = [\"true\"]\n",
+            "job \"sub\", field `schedule`: `every 500ms` is shorter than one second",
+        ),
+        (
+            "[[job]]\nname = \"months\"\nschedule = \"every 5M\"\ncommand = [\"true\"]\n",
+            "job \"months\", field `schedule`: `every 5M` counts in months or years",
+        ),
+        (
+            "[[job]]\nname = \"zoned\"\nschedule = \"every 1m\"\ntime_zone = \"Europe/Berlin\"\ncommand = [\"true\"]\n",
+            "job \"zoned\", field `time_zone`: an `every` schedule does not depend on the time zone",
         ),
         ("time_zone = \"Nowhere/Land\"\n", "field `time_zone`"),
         ("[[job]\nname = \"x\"\n", "line 1"),
@@ -794,7 +825,7 @@ async fn metrics_counters_match_the_run_records() {
     let setup = Setup::new(&format!(
         r#"
 history = 1000
-at_least = "0s"
+at_least = "600ms"
 [[job]]
 name = "good"
 schedule = "*/2 * * * * *"
@@ -1010,4 +1041,80 @@ command = {}
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     replica.terminate(Duration::from_secs(30)).await;
+}
+
+/// A grace longer than the TTL and a program not on PATH are warnings naming the file, the
+/// job and the field: the file still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grace_above_the_ttl_and_a_missing_program_are_warnings() {
+    let setup = Setup::new(
+        r#"
+grace = "5s"
+[[job]]
+name = "quick"
+schedule = "every 10s"
+ttl = "2s"
+command = ["true"]
+[[job]]
+name = "absent"
+schedule = "every 1h"
+command = ["no-such-program-distlock-test"]
+"#,
+    );
+    let mut replica = setup.replica("memory://", "only", &[]);
+    let deadline = Instant::now() + PROMPT;
+    while !replica.stderr().contains("cron: 2 job(s)") {
+        assert!(
+            Instant::now() < deadline,
+            "did not start: {}",
+            replica.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    replica.terminate(Duration::from_secs(30)).await;
+    let stderr = replica.stderr();
+    let file = setup.file.display().to_string();
+    for needle in [
+        format!("warning: {file}: job \"quick\", field `grace`: the grace 5s"),
+        "longer than the lock's TTL 2s".to_owned(),
+        format!("warning: {file}: job \"absent\", field `command`: `no-such-program-distlock-test` is not found on PATH"),
+    ] {
+        assert!(stderr.contains(&needle), "{needle:?} in {stderr}");
+    }
+}
+
+/// Without --url or DISTLOCK_URL, `distlock cron` refuses to start (every replica would run
+/// every job): exit 64, one line saying how to ask for one process explicitly.
+#[tokio::test]
+async fn no_url_is_refused_and_memory_must_be_asked_for() {
+    let setup =
+        Setup::new("[[job]]\nname = \"j\"\nschedule = \"every 1h\"\ncommand = [\"true\"]\n");
+    let out = finish(distlock(["cron".as_ref(), setup.file.as_os_str()]), PROMPT).await;
+    out.expect_code(64)
+        .expect_stderr("every replica would run every job")
+        .expect_stderr("--url memory://");
+    assert_eq!(out.stderr.lines().count(), 1, "{out:#?}");
+}
+
+/// Redlock keeps no fire-time claims: the scheduler's refusal is one line, exit 69.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_is_refused_in_one_line() {
+    let nodes = lock_testkit::RedisNodes::start(3).await;
+    let hosts: Vec<String> = nodes.addrs().iter().map(|a| a.to_string()).collect();
+    let url = format!("redlock://{}", hosts.join(","));
+    let setup =
+        Setup::new("[[job]]\nname = \"j\"\nschedule = \"every 1h\"\ncommand = [\"true\"]\n");
+    let out = finish(
+        distlock([
+            "cron".as_ref(),
+            setup.file.as_os_str(),
+            "--url".as_ref(),
+            url.as_ref(),
+        ]),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(69)
+        .expect_stderr("the redlock backend cannot keep fire-time claims");
+    assert_eq!(out.stderr.lines().count(), 1, "{out:#?}");
 }

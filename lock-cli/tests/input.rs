@@ -196,3 +196,55 @@ async fn unreachable_server() {
         assert_human(&out);
     }
 }
+
+/// `run --schedule` refuses what cannot work, in one line naming the flag, exit 64: a
+/// period under a second, months, a zone on `every`, a lateness under 10 ms or not below
+/// --at-least, a bad cron expression.
+#[tokio::test]
+async fn bad_schedules_for_run() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--schedule", "every 500ms"],
+            "--schedule: `every 500ms` is shorter than one second",
+        ),
+        (
+            &["--schedule", "every 5M"],
+            "--schedule: `every 5M` counts in months or years",
+        ),
+        (
+            &["--schedule", "every 5s", "--time-zone", "Europe/Berlin"],
+            "--time-zone: an `every` schedule does not depend on the time zone",
+        ),
+        (
+            &["--schedule", "every 5s", "--lateness", "5ms"],
+            "--lateness: 5ms is shorter",
+        ),
+        (
+            &[
+                "--schedule",
+                "every 10s",
+                "--lateness",
+                "2s",
+                "--at-least",
+                "1s",
+            ],
+            "--lateness: lateness 2s is not below at_least 1s",
+        ),
+        (
+            &["--schedule", "61 * * * * *"],
+            "--schedule: job \"k\": invalid cron expression",
+        ),
+        (
+            &["--schedule", "* * * * * *", "--time-zone", "Mars/Base"],
+            "--time-zone:",
+        ),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec!["run", "k", "--url", "memory://"];
+        args.extend_from_slice(extra);
+        args.extend(["--", "true"]);
+        let out = distlock_with(&args).await;
+        out.expect_code(64).expect_stderr(expected);
+        assert_human(&out);
+    }
+}

@@ -369,3 +369,103 @@ async fn bench_shows_the_raw_baseline() {
     );
     assert_eq!(doc["results"][0]["lock_over_raw"], serde_json::Value::Null);
 }
+
+/// Two hosts with the same crontab line, `distlock run --schedule 'every 2s'`, started
+/// 300 ms apart just after a fire time: the first claims it and runs the command, the
+/// second finds it claimed and, with `-E 0 -q`, exits 0 printing nothing (no cron mail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_run_runs_once_across_hosts() {
+    let server = RedisServer::start().await;
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let script = format!(
+        "echo \"$DISTLOCK_SCHEDULED_AT $DISTLOCK_FENCE\" >> {}",
+        log.display()
+    );
+    let args = run_args(
+        &url,
+        "tick",
+        &[
+            "--schedule",
+            "every 2s",
+            "--lateness",
+            "1500ms",
+            "-E",
+            "0",
+            "-q",
+        ],
+        &script,
+    );
+    // Just after a fire time (whole even seconds of the Unix epoch).
+    loop {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+            % 2000;
+        if (50..250).contains(&ms) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first = distlock(&args).spawn().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = distlock(&args).spawn().unwrap();
+    let started = std::time::Instant::now();
+    let a = collect(first, started, PROMPT).await;
+    let b = collect(second, started, PROMPT).await;
+    a.expect_code(0);
+    b.expect_code(0);
+    let lines: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), 1, "exactly one run: {lines:?}\n{a:#?}\n{b:#?}");
+    let at = lines[0].split(' ').next().unwrap();
+    let t: jiff::Timestamp = at.parse().expect("RFC 3339");
+    assert!(at.ends_with('Z') && t.as_second() % 2 == 0, "{at}");
+    let silent = [&a, &b]
+        .into_iter()
+        .filter(|o| o.stdout.is_empty() && o.stderr.is_empty())
+        .count();
+    assert_eq!(silent, 2, "neither prints anything: {a:#?}\n{b:#?}");
+}
+
+/// A lock held elsewhere: `-E N` chooses the exit status, `-q` silences the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflict_exit_code_and_quiet() {
+    let server = RedisServer::start().await;
+    let url = server.url();
+    let holder = Sleeper::start(&url, "busy", &[]).await;
+    let quiet = finish(
+        distlock(run_args(
+            &url,
+            "busy",
+            &["--no-wait", "-E", "0", "-q"],
+            "echo ran",
+        )),
+        PROMPT,
+    )
+    .await;
+    quiet.expect_code(0);
+    assert_eq!(
+        (quiet.stdout.as_str(), quiet.stderr.as_str()),
+        ("", ""),
+        "{quiet:#?}"
+    );
+    let loud = finish(
+        distlock(run_args(
+            &url,
+            "busy",
+            &["--no-wait", "--conflict-exit-code", "3"],
+            "echo ran",
+        )),
+        PROMPT,
+    )
+    .await;
+    loud.expect_code(3).expect_stderr("held by another owner");
+    assert!(loud.stdout.is_empty(), "{loud:#?}");
+    holder.terminate().await;
+}

@@ -175,3 +175,46 @@ async fn unrunnable_commands() {
     .await;
     out.expect_code(126).expect_stderr("permission denied");
 }
+
+/// `--at-least` keeps the lock (and distlock) until that long after the start, however
+/// quickly the command ended.
+#[tokio::test]
+async fn at_least_holds_past_a_quick_command() {
+    let out = finish(
+        distlock(run_args(
+            &["--url", "memory://", "--at-least", "1500ms"],
+            "true",
+        )),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(0);
+    assert!(out.elapsed >= Duration::from_millis(1500), "{out:#?}");
+}
+
+/// `--schedule` gives the command the fire time it claimed, RFC 3339 in UTC, a whole
+/// second not after now.
+#[tokio::test]
+async fn a_scheduled_run_sees_its_fire_time() {
+    let out = finish(
+        distlock(run_args(
+            &[
+                "--url",
+                "memory://",
+                "--schedule",
+                "every 1s",
+                "--lateness",
+                "1s",
+            ],
+            "echo $DISTLOCK_SCHEDULED_AT",
+        )),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(0);
+    let at = out.stdout.trim();
+    assert!(at.ends_with('Z'), "{out:#?}");
+    let t: jiff::Timestamp = at.parse().expect("RFC 3339");
+    assert_eq!(t.subsec_nanosecond(), 0, "{at}");
+    assert!(t <= jiff::Timestamp::now(), "{at}");
+}

@@ -5,15 +5,16 @@
 use std::collections::HashSet;
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use distlock::scheduler::{Job, OnBusy};
 use toml::{Table, Value};
 
 use super::fields::{syntax, unknown_fields, Fields};
 pub use super::fields::{FileError, Place};
-use crate::common::parse_duration;
 use crate::exit::{CliError, USAGE};
+use crate::schedule::{ScheduleError, Timing};
+use crate::units::fmt_duration;
 
 /// One job of the file, every default applied.
 #[derive(Clone, Debug)]
@@ -41,6 +42,9 @@ pub struct CronFile {
     pub history: usize,
     /// The jobs, in file order.
     pub jobs: Vec<JobSpec>,
+    /// What may not work as meant but does not keep the file from running (a grace longer
+    /// than the TTL, a program not found), to show on stderr.
+    pub warnings: Vec<FileError>,
 }
 
 /// See [`CronFile::grace`].
@@ -181,6 +185,7 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
         }
     };
     let mut jobs = Vec::with_capacity(jobs_value.len());
+    let mut warnings = Vec::new();
     let mut names = HashSet::new();
     for (i, value) in jobs_value.iter().enumerate() {
         let number = format!("#{}", i + 1);
@@ -217,21 +222,12 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
                 message: library_message(&e),
             }
         };
-        let job = match schedule.trim().strip_prefix("every ") {
-            Some(period) => {
-                let period = parse_duration(period.trim()).map_err(|e| {
-                    fields.err(
-                        "schedule",
-                        format!("{schedule:?} is not `every DUR` (like `every 30s`): {e}"),
-                    )
-                })?;
-                Job::every(name.clone(), period)
+        let mut job = crate::schedule::job(&name, &schedule).map_err(|e| match e {
+            ScheduleError::Every(message) => fields.err("schedule", message),
+            ScheduleError::Library(e @ distlock::scheduler::Error::InvalidJobName { .. }) => {
+                at("name")(e)
             }
-            None => Job::cron(name.clone(), &schedule),
-        };
-        let mut job = job.map_err(|e| match e {
-            distlock::scheduler::Error::InvalidJobName { .. } => at("name")(e),
-            e => at("schedule")(e),
+            ScheduleError::Library(e) => at("schedule")(e),
         })?;
         if !names.insert(name.clone()) {
             return Err(fields.err(
@@ -241,6 +237,13 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
         }
         let own = Options::read(&fields)?;
         let own_zone = own.time_zone.is_some();
+        if own_zone && job.schedule().period().is_some() {
+            return Err(fields.err(
+                "time_zone",
+                "an `every` schedule does not depend on the time zone (its fire times are \
+                 Unix epoch + k × period): remove time_zone, or use a cron expression",
+            ));
+        }
         let options = own.or(&defaults);
         if let Some(zone) = &options.time_zone {
             job = job.time_zone(zone).map_err(|e| FileError {
@@ -265,7 +268,52 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
             job = job.ttl(d);
         }
         job = job.on_busy(options.on_busy.unwrap_or(OnBusy::Skip));
+        let timing = Timing {
+            at_least: options.at_least,
+            lateness: options.lateness,
+            ttl: options.ttl,
+        };
+        let zone = job
+            .time_zone_value()
+            .cloned()
+            .unwrap_or(distlock::scheduler::jiff::tz::TimeZone::UTC);
+        let now = SystemTime::now();
+        timing
+            .check(job.schedule(), &zone, now)
+            .map_err(|(field, message)| fields.err(field, message))?;
         let command = fields.command()?;
+        let ttl = timing.shortest_ttl(job.schedule(), &zone, now);
+        if grace > ttl {
+            warnings.push(fields.err(
+                "grace",
+                format!(
+                    "the grace {} (SIGTERM to SIGKILL) is longer than the lock's TTL {}{}: a \
+                     command stopped because its lock was lost may run that long unprotected; \
+                     keep grace below the ttl",
+                    fmt_duration(grace),
+                    fmt_duration(ttl),
+                    if options.ttl.is_some() {
+                        ""
+                    } else {
+                        " (the default: half the gap, 1s to 30s)"
+                    }
+                ),
+            ));
+        }
+        if !crate::schedule::findable(&command[0]) {
+            warnings.push(fields.err(
+                "command",
+                format!(
+                    "`{}` is not found{}: its runs will fail until it is installed",
+                    command[0],
+                    if command[0].contains('/') {
+                        " (or is not an executable file)"
+                    } else {
+                        " on PATH"
+                    }
+                ),
+            ));
+        }
         jobs.push(JobSpec {
             job,
             schedule,
@@ -279,6 +327,7 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
         shutdown_grace,
         history,
         jobs,
+        warnings,
     })
 }
 
@@ -370,7 +419,7 @@ command = ["/bin/a", "--x"]
 
 [[job]]
 name = "b"
-schedule = "every 30s"
+schedule = "0 */5 * * * *"
 time_zone = "UTC"
 timeout = "1m"
 on_busy = "wait"
@@ -391,7 +440,7 @@ command = ["b"]
         assert_eq!(a.job.schedule().expression(), Some("0 30 2 * * *"));
         assert_eq!(b.time_zone.as_deref(), Some("UTC"));
         assert_eq!(b.timeout, Some(Duration::from_secs(60)));
-        assert_eq!(b.job.schedule().period(), Some(Duration::from_secs(30)));
+        assert_eq!(b.job.schedule().expression(), Some("0 */5 * * * *"));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `distlock cron`: run a schedule file on this replica (every replica runs the same file),
 //! and `distlock cron status`: what the lock server remembers of the runs.
 
-mod command;
+pub(crate) mod command;
 mod fields;
 pub mod file;
 mod status;
@@ -14,7 +14,7 @@ use distlock::scheduler::{self, jiff, Scheduler};
 use tokio::sync::watch;
 
 use crate::common::Target;
-use crate::exit::{CliError, Exit, INTERNAL};
+use crate::exit::{CliError, Exit, INTERNAL, UNAVAILABLE, USAGE};
 use crate::job::Signals;
 use crate::units::fmt_duration;
 use command::{rfc3339, Stops, Task, STOP_MARGIN};
@@ -50,10 +50,13 @@ first six may also be set per job.
   schedule = \"every 30s\"        # at Unix epoch + k x 30s, the same on every replica
   command = [\"sh\", \"-c\", \"exec /usr/local/bin/sync >> /var/log/sync.log 2>&1\"]
 
-Each fire time runs on one replica: the first to lock the job's name runs it, holding the
-lock at least until the fire time + at_least, so that a replica whose clock is behind by
-less than at_least cannot run the same fire time again. The others record it as
-skipped-busy. Outcomes: ok, failed, skipped-busy, timed-out, lock-lost, missed, cut.
+Each fire time runs on one replica: it is first claimed in the lock server (one atomic
+step that exactly one replica wins, whatever the replicas' clocks say; the server's clock
+decides when it is due), then the winner locks the job's name and holds the lock at least
+until the fire time + at_least. A run of the same job still holding the lock makes the
+fire time skipped-busy. Outcomes: ok, failed, skipped-busy, timed-out, lock-lost, missed,
+cut. The URL must be named (--url or DISTLOCK_URL; --url memory:// runs the jobs in this
+process alone), and its backend must keep claims (not redlock://).
 
 The command gets DISTLOCK_JOB, DISTLOCK_SCHEDULED_AT (the fire time, RFC 3339 in UTC),
 DISTLOCK_FENCE (the fencing token of this run's lock) and DISTLOCK_REPLICA. It runs in its
@@ -67,9 +70,9 @@ A second signal kills every command at once (SIGKILL); those runs are not record
 Exit status:
   0    shut down by SIGTERM or Ctrl-C
   64   bad command line or schedule file (one line naming the job and the field),
-       or a --metrics-addr that is not HOST:PORT
-  69   lock server unreachable or refusing, its backend not compiled in,
-       or --metrics-addr cannot be listened on
+       no --url nor DISTLOCK_URL, or a --metrics-addr that is not HOST:PORT
+  69   lock server unreachable or refusing, its backend not compiled in or unable to
+       keep fire-time claims (redlock), or --metrics-addr cannot be listened on
   70   internal error
 
 --metrics-addr serves the scheduler's metrics in the Prometheus text format:
@@ -106,7 +109,9 @@ struct RunArgs {
     #[arg(value_name = "FILE", required = true)]
     file: Option<PathBuf>,
 
-    /// Lock server URL [default: $DISTLOCK_URL, else memory://].
+    /// Lock server URL, the same on every replica [default: $DISTLOCK_URL; without either
+    /// distlock cron refuses to start: --url memory:// runs the jobs in this process
+    /// alone].
     #[arg(long, value_name = "URL")]
     url: Option<String>,
 
@@ -155,6 +160,17 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     // Everything that can be wrong with the file is found before connecting.
     let file = file::load(&path)?;
     let target = Target::choose(args.url)?;
+    if target.is_default() {
+        return Err(CliError::new(
+            USAGE,
+            "no lock server named (neither --url nor DISTLOCK_URL): every replica would run \
+             every job; give every replica the same --url, or --url memory:// to run the jobs \
+             in this process alone",
+        ));
+    }
+    for warning in &file.warnings {
+        eprintln!("distlock: warning: {}: {warning}", path.display());
+    }
     let metrics_addr = args
         .metrics_addr
         .as_deref()
@@ -215,9 +231,10 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
             locker.capabilities().name
         );
     }
-    let running = scheduler
-        .start()
-        .map_err(|e| CliError::new(INTERNAL, format!("cannot start the scheduler: {e}")))?;
+    let running = scheduler.start().map_err(|e| match e {
+        scheduler::Error::ClaimsNotKept { .. } => CliError::new(UNAVAILABLE, e.to_string()),
+        e => CliError::new(INTERNAL, format!("cannot start the scheduler: {e}")),
+    })?;
     eprintln!(
         "distlock: cron: {} job(s) from {} on {} as replica {replica_id:?}",
         file.jobs.len(),
