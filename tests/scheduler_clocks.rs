@@ -32,10 +32,11 @@ impl Runs {
             let runs = runs.clone();
             async move {
                 let started = SystemTime::now();
-                runs.0
-                    .lock()
-                    .unwrap()
-                    .push((ctx.replica().to_owned(), ctx.scheduled_at(), started));
+                runs.0.lock().unwrap().push((
+                    ctx.replica().to_owned(),
+                    ctx.scheduled_at(),
+                    started,
+                ));
                 Ok::<_, BoxError>(())
             }
         })
@@ -95,7 +96,11 @@ async fn servers() -> Servers {
         PostgresServer::start(),
         EtcdServer::start()
     );
-    let urls = vec![(redis.url(), true), (postgres.url(), true), (etcd.url(), false)];
+    let urls = vec![
+        (redis.url(), true),
+        (postgres.url(), true),
+        (etcd.url(), false),
+    ];
     Servers {
         _redis: redis,
         _postgres: postgres,
@@ -138,12 +143,13 @@ fn once_and_not_early(url: &str, runs: &[Run], margin: Duration) {
 }
 
 /// Three replicas, one 1.2 s behind (more than the default at-least hold of 1 s on
-/// `every 2s`): every fire time runs once, and never on the late replica, which finds each
-/// one claimed when its clock gets there.
+/// `every 2s`): every fire time runs once and on time. Where the server has a clock the
+/// late replica goes by it (and may win); without one (etcd) it finds each fire time
+/// claimed when its clock gets there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_behind_never_runs_a_fire_time_again() {
     let servers = servers().await;
-    for (url, _) in &servers.urls {
+    for (url, has_clock) in &servers.urls {
         let runs = Runs::default();
         let mut running = Vec::new();
         for (id, offset) in [("on-time-1", 0), ("on-time-2", 0), ("behind", -1200)] {
@@ -160,10 +166,23 @@ async fn a_replica_behind_never_runs_a_fire_time_again() {
         once_and_not_early(url, &runs, Duration::from_millis(50));
         let judged: Vec<_> = runs.iter().filter(|r| r.1 > all_started).collect();
         assert!(judged.len() >= 2, "{url}: fire times ran: {runs:?}");
-        assert!(
-            judged.iter().all(|r| r.0 != "behind"),
-            "{url}: the late replica ran a fire time: {runs:?}"
-        );
+        if *has_clock {
+            // The late replica waits for fire times on the server's clock (its first claim
+            // measured it): when it wins one, it runs it on time.
+            for (replica, fire, started) in &judged {
+                let late = started.duration_since(*fire).unwrap_or_default();
+                assert!(
+                    late < Duration::from_millis(500),
+                    "{url}: {replica} ran {late:?} after the fire time: {runs:?}"
+                );
+            }
+        } else {
+            // Without a server clock it claims 1.2 s late: each fire time is taken by then.
+            assert!(
+                judged.iter().all(|r| r.0 != "behind"),
+                "{url}: the late replica ran a fire time: {runs:?}"
+            );
+        }
     }
 }
 
@@ -235,11 +254,13 @@ async fn a_clock_stepped_back_inside_the_hold_does_not_stretch_it() {
         }))
         .unwrap();
         let b = replica(url, "steady", None, 0).await;
-        b.add(runs.job(
-            Job::every("clocks/stepped", Duration::from_secs(2))
-                .unwrap()
-                .at_least(Duration::from_millis(1500)),
-        ))
+        b.add(
+            runs.job(
+                Job::every("clocks/stepped", Duration::from_secs(2))
+                    .unwrap()
+                    .at_least(Duration::from_millis(1500)),
+            ),
+        )
         .unwrap();
         let running = vec![a.start().unwrap(), b.start().unwrap()];
         tokio::time::sleep(Duration::from_millis(7500)).await;
@@ -248,11 +269,55 @@ async fn a_clock_stepped_back_inside_the_hold_does_not_stretch_it() {
         // Without a server clock (etcd) the replica ahead starts by its own clock.
         let margin = if *has_clock { 50 } else { 400 };
         once_and_not_early(url, &runs, Duration::from_millis(margin));
-        let first = first.lock().unwrap().expect("the stepped replica ran first");
+        let first = first
+            .lock()
+            .unwrap()
+            .expect("the stepped replica ran first");
         let later: Vec<_> = runs.iter().filter(|r| r.1 > first).collect();
         assert!(
             later.len() >= 2 && later.iter().all(|r| r.0 == "steady"),
             "{url}: after the step the steady replica runs each fire time: {runs:?}"
         );
+    }
+}
+
+/// A replica ahead by more than the period learns the server's clock from its first
+/// claim and waits for fire times on it, so it never claims a fire time before the
+/// earlier ones were claimed: every fire time runs once, none runs nowhere (where the
+/// server has a clock; on etcd such a replica may leave a fire time unclaimed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_ahead_by_more_than_the_period_leaves_no_fire_time_behind() {
+    let servers = servers().await;
+    for (url, has_clock) in &servers.urls {
+        let runs = Runs::default();
+        let mut running = Vec::new();
+        for (id, offset) in [("far-ahead", 2500), ("on-time", 0), ("behind", -700)] {
+            let scheduler = replica(url, id, None, offset).await;
+            let job = Job::every("clocks/far-ahead", Duration::from_secs(2)).unwrap();
+            scheduler.add(runs.job(job)).unwrap();
+            running.push(scheduler.start().unwrap());
+        }
+        let all_started = SystemTime::now();
+        tokio::time::sleep(Duration::from_millis(7500)).await;
+        let ended = SystemTime::now();
+        stop(running).await;
+        let runs = runs.get();
+        let margin = if *has_clock { 50 } else { 2600 };
+        once_and_not_early(url, &runs, Duration::from_millis(margin));
+        if *has_clock {
+            // Every fire time from a period after the start to a second before the end.
+            let first = all_started + Duration::from_secs(2);
+            let secs = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs();
+            let expected: Vec<u64> = (secs(first) + 1..secs(ended) - 1)
+                .filter(|s| s % 2 == 0)
+                .collect();
+            let ran: Vec<u64> = runs.iter().map(|r| secs(r.1)).collect();
+            for fire in &expected {
+                assert!(
+                    ran.contains(fire),
+                    "{url}: fire time {fire} ran nowhere: {runs:?}"
+                );
+            }
+        }
     }
 }

@@ -123,8 +123,7 @@ impl FireTime {
             // The server's time stands for the middle of the round trip.
             Some(server) => {
                 let half = (answered - sent) / 2;
-                let ours = asked_at + half;
-                observe::clock_offset(signed_seconds(ours, server));
+                observe::clock_offset(&self.inner, asked_at + half, server);
                 Placed {
                     instant: sent + half,
                     wall: server,
@@ -360,14 +359,6 @@ pub(crate) fn run_fire(
     }
     .go()
     .instrument(span)
-}
-
-/// `a − b` in seconds, signed.
-fn signed_seconds(a: SystemTime, b: SystemTime) -> f64 {
-    match a.duration_since(b) {
-        Ok(d) => d.as_secs_f64(),
-        Err(e) => -e.duration().as_secs_f64(),
-    }
 }
 
 async fn release(guard: LockGuard, job: &str) {

@@ -82,9 +82,17 @@ pub(crate) fn claimed_elsewhere(job: &str, at: SystemTime, by: &str) {
     tracing::debug!(job, scheduled, by, "fire time claimed by another replica");
 }
 
-/// Sets the clock-offset gauge: this replica's clock minus the server's, in seconds.
-pub(crate) fn clock_offset(seconds: f64) {
-    metrics::gauge!(CLOCK_OFFSET).set(seconds);
+/// Notes this replica's clock reading `ours` when the lock server's read `server`: the
+/// offset the job loops go by, and the gauge.
+pub(crate) fn clock_offset(inner: &Inner, ours: SystemTime, server: SystemTime) {
+    let offset = match ours.duration_since(server) {
+        Ok(ahead) => jiff::SignedDuration::try_from(ahead).unwrap_or(jiff::SignedDuration::MAX),
+        Err(behind) => jiff::SignedDuration::try_from(behind.duration())
+            .map(|d| jiff::SignedDuration::ZERO.saturating_sub(d))
+            .unwrap_or(jiff::SignedDuration::MIN),
+    };
+    *lock_core::sync::lock(&inner.offset) = Some(offset);
+    metrics::gauge!(CLOCK_OFFSET).set(offset.as_secs_f64());
 }
 
 /// Sets the last-success gauge of `job` to `at`.

@@ -3,7 +3,7 @@
 //! taken and is skipped).
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use jiff::tz::TimeZone;
 use jiff::Zoned;
@@ -186,19 +186,30 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
         }
     }
     record_missed_while_down(&inner, &job, &zone, after).await;
+    measure_the_server_clock(&inner, &job).await;
     loop {
         let Some(fire) = job.schedule.next_after(after, &zone) else {
             tracing::warn!(job = job.name, "the schedule has no fire time left");
             return;
         };
         let at = instant_of(&fire);
-        tokio::select! {
-            biased;
-            _ = stop.wait_for(|stopping| *stopping) => return,
-            _ = inner.clock.sleep_until(at) => {}
+        // Due when the server's clock reaches it: a replica whose clock is fast must not
+        // claim a fire time before the earlier ones were claimed (claims only move
+        // forward, so those would then run nowhere).
+        loop {
+            let ours = inner.ours(at);
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|stopping| *stopping) => return,
+                _ = inner.clock.sleep_until(ours) => {}
+            }
+            // The offset may have moved while we slept (another job's claim measured it).
+            if inner.server_now() >= at {
+                break;
+            }
         }
         let plan = Plan::new(&job, &zone, at);
-        let now = inner.clock.now();
+        let now = inner.server_now();
         if now > at + plan.lateness {
             after = record_missed(&inner, &job, &zone, fire, now, LATE).await;
             continue;
@@ -206,6 +217,29 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
         let task = run_fire(inner.clone(), control.clone(), job.clone(), fire, plan);
         control.spawn_run(task);
         after = at;
+    }
+}
+
+/// A fire time no schedule has (the Unix epoch's first millisecond), claimed to read the
+/// lock server's clock without claiming a real one: it wins only when the job has no
+/// claim yet, and then claims nothing that could ever fire.
+const PROBE: Duration = Duration::from_millis(1);
+
+/// Reads the lock server's clock through a claim of [`PROBE`] when no claim of this
+/// scheduler measured it yet, so the first fire time is already waited for on the
+/// server's clock. A failure or a server without a clock leaves the replica's clock.
+async fn measure_the_server_clock(inner: &Inner, job: &Job) {
+    if lock(&inner.offset).is_some() {
+        return;
+    }
+    let sent = std::time::Instant::now();
+    let asked_at = inner.clock.now();
+    let answer = inner
+        .locker
+        .claim_fire_time(&job.name, UNIX_EPOCH + PROBE, &inner.replica)
+        .await;
+    if let Ok(Some(server)) = answer.map(|a| a.server_time) {
+        observe::clock_offset(inner, asked_at + sent.elapsed() / 2, server);
     }
 }
 

@@ -172,6 +172,7 @@ impl SchedulerBuilder {
                 keep: self.keep,
                 jobs: Mutex::new(BTreeMap::new()),
                 started: Mutex::new(None),
+                offset: Mutex::new(None),
             }),
         })
     }

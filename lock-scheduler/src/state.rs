@@ -25,6 +25,28 @@ pub(crate) struct Inner {
     pub(crate) keep: usize,
     pub(crate) jobs: Mutex<BTreeMap<String, Arc<Job>>>,
     pub(crate) started: Mutex<Option<Control>>,
+    /// This replica's clock minus the lock server's, as the last claim answered (`None`
+    /// until one did, and on a server without a clock): the job loops wait for fire times
+    /// on the server's clock by it, so a replica whose clock is fast does not claim a fire
+    /// time before the earlier ones were claimed.
+    pub(crate) offset: Mutex<Option<jiff::SignedDuration>>,
+}
+
+impl Inner {
+    /// Now on the lock server's clock, as far as this replica knows it.
+    pub(crate) fn server_now(&self) -> std::time::SystemTime {
+        let offset = *lock_core::sync::lock(&self.offset);
+        crate::clock::shift(
+            self.clock.now(),
+            jiff::SignedDuration::ZERO.saturating_sub(offset.unwrap_or_default()),
+        )
+    }
+
+    /// When this replica's clock reads the server's `at`.
+    pub(crate) fn ours(&self, at: std::time::SystemTime) -> std::time::SystemTime {
+        let offset = *lock_core::sync::lock(&self.offset);
+        crate::clock::shift(at, offset.unwrap_or_default())
+    }
 }
 
 /// The state of a started scheduler, shared by its tasks.
