@@ -1,11 +1,7 @@
 //! Schedules as schedule files and `distlock run --schedule` write them (a cron expression
-//! with seconds, or `every DUR`), the checks the CLI adds to the scheduler's, and the
-//! scheduler's defaults for `at_least`, `lateness` and `ttl`.
-//!
-//! The defaults are the rule lock-scheduler documents (its README and `Job::at_least`),
-//! computed here again from the public schedule ([`Schedule::next_after`]): `at_least` is
-//! half the gap to the next fire time, at most 1 min, never more than 9/10 of the gap;
-//! `lateness` is half of `at_least`, at least 500 ms; the TTL half the gap, 1 s to 30 s.
+//! with seconds, or `every DUR`), and the checks the CLI adds to the scheduler's. The
+//! defaults for `at_least`, `lateness` and `ttl` are the scheduler's own rule
+//! ([`distlock::scheduler::Plan::for_fire_time`]).
 
 use std::time::{Duration, SystemTime};
 
@@ -15,15 +11,9 @@ use distlock::scheduler::{Job, Schedule};
 use crate::common::parse_duration;
 use crate::units::fmt_duration;
 
-/// The longest default `at_least`.
-const MAX_DEFAULT_AT_LEAST: Duration = Duration::from_secs(60);
-/// The shortest default `lateness`.
-const MIN_DEFAULT_LATENESS: Duration = Duration::from_millis(500);
-/// The bounds of the default TTL.
-const MIN_DEFAULT_TTL: Duration = Duration::from_secs(1);
-const MAX_DEFAULT_TTL: Duration = Duration::from_secs(30);
-/// The gap assumed after a fire time with no next one.
-const LAST_GAP: Duration = Duration::from_secs(24 * 3600);
+/// A bound on the scheduler's default lateness and TTL (both at most 30 s: half of its
+/// longest default at-least hold of 1 min, and its longest default TTL).
+const LONGEST_DEFAULT: Duration = Duration::from_secs(30);
 /// The shortest lateness accepted: a lock round trip.
 pub const MIN_LATENESS: Duration = Duration::from_millis(10);
 /// The shortest `every` period accepted: fire times come at most once a second.
@@ -108,25 +98,19 @@ pub struct Timing {
 impl Timing {
     /// The plan of the fire time `fire` of `schedule` in `zone`, as the scheduler makes it.
     pub fn plan(&self, schedule: &Schedule, zone: &TimeZone, fire: SystemTime) -> Plan {
-        let gap = schedule
-            .next_after(fire, zone)
-            .and_then(|next| SystemTime::from(next.timestamp()).duration_since(fire).ok())
-            .unwrap_or(LAST_GAP);
-        let at_least = self
-            .at_least
-            .unwrap_or_else(|| (gap / 2).min(MAX_DEFAULT_AT_LEAST))
-            .min(gap.mul_f64(0.9));
-        let lateness = self
-            .lateness
-            .unwrap_or_else(|| (at_least / 2).max(MIN_DEFAULT_LATENESS));
-        let ttl = self
-            .ttl
-            .unwrap_or_else(|| (gap / 2).clamp(MIN_DEFAULT_TTL, MAX_DEFAULT_TTL));
+        let plan = distlock::scheduler::Plan::for_fire_time(
+            schedule,
+            zone,
+            fire,
+            self.at_least,
+            self.lateness,
+            self.ttl,
+        );
         Plan {
-            gap,
-            at_least,
-            lateness,
-            ttl,
+            gap: plan.gap,
+            at_least: plan.at_least,
+            lateness: plan.lateness,
+            ttl: plan.ttl,
         }
     }
 
@@ -159,11 +143,7 @@ impl Timing {
         now: SystemTime,
     ) -> Result<(), (&'static str, String)> {
         self.check_floor()?;
-        if self.at_least.is_none() && self.lateness.is_none() {
-            // The defaults alone are the scheduler's business (a one-second gap gives
-            // 500ms for both, which the scheduler accepts).
-            return Ok(());
-        }
+        // The defaults alone always pass (the scheduler keeps lateness below at_least).
         self.check_pair(schedule, zone, now)
     }
 
@@ -208,7 +188,7 @@ impl Timing {
         let lateness = match self.lateness {
             Some(_) => fmt_duration(plan.lateness),
             None => format!(
-                "{} (the default: half of at_least, at least 500ms)",
+                "{} (the default: half of at_least, at least 500ms, at most 3/4 of at_least)",
                 fmt_duration(plan.lateness)
             ),
         };
@@ -245,7 +225,7 @@ impl Timing {
             .iter()
             .map(|p| p.ttl)
             .min()
-            .unwrap_or(MAX_DEFAULT_TTL)
+            .unwrap_or(LONGEST_DEFAULT)
     }
 }
 
@@ -258,10 +238,7 @@ pub fn due(
     now: SystemTime,
 ) -> Option<(SystemTime, Plan)> {
     // The lateness of any fire time is at most the explicit one, or the largest default.
-    let window = timing
-        .lateness
-        .unwrap_or(MAX_DEFAULT_AT_LEAST / 2)
-        .max(MIN_DEFAULT_LATENESS);
+    let window = timing.lateness.unwrap_or(LONGEST_DEFAULT);
     let start = now.checked_sub(window + Duration::from_millis(1))?;
     let mut newest = None;
     let mut after = start;
@@ -327,10 +304,11 @@ mod tests {
                 Duration::from_secs(30)
             )
         );
+        // The default lateness stays below at_least.
         let p = t.plan(&every("every 1s"), &TimeZone::UTC, hour());
         assert_eq!(
             (p.at_least, p.lateness),
-            (Duration::from_millis(500), Duration::from_millis(500))
+            (Duration::from_millis(500), Duration::from_millis(375))
         );
     }
 

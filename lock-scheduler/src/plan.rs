@@ -7,6 +7,7 @@ use jiff::tz::TimeZone;
 use jiff::Zoned;
 
 use crate::job::Job;
+use crate::schedule::Schedule;
 
 /// The longest default `at_least` hold.
 const MAX_DEFAULT_AT_LEAST: Duration = Duration::from_secs(60);
@@ -18,36 +19,61 @@ const MAX_DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// The gap assumed after a fire time with no next one.
 const LAST_GAP: Duration = Duration::from_secs(24 * 3600);
 
-/// What one fire time uses: the defaults derived from the gap to the next fire time.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Plan {
-    pub(crate) at_least: Duration,
-    pub(crate) lateness: Duration,
-    pub(crate) ttl: Duration,
+/// What one fire time uses: the job's own at-least hold, lateness bound and TTL, or the
+/// defaults derived from the gap to the next fire time.
+///
+/// The defaults: `at_least` half the gap, at most 1 min; `lateness` half of `at_least`,
+/// at least 500 ms but always below `at_least` (at most three quarters of it); the TTL
+/// half the gap, from 1 s to 30 s. An `at_least`, given or not, is capped at nine tenths
+/// of the gap, so a hold never blocks the next fire time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Plan {
+    /// The gap to the next fire time (a day when there is none).
+    pub gap: Duration,
+    /// How long the lock is kept after the fire time, however soon the run ends.
+    pub at_least: Duration,
+    /// How late after the fire time a run may still start.
+    pub lateness: Duration,
+    /// The lock's TTL.
+    pub ttl: Duration,
 }
 
 impl Plan {
-    pub(crate) fn new(job: &Job, zone: &TimeZone, fire: SystemTime) -> Plan {
-        let gap = job
-            .schedule
+    /// The plan of fire time `fire` of `schedule` in `zone`, with the job's own
+    /// `at_least`, `lateness` and `ttl` where given (the one rule the scheduler and the
+    /// `distlock` command's checks both use).
+    pub fn for_fire_time(
+        schedule: &Schedule,
+        zone: &TimeZone,
+        fire: SystemTime,
+        at_least: Option<Duration>,
+        lateness: Option<Duration>,
+        ttl: Option<Duration>,
+    ) -> Plan {
+        let gap = schedule
             .next_after(fire, zone)
             .and_then(|next| SystemTime::from(next.timestamp()).duration_since(fire).ok())
             .unwrap_or(LAST_GAP);
-        let at_least = job
-            .at_least
+        let at_least = at_least
             .unwrap_or_else(|| (gap / 2).min(MAX_DEFAULT_AT_LEAST))
             .min(gap.mul_f64(0.9));
-        let lateness = job
-            .lateness
-            .unwrap_or_else(|| (at_least / 2).max(MIN_DEFAULT_LATENESS));
-        let ttl = job
-            .ttl
-            .unwrap_or_else(|| (gap / 2).clamp(MIN_DEFAULT_TTL, MAX_DEFAULT_TTL));
+        let lateness = lateness.unwrap_or_else(|| {
+            (at_least / 2)
+                .max(MIN_DEFAULT_LATENESS)
+                .min(at_least.mul_f64(0.75))
+        });
+        let ttl = ttl.unwrap_or_else(|| (gap / 2).clamp(MIN_DEFAULT_TTL, MAX_DEFAULT_TTL));
         Plan {
+            gap,
             at_least,
             lateness,
             ttl,
         }
+    }
+
+    pub(crate) fn new(job: &Job, zone: &TimeZone, fire: SystemTime) -> Plan {
+        Self::for_fire_time(&job.schedule, zone, fire, job.at_least, job.lateness, job.ttl)
     }
 }
 
@@ -75,7 +101,7 @@ mod tests {
     }
 
     /// The defaults follow the gap: at_least half of it (at most a minute), lateness half
-    /// of at_least (at least 500 ms), TTL half the gap between 1 s and 30 s.
+    /// of at_least (at least 500 ms, below at_least), TTL half the gap between 1 s and 30 s.
     #[test]
     fn defaults_follow_the_gap() {
         let p = plan(every(Duration::from_secs(10)));
@@ -96,12 +122,13 @@ mod tests {
                 Duration::from_secs(30)
             )
         );
+        // Lateness stays below at_least: three quarters of it when 500 ms is not below.
         let p = plan(every(Duration::from_secs(1)));
         assert_eq!(
             (p.at_least, p.lateness, p.ttl),
             (
                 Duration::from_millis(500),
-                Duration::from_millis(500),
+                Duration::from_millis(375),
                 Duration::from_secs(1)
             )
         );
