@@ -784,13 +784,16 @@ async fn check(target: Target) {
         wins,
         window.len(),
     );
-    let _ = writeln!(
-        report,
-        "  starts: at most {:.3}s after the fire time on the deciding clock; at most {:.3}s \
-         before it in real time",
-        delay,
-        early.max(0.0)
-    );
+    if judge.runs.is_empty() {
+        let _ = writeln!(report, "  starts: no run started");
+    } else {
+        let _ = writeln!(
+            report,
+            "  starts: at most {delay:.3}s after the fire time on the deciding clock; at most \
+             {:.3}s before it in real time",
+            early.max(0.0)
+        );
+    }
     report.push_str(&causes);
     if violations.is_empty() {
         let _ = writeln!(report, "  no violations");
