@@ -172,9 +172,13 @@ fn unit(seed: u64, stream: u64, n: u64) -> f64 {
 const STREAM_OFFSET: u64 = 2;
 const STREAM_LENGTH: u64 = 3;
 
-/// The seed: `DISTLOCK_CHECK_SEED` (decimal or `0x` hex), else a random one.
+/// The seed: `DISTLOCK_CHECK_SEED` (decimal or `0x` hex; empty counts as unset), else a
+/// random one.
 fn resolve_seed() -> u64 {
-    if let Ok(s) = std::env::var(SEED_ENV) {
+    if let Some(s) = std::env::var(SEED_ENV)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    {
         let s = s.trim();
         let parsed = match s.strip_prefix("0x") {
             Some(hex) => u64::from_str_radix(hex, 16).ok(),

@@ -17,8 +17,8 @@ pub use clock::{Clock, ManualClock, OffsetClock, Sleep, SystemClock, MAX_SLEEP_S
 pub use error::{Error, Result};
 pub use history::per_fire_time;
 pub use job::{Job, JobContext, OnBusy};
-pub use plan::Plan;
 pub use observe::metric_names;
+pub use plan::Plan;
 pub use schedule::Schedule;
 pub use scheduler::{default_replica, Running, Scheduler, SchedulerBuilder, DEFAULT_KEEP};
 pub use state::ShutdownReport;

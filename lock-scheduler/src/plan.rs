@@ -23,7 +23,7 @@ const LAST_GAP: Duration = Duration::from_secs(24 * 3600);
 /// defaults derived from the gap to the next fire time.
 ///
 /// The defaults: `at_least` half the gap, at most 1 min; `lateness` half of `at_least`,
-/// at least 500 ms but always below `at_least` (at most three quarters of it); the TTL
+/// at least 500 ms but below a non-zero `at_least` (at most three quarters of it); the TTL
 /// half the gap, from 1 s to 30 s. An `at_least`, given or not, is capped at nine tenths
 /// of the gap, so a hold never blocks the next fire time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,9 +59,13 @@ impl Plan {
             .unwrap_or_else(|| (gap / 2).min(MAX_DEFAULT_AT_LEAST))
             .min(gap.mul_f64(0.9));
         let lateness = lateness.unwrap_or_else(|| {
-            (at_least / 2)
-                .max(MIN_DEFAULT_LATENESS)
-                .min(at_least.mul_f64(0.75))
+            let lateness = (at_least / 2).max(MIN_DEFAULT_LATENESS);
+            if at_least.is_zero() {
+                // No hold to stay below.
+                lateness
+            } else {
+                lateness.min(at_least.mul_f64(0.75))
+            }
         });
         let ttl = ttl.unwrap_or_else(|| (gap / 2).clamp(MIN_DEFAULT_TTL, MAX_DEFAULT_TTL));
         Plan {
@@ -73,7 +77,14 @@ impl Plan {
     }
 
     pub(crate) fn new(job: &Job, zone: &TimeZone, fire: SystemTime) -> Plan {
-        Self::for_fire_time(&job.schedule, zone, fire, job.at_least, job.lateness, job.ttl)
+        Self::for_fire_time(
+            &job.schedule,
+            zone,
+            fire,
+            job.at_least,
+            job.lateness,
+            job.ttl,
+        )
     }
 }
 

@@ -254,8 +254,9 @@ const DOWN: &str = "no replica ran it: the scheduler was not running";
 /// history that are already past their lateness bound, when nobody holds the job's lock.
 ///
 /// A fire time whose run is still going (or holding) has no record yet but its lock is
-/// held, so it is not taken for missed; the check reads the lock without taking it, so it
-/// never makes another replica's fire time skip. Replicas starting together after an
+/// held, so it is not taken for missed, and neither is one claimed (the newest claim counts
+/// as well as the newest record); the check reads the lock and the claim without taking
+/// either, so it never makes another replica's fire time skip. Replicas starting together after an
 /// outage may each record the same fire times (each records what it saw). Needs a backend
 /// that keeps records and can inspect a lock; the newest record is the high-water mark,
 /// so a job never recorded has nothing missed.
@@ -268,7 +269,15 @@ async fn record_missed_while_down(inner: &Inner, job: &Job, zone: &TimeZone, sta
     let Ok(recent) = records.recent(&job.name, 16).await else {
         return;
     };
-    let Some(newest) = recent.iter().map(|r| r.scheduled_at).max() else {
+    // A fire time claimed and still running (or claimed by a replica that never wrote
+    // its record) is not missed either: the newest claim counts too (not the probe's).
+    let claimed = match inner.locker.fire_claim(&job.name).await {
+        Ok(claim) => claim
+            .map(|c| c.fire_time)
+            .filter(|at| *at > UNIX_EPOCH + PROBE),
+        Err(_) => return,
+    };
+    let Some(newest) = recent.iter().map(|r| r.scheduled_at).chain(claimed).max() else {
         return;
     };
     let Some(first) = job.schedule.next_after(newest, zone) else {

@@ -12,7 +12,7 @@ use common::{outcomes, record_for, records, replica, server, step, t, until, Dro
 use lock_core::{Admin, LockOptions, Locker};
 use lock_scheduler::jiff::SignedDuration;
 use lock_scheduler::{
-    BoxError, Error, Job, JobContext, ManualClock, OnBusy, RunOutcome, Scheduler,
+    BoxError, Error, Job, JobContext, ManualClock, OnBusy, RunOutcome, RunRecord, Scheduler,
 };
 use tokio::sync::Notify;
 
@@ -791,4 +791,51 @@ async fn fire_times_passed_while_no_replica_ran_are_missed_at_the_start() {
     );
     running_c.shutdown(GRACE).await;
     running_d.shutdown(GRACE).await;
+}
+
+/// Five replicas whose clocks disagree by up to 1.4 s, over 100 fire times: 100 runs, each
+/// fire time once, and not one skip (a replica that finds a fire time claimed by another
+/// records nothing; a skip would mean an earlier run still held the job).
+#[tokio::test]
+async fn five_replicas_run_a_hundred_fire_times_once_each_without_a_skip() {
+    let server = server();
+    let base = ManualClock::new(secs(1_000_001));
+    let runs = Runs::default();
+    let mut schedulers = Vec::new();
+    let mut running = Vec::new();
+    for (i, offset_ms) in [0, -300, 300, -800, 600].into_iter().enumerate() {
+        let clock = base.offset(SignedDuration::from_millis(offset_ms));
+        let scheduler = replica(&server, &clock, &format!("r{i}"));
+        let job = Job::every("hundred", Duration::from_secs(10)).unwrap();
+        scheduler.add(noting(job, &runs)).unwrap();
+        running.push(scheduler.start().unwrap());
+        schedulers.push(scheduler);
+    }
+    for n in 1..=100u64 {
+        let fire = secs(1_000_000 + 10 * n);
+        // Every replica's clock past the fire time (the slowest by 0 ms to 1.4 s).
+        base.set(fire + Duration::from_millis(800));
+        until(&format!("fire time {n} ran"), || {
+            runs.get().iter().any(|(_, at)| *at == fire)
+        })
+        .await;
+        // Past the winner's at-least hold (5 s), and its release seen, before the next.
+        base.set(fire + Duration::from_secs(6));
+        until("the hold ended", || server.held_keys() == 0).await;
+    }
+    for handle in running {
+        handle.shutdown(GRACE).await;
+    }
+    let runs = runs.get();
+    assert_eq!(runs.len(), 100, "{runs:?}");
+    let mut fires: Vec<_> = runs.iter().map(|(_, at)| *at).collect();
+    fires.dedup();
+    assert_eq!(fires.len(), 100, "each fire time once: {runs:?}");
+    let all: Vec<RunRecord> = records(&schedulers[0], "hundred").await;
+    let skips = all
+        .iter()
+        .filter(|r| r.outcome == RunOutcome::SkippedBusy)
+        .count();
+    assert_eq!(skips, 0, "no skip: {all:#?}");
+    assert!(all.iter().all(|r| r.outcome == RunOutcome::Ok), "{all:#?}");
 }
