@@ -21,30 +21,34 @@ use crate::state::{Inner, ShutdownReport};
 /// [`SchedulerBuilder::keep`]).
 pub const DEFAULT_KEEP: usize = 100;
 
-/// Fires jobs on a [`Locker`]: each fire time of a job runs on at most one replica, under
-/// the job's lock.
+/// Fires jobs on a [`Locker`]: each fire time of a job runs once across replicas, under
+/// the job's lock, whatever the replicas' clocks say.
 ///
 /// For each fire time of each job, the scheduler
-/// 1. takes the lock named after the job, with one attempt ([`OnBusy::Skip`](crate::OnBusy))
-///    or a bounded wait; a lock held elsewhere is
+/// 1. waits until the lock server's clock (as this replica's clock reads it, corrected by
+///    the offset its claims measured) reaches the fire time, and claims it in the lock
+///    server ([`Locker::claim_fire_time`]); a fire time claimed already runs elsewhere:
+///    nothing is recorded here;
+/// 2. takes the lock named after the job, with one attempt ([`OnBusy::Skip`](crate::OnBusy))
+///    or a bounded wait; a lock still held by an earlier run is
 ///    [`SkippedBusy`](crate::RunOutcome::SkippedBusy);
-/// 2. runs the task with a [`JobContext`](crate::JobContext) (the fire time, the fence),
+/// 3. runs the task with a [`JobContext`](crate::JobContext) (the fire time, the fence),
 ///    while the guard's watchdog renews the lock; it cancels the task when the lock is
 ///    lost ([`LockLost`](crate::RunOutcome::LockLost)) or the hard timeout passes
 ///    ([`TimedOut`](crate::RunOutcome::TimedOut));
-/// 3. records the outcome ([`RunRecord`]) in the lock server where the backend keeps
+/// 4. records the outcome ([`RunRecord`]) in the lock server where the backend keeps
 ///    records, and in metrics and tracing everywhere;
-/// 4. keeps the lock until `fire time + at_least` on its clock (without the task's
-///    future), then releases it.
+/// 5. keeps the lock until `fire time + at_least` on the monotonic clock (as the claim
+///    placed the fire time; without the task's future), then releases it.
 ///
 /// A fire time found due later than its lateness bound is
 /// [`Missed`](crate::RunOutcome::Missed). Runs go on concurrently with the timer, so a run
 /// still going at the next fire time makes that one
 /// [`SkippedBusy`](crate::RunOutcome::SkippedBusy) (no overlap) rather than delaying it.
 ///
-/// Every replica records what it saw: the winner of a fire time records how its run
-/// ended, each other replica records that fire time `SkippedBusy`. A fire time with only
-/// `SkippedBusy` records did not run anywhere.
+/// The backend must keep fire-time claims
+/// ([`Backend::fire_claims`](lock_core::Backend::fire_claims)): [`start`](Self::start)
+/// refuses one that does not ([`Error::ClaimsNotKept`]).
 ///
 /// A `Scheduler` is cheap to clone (clones share jobs and state).
 ///
@@ -243,7 +247,8 @@ impl Scheduler {
     /// Needs a tokio runtime (the jobs run on tasks of the current one).
     ///
     /// # Errors
-    /// [`Error::AlreadyStarted`] when called a second time.
+    /// [`Error::AlreadyStarted`] when called a second time; [`Error::ClaimsNotKept`] on a
+    /// backend that keeps no fire-time claims (Redlock).
     pub fn start(&self) -> Result<Running> {
         crate::runner::start(&self.inner)?;
         Ok(Running {
