@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{assert_gone, distlock, finish, free_port, kill, scrape, PROMPT};
-use lock_testkit::{PostgresServer, RedisServer};
+use lock_testkit::{EtcdServer, PostgresServer, RedisServer};
 use serde_json::Value;
 use tokio::process::{Child, Command};
 
@@ -490,6 +490,13 @@ async fn three_replicas_on_redis() {
 async fn three_replicas_on_postgres() {
     let server = PostgresServer::start().await;
     three_replicas(&server.url()).await;
+}
+
+/// The same on etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_on_etcd() {
+    let server = EtcdServer::start().await;
+    three_replicas(&format!("etcd://{}", server.addr())).await;
 }
 
 /// A replica killed with SIGKILL in the middle of a run: its lock expires within the TTL
