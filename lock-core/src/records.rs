@@ -95,6 +95,10 @@ pub struct RunRecord {
     pub fence: Option<u64>,
     /// The job's error text, or why it did not run; at most [`MAX_DETAIL_LEN`] bytes.
     pub detail: Option<String>,
+    /// The writing replica's clock minus the lock server's, in milliseconds, as its last
+    /// fire-time claim measured it (`None` before one did, on a server without a clock,
+    /// and in records written before this field existed).
+    pub clock_offset_ms: Option<i64>,
 }
 
 impl RunRecord {
@@ -115,6 +119,7 @@ impl RunRecord {
             "outcome": self.outcome.as_str(),
             "fence": self.fence,
             "detail": detail,
+            "clock_offset_ms": self.clock_offset_ms,
         });
         serde_json::to_vec(&value).expect("a JSON value always serializes")
     }
@@ -154,6 +159,7 @@ impl RunRecord {
             outcome,
             fence: value["fence"].as_u64(),
             detail: value["detail"].as_str().map(str::to_owned),
+            clock_offset_ms: value["clock_offset_ms"].as_i64(),
         })
     }
 }
@@ -260,6 +266,7 @@ mod tests {
             outcome: RunOutcome::Failed,
             fence: Some(42),
             detail: Some("exit status 3 \"quoted\" ünïcode".into()),
+            clock_offset_ms: Some(-6042),
         };
         assert_eq!(RunRecord::decode("test", &record.encode()).unwrap(), record);
         let skipped = RunRecord {
@@ -286,6 +293,7 @@ mod tests {
             outcome: RunOutcome::Failed,
             fence: None,
             detail: Some("é".repeat(MAX_DETAIL_LEN)),
+            clock_offset_ms: None,
         };
         let back = RunRecord::decode("test", &record.encode()).unwrap();
         let detail = back.detail.unwrap();

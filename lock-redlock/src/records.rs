@@ -149,6 +149,7 @@ mod tests {
             outcome: RunOutcome::Ok,
             fence: Some(n),
             detail: None,
+            clock_offset_ms: None,
         }
     }
 

@@ -80,6 +80,7 @@ impl FireTime {
             outcome,
             fence,
             detail: Some(detail).filter(|d| !d.is_empty()),
+            clock_offset_ms: self.inner.offset_ms(),
         }
     }
 

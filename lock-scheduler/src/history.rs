@@ -60,6 +60,7 @@ mod tests {
             outcome,
             fence: ran.then_some(fire),
             detail: None,
+            clock_offset_ms: None,
         }
     }
 

@@ -335,6 +335,7 @@ async fn record_missed(
             outcome: RunOutcome::Missed,
             fence: None,
             detail: Some(detail),
+            clock_offset_ms: inner.offset_ms(),
         };
         observe::finish(inner, &record, None).await;
         match next {

@@ -42,6 +42,17 @@ impl Inner {
         )
     }
 
+    /// The offset in whole milliseconds, for the run records.
+    pub(crate) fn offset_ms(&self) -> Option<i64> {
+        lock_core::sync::lock(&self.offset).map(|d| {
+            i64::try_from(d.as_millis()).unwrap_or(if d.is_negative() {
+                i64::MIN
+            } else {
+                i64::MAX
+            })
+        })
+    }
+
     /// When this replica's clock reads the server's `at`.
     pub(crate) fn ours(&self, at: std::time::SystemTime) -> std::time::SystemTime {
         let offset = *lock_core::sync::lock(&self.offset);

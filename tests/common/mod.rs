@@ -36,6 +36,7 @@ pub fn run_record(
         outcome,
         fence: Some(n),
         detail: None,
+        clock_offset_ms: None,
     }
 }
 

@@ -79,6 +79,9 @@ struct Record {
     duration_ms: Option<u64>,
     fence: Option<u64>,
     detail: Option<String>,
+    /// The writing replica's clock minus the lock server's, in ms, when it wrote the
+    /// record (null where the server has no clock).
+    clock_offset_ms: Option<i64>,
 }
 
 impl From<&RunRecord> for Record {
@@ -92,6 +95,7 @@ impl From<&RunRecord> for Record {
             duration_ms: r.started_at.map(|s| millis(r.ended_at, s)),
             fence: r.fence,
             detail: r.detail.clone(),
+            clock_offset_ms: r.clock_offset_ms,
         }
     }
 }
@@ -198,8 +202,13 @@ fn text(report: &Report) -> String {
                 .duration_ms
                 .map(|ms| fmt_duration(Duration::from_millis(ms)))
                 .unwrap_or_default();
+            // The replica's clock against the server's, where the server has one.
+            let offset = r
+                .clock_offset_ms
+                .map(|ms| format!("clock {ms:+}ms"))
+                .unwrap_or_default();
             let mut line = format!(
-                "    {}  {:<12}  {:<width$}  {took}",
+                "    {}  {:<12}  {:<width$}  {took:<8}  {offset:<14}",
                 r.scheduled_at, r.outcome, r.replica
             );
             if let Some(d) = &r.detail {

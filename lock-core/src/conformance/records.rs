@@ -16,6 +16,7 @@ fn record(job: &str, n: u64, outcome: RunOutcome) -> RunRecord {
         outcome,
         fence: Some(n),
         detail: (outcome == RunOutcome::Failed).then(|| format!("run {n} failed: 'quoted' \"x\"")),
+        clock_offset_ms: None,
     }
 }
 
