@@ -42,7 +42,7 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use distlock::conformance::exclusion::{SEED_ENV, SOAK_ENV};
+use distlock::conformance::exclusion::{resolve_seed, SEED_ENV, SOAK_ENV};
 use distlock::records::{RunOutcome, RunRecord};
 use distlock::scheduler::jiff::SignedDuration;
 use distlock::scheduler::{BoxError, Job, Running, Scheduler};
@@ -171,30 +171,6 @@ fn unit(seed: u64, stream: u64, n: u64) -> f64 {
 
 const STREAM_OFFSET: u64 = 2;
 const STREAM_LENGTH: u64 = 3;
-
-/// The seed: `DISTLOCK_CHECK_SEED` (decimal or `0x` hex; empty counts as unset), else a
-/// random one.
-fn resolve_seed() -> u64 {
-    if let Some(s) = std::env::var(SEED_ENV)
-        .ok()
-        .filter(|s| !s.trim().is_empty())
-    {
-        let s = s.trim();
-        let parsed = match s.strip_prefix("0x") {
-            Some(hex) => u64::from_str_radix(hex, 16).ok(),
-            None => s.parse().ok(),
-        };
-        match parsed {
-            Some(seed) => return seed,
-            None => panic!("{SEED_ENV}={s:?} is not a u64"),
-        }
-    }
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    draw(nanos, u64::from(std::process::id()), 0)
-}
 
 /// What a seed decides.
 #[derive(Debug)]
@@ -498,7 +474,7 @@ fn ceil_fire(t: SystemTime, period: Duration) -> SystemTime {
 
 async fn check(target: Target) {
     let began = Instant::now();
-    let plan = Arc::new(Plan::new(resolve_seed()));
+    let plan = Arc::new(Plan::new(resolve_seed(None)));
     let seed = plan.seed;
     let name = target.name;
     let job = format!("fire/job-{:08x}", common::rand_u32());

@@ -10,8 +10,9 @@ use lock_core::{Attempt, Backend, Capabilities, Lease, Locker, Owner, ReleaseLis
 use lock_memory::MemoryBackend;
 use lock_scheduler::{BoxError, Error, Job, ManualClock, Scheduler};
 
-/// The memory backend without its run records (every lock operation forwarded).
-struct Forgetful(MemoryBackend);
+/// The memory backend without its run records (every lock operation forwarded), and
+/// without its fire-time claims too when the flag is off.
+struct Forgetful(MemoryBackend, bool);
 
 #[async_trait]
 impl Backend for Forgetful {
@@ -31,29 +32,7 @@ impl Backend for Forgetful {
         self.0.listen(key)
     }
     fn fire_claims(&self) -> Option<&dyn lock_core::claims::FireClaims> {
-        self.0.fire_claims()
-    }
-}
-
-/// The memory backend without its fire-time claims either.
-struct Claimless(MemoryBackend);
-
-#[async_trait]
-impl Backend for Claimless {
-    fn capabilities(&self) -> &Capabilities {
-        self.0.capabilities()
-    }
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> lock_core::Result<Attempt> {
-        self.0.try_acquire(key, owner, ttl).await
-    }
-    async fn extend(&self, lease: &Lease, ttl: Ttl) -> lock_core::Result<Instant> {
-        self.0.extend(lease, ttl).await
-    }
-    async fn release(&self, lease: &Lease) -> lock_core::Result<()> {
-        self.0.release(lease).await
-    }
-    fn listen(&self, key: &str) -> Option<ReleaseListener> {
-        self.0.listen(key)
+        self.0.fire_claims().filter(|_| self.1)
     }
 }
 
@@ -61,7 +40,7 @@ impl Backend for Claimless {
 /// scheduler refuses to start, naming the backend.
 #[test]
 fn a_server_without_claims_is_refused_at_the_start() {
-    let scheduler = Scheduler::builder(Locker::new(Claimless(MemoryBackend::new())))
+    let scheduler = Scheduler::builder(Locker::new(Forgetful(MemoryBackend::new(), false)))
         .replica("a")
         .build()
         .unwrap();
@@ -84,7 +63,7 @@ fn a_server_without_claims_is_refused_at_the_start() {
 #[tokio::test]
 async fn a_server_without_records_still_runs_jobs() {
     let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_000_001));
-    let scheduler = Scheduler::builder(Locker::new(Forgetful(MemoryBackend::new())))
+    let scheduler = Scheduler::builder(Locker::new(Forgetful(MemoryBackend::new(), true)))
         .replica("a")
         .clock(clock.clone())
         .build()

@@ -142,20 +142,7 @@ impl ManagedProcess {
         args: impl IntoIterator<Item = impl Into<OsString>>,
         log_path: impl Into<PathBuf>,
     ) -> io::Result<ManagedProcess> {
-        let process = ManagedProcess {
-            name: name.into(),
-            program: program.into(),
-            args: args.into_iter().map(Into::into).collect(),
-            log_path: log_path.into(),
-            user: None,
-            on_host: false,
-            state: Mutex::new(State {
-                run: Run::Stopped,
-                log_start: 0,
-            }),
-        };
-        process.respawn()?;
-        Ok(process)
+        Self::launch(name, program, args, log_path, None, false)
     }
 
     /// Like [`spawn`](Self::spawn), but runs the program as the user and group ids `user`
@@ -172,20 +159,7 @@ impl ManagedProcess {
         log_path: impl Into<PathBuf>,
         user: Option<(u32, u32)>,
     ) -> io::Result<ManagedProcess> {
-        let process = ManagedProcess {
-            name: name.into(),
-            program: program.into(),
-            args: args.into_iter().map(Into::into).collect(),
-            log_path: log_path.into(),
-            user,
-            on_host: false,
-            state: Mutex::new(State {
-                run: Run::Stopped,
-                log_start: 0,
-            }),
-        };
-        process.respawn()?;
-        Ok(process)
+        Self::launch(name, program, args, log_path, user, false)
     }
 
     /// Like [`spawn`](Self::spawn), but always as a child process on the host, also in
@@ -201,13 +175,25 @@ impl ManagedProcess {
         args: impl IntoIterator<Item = impl Into<OsString>>,
         log_path: impl Into<PathBuf>,
     ) -> io::Result<ManagedProcess> {
+        Self::launch(name, program, args, log_path, None, true)
+    }
+
+    /// What the three `spawn` forms share: the command line, then the first start.
+    fn launch(
+        name: impl Into<String>,
+        program: impl Into<PathBuf>,
+        args: impl IntoIterator<Item = impl Into<OsString>>,
+        log_path: impl Into<PathBuf>,
+        user: Option<(u32, u32)>,
+        on_host: bool,
+    ) -> io::Result<ManagedProcess> {
         let process = ManagedProcess {
             name: name.into(),
             program: program.into(),
             args: args.into_iter().map(Into::into).collect(),
             log_path: log_path.into(),
-            user: None,
-            on_host: true,
+            user,
+            on_host,
             state: Mutex::new(State {
                 run: Run::Stopped,
                 log_start: 0,

@@ -290,9 +290,14 @@ impl Exclusion {
     }
 }
 
-/// The seed: [`SEED_ENV`], else `configured`, else a random one.
-fn resolve_seed(configured: Option<u64>) -> u64 {
-    if let Ok(s) = std::env::var(SEED_ENV) {
+/// The seed of a seeded checker run: [`SEED_ENV`] (decimal or `0x` hex; empty counts as
+/// unset), else `configured`, else a random one. A value that is not a seed is said and
+/// ignored.
+pub fn resolve_seed(configured: Option<u64>) -> u64 {
+    if let Some(s) = std::env::var(SEED_ENV)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    {
         let s = s.trim();
         let parsed = match s.strip_prefix("0x") {
             Some(hex) => u64::from_str_radix(hex, 16).ok(),
