@@ -321,3 +321,36 @@ async fn a_replica_ahead_by_more_than_the_period_leaves_no_fire_time_behind() {
         }
     }
 }
+
+/// Replicas starting with clocks far off (6 s behind, then 5 s ahead, on `every 2s`) start
+/// from the server's clock: the late one claims no fire time already past on the server
+/// (which it would only find missed), the fast one finds none "missed while no replica
+/// ran" that is still to come; nothing is recorded missed, and each fire time runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_starting_with_clocks_off_record_nothing_missed() {
+    let servers = servers().await;
+    for (url, has_clock) in servers.urls.iter().filter(|(_, clock)| *clock) {
+        let runs = Runs::default();
+        let mut running = Vec::new();
+        let mut schedulers = Vec::new();
+        for (id, offset) in [("behind", -6000), ("ahead", 5000)] {
+            let scheduler = replica(url, id, None, offset).await;
+            let job = Job::every("clocks/starting", Duration::from_secs(2)).unwrap();
+            scheduler.add(runs.job(job)).unwrap();
+            running.push(scheduler.start().unwrap());
+            schedulers.push(scheduler);
+        }
+        tokio::time::sleep(Duration::from_millis(5500)).await;
+        stop(running).await;
+        let runs = runs.get();
+        let margin = if *has_clock { 50 } else { 5100 };
+        once_and_not_early(url, &runs, Duration::from_millis(margin));
+        assert!(runs.len() >= 2, "{url}: fire times ran: {runs:?}");
+        let records = schedulers[0].recent("clocks/starting", 100).await.unwrap();
+        let missed: Vec<_> = records
+            .iter()
+            .filter(|r| r.outcome == distlock::scheduler::RunOutcome::Missed)
+            .collect();
+        assert!(missed.is_empty(), "{url}: missed: {missed:#?}");
+    }
+}

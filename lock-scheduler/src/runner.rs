@@ -185,8 +185,11 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
             observe::last_success(&job.name, last.ended_at);
         }
     }
-    record_missed_while_down(&inner, &job, &zone, after).await;
+    // The start on the server's clock: the fire times before it were not this replica's
+    // (and those found missed while no replica ran are judged on that clock too).
     measure_the_server_clock(&inner, &job).await;
+    after = inner.server_time_of(after);
+    record_missed_while_down(&inner, &job, &zone, after).await;
     loop {
         let Some(fire) = job.schedule.next_after(after, &zone) else {
             tracing::warn!(job = job.name, "the schedule has no fire time left");

@@ -35,9 +35,14 @@ pub(crate) struct Inner {
 impl Inner {
     /// Now on the lock server's clock, as far as this replica knows it.
     pub(crate) fn server_now(&self) -> std::time::SystemTime {
+        self.server_time_of(self.clock.now())
+    }
+
+    /// The lock server's reading when this replica's clock reads `ours`.
+    pub(crate) fn server_time_of(&self, ours: std::time::SystemTime) -> std::time::SystemTime {
         let offset = *lock_core::sync::lock(&self.offset);
         crate::clock::shift(
-            self.clock.now(),
+            ours,
             jiff::SignedDuration::ZERO.saturating_sub(offset.unwrap_or_default()),
         )
     }
