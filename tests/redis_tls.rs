@@ -8,7 +8,7 @@ mod common;
 
 use common::tls::{connect_err, round_trip};
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use distlock::redis::CAPABILITIES;
 use distlock::{Error, LockOptions, Locker};
@@ -142,7 +142,7 @@ fn acl(user: &str, password: &str, prefix: &str) -> String {
     format!(
         "{user} on >{password} resetkeys ~{prefix}* resetchannels &{prefix}* -@all \
          +ping +eval +evalsha +get +set +del +exists +pexpire +pttl +time +publish \
-         +subscribe +unsubscribe +lpush +ltrim +lrange +append"
+         +subscribe +unsubscribe +lpush +ltrim +lrange +append +hset +hmget"
     )
 }
 
@@ -157,6 +157,8 @@ async fn acl_users_are_held_to_their_prefix() {
         users: vec![
             acl("locker", "lock-pw", "distlock:"),
             acl("other", "other-pw", "elsewhere:"),
+            // The prefix, but not the claims' commands (an ACL from before they existed).
+            acl("older", "older-pw", "distlock:").replace(" +hset +hmget", ""),
         ],
         ..RedisOptions::default()
     })
@@ -192,6 +194,22 @@ async fn acl_users_are_held_to_their_prefix() {
         started.elapsed() < Duration::from_secs(1),
         "not retried as transient: {:?}",
         started.elapsed()
+    );
+
+    // A claim refused by the ACL says so, and is not taken for a foreign value.
+    let older = distlock::connect(&server.url_as_user("older", Some("older-pw")))
+        .await
+        .expect("the older user connects");
+    let e = older
+        .claim_fire_time("jobs/acl", SystemTime::now(), "r")
+        .await
+        .expect_err("no HMGET for the older ACL");
+    eprintln!("{e}");
+    assert!(!e.is_transient(), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("permission") && !text.contains("not a fire-time claim"),
+        "{e}"
     );
 
     let (e, took) = connect_err(&server.url_as_user("locker", Some("wrong"))).await;

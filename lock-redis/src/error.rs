@@ -185,7 +185,7 @@ impl fmt::Display for NodeError {
                         f,
                         "authentication refused (check the user name and password): {e}"
                     )
-                } else if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) {
+                } else if is_acl_refusal(e) {
                     write!(
                         f,
                         "the ACL user lacks a permission on the lock's keys, channel or commands \
@@ -204,6 +204,14 @@ impl fmt::Display for NodeError {
             }
         }
     }
+}
+
+/// Whether the server refused a command for the user's ACL: `NOPERM`, or the generic error
+/// a script gets for a command its user may not run.
+fn is_acl_refusal(e: &redis::RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+        || e.to_string()
+            .contains("The user executing the script can't run this command")
 }
 
 impl std::error::Error for NodeError {

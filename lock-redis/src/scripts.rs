@@ -369,7 +369,14 @@ local function older(a, b)
 end
 local function kept_claim(key)
   local kept = redis.pcall('HMGET', key, 'fire', 'replica', 'at')
-  if type(kept) == 'table' and kept.err then return false, tostring(kept.err) end
+  if type(kept) == 'table' and kept.err then
+    -- A value of another type is foreign; any other refusal (an ACL without HMGET, OOM)
+    -- is the server's error, returned as the script's.
+    if string.find(tostring(kept.err), 'WRONGTYPE', 1, true) then
+      return false, tostring(kept.err)
+    end
+    return nil, kept
+  end
   local fire, replica, at = kept[1], kept[2], kept[3]
   if not fire and not replica and not at and redis.call('EXISTS', key) == 0 then
     return true, false, false, false
@@ -394,13 +401,15 @@ end
 /// its expiry is set to the retention, and the reply is
 /// `{1, fire, replica, at, server ms}`; otherwise nothing changes and the reply is
 /// `{0, kept fire, kept replica, kept at, server ms}`. A value that is not a claim at the
-/// key is answered `{'foreign', message}` and left as it is. Only commands of Redis 5.0
+/// key is answered `{'foreign', message}` and left as it is; any other refusal of the
+/// server (an ACL without `HMGET`) is the script's error. Only commands of Redis 5.0
 /// (`TIME`, `HMGET`, `EXISTS`, `HSET` of several fields, `PEXPIRE`); `TIME` before a write
 /// is allowed since scripts are replicated by their effects (the default from 5.0).
 pub(crate) static CLAIM: Script = Script::new(concat!(
     claim_helpers!(),
     r#"
 local ok, fire, replica, at = kept_claim(KEYS[1])
+if ok == nil then return fire end
 if not ok then return {'foreign', fire} end
 local now = server_millis()
 if fire and not older(fire, ARGV[1]) then return {0, fire, replica, at, now} end
@@ -417,6 +426,7 @@ pub(crate) static CURRENT_CLAIM: Script = Script::new(concat!(
     claim_helpers!(),
     r#"
 local ok, fire, replica, at = kept_claim(KEYS[1])
+if ok == nil then return fire end
 if not ok then return {'foreign', fire} end
 if not fire then return false end
 return {fire, replica, at}
