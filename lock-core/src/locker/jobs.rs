@@ -111,6 +111,8 @@ impl Locker {
     ///     Outcome::Skipped => println!("another replica has it"),
     ///     Outcome::TimedOut => println!("cancelled after 10 minutes"),
     ///     Outcome::LockLost => println!("lock lost: cancelled"),
+    ///     // ClaimedElsewhere comes from `run_scheduled` only; the enum may grow.
+    ///     _ => {}
     /// }
     /// # Ok(()) }
     /// ```

@@ -29,6 +29,7 @@ pub fn validate_key(key: &str) -> Result<()> {
 /// What [`Locker::run`](super::Locker::run) did with the job.
 #[derive(Debug, PartialEq, Eq)]
 #[must_use]
+#[non_exhaustive]
 pub enum Outcome<T> {
     /// The lock was won and the job ran to completion with this result.
     Ran(T),
