@@ -46,6 +46,9 @@ const HANDSHAKE_REFUSED: &str = "the member refused the TLS handshake (does it d
     certificate? give one with `cert=` and `key=`)";
 const TLS_EOF: &str = "the member closed the connection during the TLS handshake (does it \
     serve TLS? a plain-text member takes no `tls`, `ca`, `cert`, `key`)";
+const RESET_TLS: &str = "the member reset the connection over TLS (does it serve TLS? a \
+    plain-text member takes no `tls`, `ca`, `cert`, `key`; does it demand a client \
+    certificate? give one with `cert=` and `key=`)";
 const CLOSED_TLS: &str = "the member closed the connection after the TLS handshake (does it \
     demand a client certificate? give one with `cert=` and `key=`)";
 const CLOSED_PLAIN: &str = "the member closed the connection (does it serve TLS only? add \
@@ -90,6 +93,10 @@ pub(crate) fn on_connect(tls: bool) -> impl Fn(Error) -> Error {
                 if failure.hint.is_none() {
                     failure.hint = if tls && text.contains("tls handshake eof") {
                         Some(TLS_EOF)
+                    } else if tls && text.contains("reset by peer") {
+                        // A plain-text member may reset the connection on a ClientHello
+                        // instead of closing it (seen once in 50 runs on a loaded machine).
+                        Some(RESET_TLS)
                     } else if tls && closed {
                         // TLS 1.3: the member checks the client's certificate after the
                         // handshake, and its alert may be lost with the connection.
