@@ -3,7 +3,9 @@
 # servers the tests start (redis-server, etcd, postgresql), protoc and protobuf's
 # well-known types (etcd-client's build)
 # and faketime (the clock-skew tests) when they are missing, then the module-cycle check,
-# fmt, clippy, tests (all features) and docs; then the conformance and fault tests of every
+# fmt, clippy, the build on the declared minimum Rust version (installed with rustup) and
+# each facade feature alone, cargo deny (installed with cargo install), cargo package,
+# tests (all features) and docs; then the conformance and fault tests of every
 # backend once more with the servers in containers (lock-testkit's container mode, local
 # images), on the Docker engine already running (DOCKER_HOST, or /var/run/docker.sock) or
 # on a dockerd this script starts under a temporary directory and stops at the end.
@@ -43,6 +45,38 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy (all targets, all features)"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+# The declared minimum Rust version (workspace.package.rust-version), built with exactly
+# that toolchain: the workspace with every feature and target, then the facade with each
+# of its features alone (and none) and the command without its default features (the
+# README's first command), so that a feature missing from a crate's list fails here.
+msrv=$(python3 -c 'import tomllib; print(tomllib.load(open("Cargo.toml", "rb"))["workspace"]["package"]["rust-version"])')
+if ! rustup run "$msrv" rustc --version >/dev/null 2>&1; then
+  step "installing Rust $msrv (the declared minimum) with rustup"
+  rustup toolchain install "$msrv" --profile minimal
+fi
+step "Rust $msrv (the declared minimum): cargo check, every feature and target"
+msrv_check() { CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --locked --quiet "$@"; }
+msrv_check --workspace --all-features --all-targets
+step "Rust $msrv: each facade feature alone"
+for feature in "" memory redis redlock etcd postgres scheduler; do
+  msrv_check -p distlock --no-default-features ${feature:+--features "$feature"}
+done
+msrv_check -p lock-cli --no-default-features
+
+# Licenses, duplicate versions (warnings) and sources of the dependency tree (deny.toml).
+# Advisories need the RustSec database from GitHub, which CI cannot reach: see deny.toml.
+if ! command -v cargo-deny >/dev/null 2>&1; then
+  step "installing cargo-deny"
+  cargo install --locked cargo-deny
+fi
+step "cargo deny check licenses bans sources"
+cargo deny --log-level error check licenses bans sources
+
+# Every published crate packages and its packaged copy builds (in dependency order, the
+# unpublished ones from the packaged copies beside them).
+step "cargo package (every published crate)"
+cargo package --workspace --exclude lock-testkit --locked --quiet
 # Two test binaries at a time by default (DISTLOCK_TEST_JOBS=1 runs them one by one): it
 # halves the wall time on two cores, and every server a binary starts has its own ports
 # (claimed across processes by the test kit), data directory and name prefix.

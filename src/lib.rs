@@ -25,6 +25,8 @@
 //! # Ok(()) }
 //! ```
 #![deny(missing_docs)]
+// docs.rs marks each item with the Cargo features it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use lock_core::*;
 

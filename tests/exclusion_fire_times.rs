@@ -332,7 +332,10 @@ impl Resource {
             );
         }
         let since_epoch = fire.duration_since(UNIX_EPOCH).unwrap_or_default();
-        if since_epoch.as_nanos() % self.plan.period.as_nanos() != 0 {
+        if !since_epoch
+            .as_nanos()
+            .is_multiple_of(self.plan.period.as_nanos())
+        {
             judge.violation(
                 "schedule",
                 format!("{me}: not a fire time of every {:?}", self.plan.period),

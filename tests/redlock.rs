@@ -193,7 +193,7 @@ async fn quorum_matrix_five_nodes() {
         for (i, proxy) in proxies.iter().enumerate() {
             proxy.set_mode(if live.contains(&i) {
                 ProxyMode::Pass
-            } else if (i + mask as usize) % 2 == 0 {
+            } else if (i + mask as usize).is_multiple_of(2) {
                 ProxyMode::Reset
             } else {
                 ProxyMode::Blackhole

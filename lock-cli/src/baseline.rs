@@ -101,7 +101,7 @@ async fn raw_task(
             }
             Err(e) => {
                 stats.errors += 1;
-                keep_sample(&mut stats.error_samples, e.to_string());
+                keep_sample(&mut stats.error_samples, e.report().to_string());
                 tokio::time::sleep(AFTER_ERROR).await;
             }
         }

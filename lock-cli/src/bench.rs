@@ -435,7 +435,7 @@ async fn cycle(
 }
 
 fn sample(stats: &mut TaskStats, e: &Error) {
-    keep_sample(&mut stats.error_samples, e.to_string());
+    keep_sample(&mut stats.error_samples, e.report().to_string());
 }
 
 fn summarize(

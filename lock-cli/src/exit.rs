@@ -128,8 +128,9 @@ impl CliError {
                 let mut e = CliError::new(UNAVAILABLE, transient_message(&err, url));
                 if let Some(first) = node_errors.first() {
                     e = e.hint(format!(
-                        "{} node(s) failed, first: {first}",
-                        node_errors.len()
+                        "{} node(s) failed, first: {}",
+                        node_errors.len(),
+                        first.report()
                     ));
                 }
                 e
@@ -138,7 +139,7 @@ impl CliError {
                 UNAVAILABLE,
                 format!("the {backend} backend does not support {operation}"),
             ),
-            other => CliError::new(INTERNAL, format!("internal error: {other}"))
+            other => CliError::new(INTERNAL, format!("internal error: {}", other.report()))
                 .hint("please report this at https://github.com/distlock/distlock/issues"),
         }
     }
@@ -176,6 +177,6 @@ pub fn transient_message(err: &Error, url: &str) -> String {
         Error::QuorumNotReached {
             granted, needed, ..
         } => format!("only {granted} of the {needed} needed nodes of {url} granted the lock"),
-        other => other.to_string(),
+        other => other.report().to_string(),
     }
 }

@@ -136,10 +136,10 @@ impl Capabilities {
         // Whole multiples (the usual case: ms or s TTLs) skip the 128-bit division.
         let whole = match g {
             // The usual granularities, with divisions the compiler turns into multiplications.
-            1_000_000 => ttl.subsec_nanos() % 1_000_000 == 0,
+            1_000_000 => ttl.subsec_nanos().is_multiple_of(1_000_000),
             1_000_000_000 => ttl.subsec_nanos() == 0,
             _ => u32::try_from(g)
-                .is_ok_and(|g| 1_000_000_000 % g == 0 && ttl.subsec_nanos() % g == 0),
+                .is_ok_and(|g| 1_000_000_000 % g == 0 && ttl.subsec_nanos().is_multiple_of(g)),
         };
         if g > 1 && !whole {
             let n = ttl.as_nanos();

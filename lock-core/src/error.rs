@@ -9,6 +9,12 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///
 /// The enum is `#[non_exhaustive]`: match the variants you act on and keep a wildcard arm.
 /// [`Error::is_transient`] tells whether trying again later can succeed.
+///
+/// Rule: a cause is printed once. `Display` says what failed without the client library's
+/// error, which is the [`source`](std::error::Error::source) (for
+/// [`QuorumNotReached`](Error::QuorumNotReached), the first node's error); error
+/// reporters that walk the chain print each cause once, and [`Error::report`] prints the
+/// whole chain on one line for logs and messages.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -83,12 +89,13 @@ pub enum Error {
         /// Nodes needed for a majority.
         needed: usize,
         /// The errors of the nodes that failed, for diagnosis (nodes that were merely taken
-        /// by another owner are not listed).
-        node_errors: Vec<Error>,
+        /// by another owner are not listed). The first is the error's `source`.
+        #[source]
+        node_errors: NodeErrors,
     },
 
     /// The server could not be reached or did not answer in time.
-    #[error("{backend} backend unavailable: {source}")]
+    #[error("{backend} backend unavailable")]
     Unavailable {
         /// The backend's name.
         backend: &'static str,
@@ -99,7 +106,7 @@ pub enum Error {
 
     /// The server answered something the protocol does not allow (wrong password, not a
     /// lock server, unexpected reply). Retrying does not help.
-    #[error("{backend} backend error: {source}")]
+    #[error("{backend} backend error")]
     Backend {
         /// The backend's name.
         backend: &'static str,
@@ -122,7 +129,98 @@ pub enum Error {
     Shutdown,
 }
 
+/// The errors of the nodes of a [`QuorumNotReached`](Error::QuorumNotReached), in the
+/// order they failed; as an error it stands for the first (its message and its causes),
+/// so that the quorum error's chain of causes leads to a node's error.
+#[derive(Debug, Default)]
+pub struct NodeErrors(pub Vec<Error>);
+
+impl std::ops::Deref for NodeErrors {
+    type Target = Vec<Error>;
+
+    fn deref(&self) -> &Vec<Error> {
+        &self.0
+    }
+}
+
+impl From<Vec<Error>> for NodeErrors {
+    fn from(errors: Vec<Error>) -> Self {
+        NodeErrors(errors)
+    }
+}
+
+impl FromIterator<Error> for NodeErrors {
+    fn from_iter<I: IntoIterator<Item = Error>>(errors: I) -> Self {
+        NodeErrors(errors.into_iter().collect())
+    }
+}
+
+impl IntoIterator for NodeErrors {
+    type Item = Error;
+    type IntoIter = std::vec::IntoIter<Error>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a NodeErrors {
+    type Item = &'a Error;
+    type IntoIter = std::slice::Iter<'a, Error>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl std::fmt::Display for NodeErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.first() {
+            Some(first) if self.0.len() > 1 => {
+                write!(f, "{first} (and {} more nodes)", self.0.len() - 1)
+            }
+            Some(first) => first.fmt(f),
+            None => f.write_str("no node failed (the others were held by another owner)"),
+        }
+    }
+}
+
+impl std::error::Error for NodeErrors {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.first().and_then(std::error::Error::source)
+    }
+}
+
+/// An error and its causes on one line, `what failed: cause: its cause`, each cause once
+/// ([`Error::report`]).
+pub struct Report<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Report<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(error) = cause {
+            write!(f, ": {error}")?;
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Report<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 impl Error {
+    /// The error and its whole chain of causes on one line (`redis backend unavailable:
+    /// connection refused`), for logs and messages; `Display` alone leaves the causes to
+    /// [`source`](std::error::Error::source).
+    pub fn report(&self) -> Report<'_> {
+        Report(self)
+    }
+
     /// Whether trying again later may succeed: the server was unreachable, a quorum was
     /// missed, or the lock was busy. The waiting policy retries these until its deadline.
     pub fn is_transient(&self) -> bool {

@@ -392,9 +392,7 @@ fn take_group<S: GroupSend>(
         let fits = group.len() < max
             && first_on_key
             && !state.busy.contains(&p.key)
-            && group
-                .first()
-                .map_or(true, |f| joins(&f.request, &p.request));
+            && group.first().is_none_or(|f| joins(&f.request, &p.request));
         if fits {
             group.push(p);
         } else {

@@ -16,6 +16,7 @@ pub enum WaitStrategy {
 
 /// Options of one acquisition. Build with [`LockOptions::new`] and the setters.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "setters return the changed value; it does nothing until used"]
 pub struct LockOptions {
     /// Time to live of the lock on the server (default 30 s); rounded up to the backend's
     /// minimum and granularity, refused when zero or above its maximum.
@@ -129,6 +130,7 @@ impl LockOptions {
 /// `[0, min(cap, base * 2^n))`, so contenders spread out instead of retrying in step. The
 /// one retry pacing of distlock: the Locker's waits and backends' reconnect loops use it.
 #[derive(Clone, Copy, Debug)]
+#[must_use = "setters return the changed value; it does nothing until used"]
 pub struct Backoff {
     base: Duration,
     cap: Duration,

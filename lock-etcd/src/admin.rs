@@ -59,7 +59,7 @@ impl Shared {
                 if seen.lease != 0 {
                     // The holder's next renewal then fails at once.
                     if let Err(e) = self.revoke(seen.lease).await {
-                        tracing::debug!(error = %e, "revoking a force-released lock's lease");
+                        tracing::debug!(error = %e.report(), "revoking a force-released lock's lease");
                     }
                 }
                 Ok(true)

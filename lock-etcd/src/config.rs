@@ -42,6 +42,7 @@ pub const URL_PARAMS: &[&str] = &["prefix", "timeout", "tls", "ca", "cert", "key
 /// # Ok(()) }
 /// ```
 #[derive(Clone, PartialEq, Eq)]
+#[must_use = "setters return the changed value; it does nothing until used"]
 pub struct EtcdBuilder {
     pub(crate) endpoints: Vec<String>,
     pub(crate) username: Option<String>,

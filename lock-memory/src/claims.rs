@@ -24,9 +24,7 @@ pub(crate) struct Claims {
 impl FireClaims for Claims {
     async fn claim(&self, job: &str, fire_time: SystemTime, replica: &str) -> Result<ClaimAnswer> {
         let mut jobs = lock(&self.jobs);
-        let won = !jobs
-            .get(job)
-            .is_some_and(|kept| kept.fire_time >= fire_time);
+        let won = jobs.get(job).is_none_or(|kept| kept.fire_time < fire_time);
         if won {
             jobs.insert(job.to_owned(), FireClaim::new(fire_time, replica, None));
         }

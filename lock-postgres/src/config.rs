@@ -50,6 +50,7 @@ pub const MAX_IDENTIFIER_LEN: usize = 63;
 /// # Ok(()) }
 /// ```
 #[derive(Clone, PartialEq, Eq)]
+#[must_use = "setters return the changed value; it does nothing until used"]
 pub struct PostgresBuilder {
     /// The parsed `host:port`, or the reason `addr` could not be parsed (reported by `build`).
     addr: std::result::Result<HostPort, (String, String)>,

@@ -45,6 +45,7 @@ pub const URL_PARAMS: &[&str] = &["prefix", "timeout", "ca", "cert", "key"];
 /// # Ok(()) }
 /// ```
 #[derive(Clone, PartialEq, Eq)]
+#[must_use = "setters return the changed value; it does nothing until used"]
 pub struct RedisBuilder {
     /// The parsed `host:port`, or the reason `addr` could not be parsed (reported by `build`).
     addr: std::result::Result<HostPort, (String, String)>,

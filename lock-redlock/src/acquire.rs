@@ -141,7 +141,7 @@ async fn give_up(
     let mut replies = nodes.fan_out(now, timeout, release);
     while let Some((i, reply)) = replies.next().await {
         if let Err(e) = reply {
-            tracing::debug!(node = nodes.members[i].addr, error = %e, "release of an abandoned attempt failed; the key expires at its TTL");
+            tracing::debug!(node = nodes.members[i].addr, error = %e.report(), "release of an abandoned attempt failed; the key expires at its TTL");
         }
     }
 }

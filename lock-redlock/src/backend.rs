@@ -94,11 +94,11 @@ impl RedlockBackend {
             return Err(Error::QuorumNotReached {
                 granted: connected,
                 needed: quorum,
-                node_errors: errors,
+                node_errors: errors.into(),
             });
         }
         for e in &errors {
-            tracing::warn!(error = %e, "redlock node down at start; reconnecting in the background");
+            tracing::warn!(error = %e.report(), "redlock node down at start; reconnecting in the background");
         }
         let fencing = config.is_fencing();
         Ok(RedlockBackend {

@@ -41,6 +41,7 @@ pub const URL_PARAMS: &[&str] = &["drift", "prefix", "timeout", "fencing"];
 /// # Ok(()) }
 /// ```
 #[derive(Clone, PartialEq)]
+#[must_use = "setters return the changed value; it does nothing until used"]
 pub struct RedlockBuilder {
     /// Node addresses as given; parsed (and checked for duplicates) by `check`.
     addrs: Vec<String>,

@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
+// docs.rs marks each item with the Cargo features it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Modules, each depending only on those listed after it (config excepted: the builder
 // and what it builds name each other):

@@ -78,14 +78,14 @@ impl Member {
             let mut state = lock(&self.reconnect);
             let due = state
                 .last_try
-                .map_or(true, |at| at.elapsed() >= RECONNECT_PAUSE);
+                .is_none_or(|at| at.elapsed() >= RECONNECT_PAUSE);
             if !state.running && due {
                 if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                     state.running = true;
                     let me = self.clone();
                     runtime.spawn(async move {
                         if let Err(e) = me.connect().await {
-                            tracing::debug!(node = me.addr, error = %e, "redlock node still down");
+                            tracing::debug!(node = me.addr, error = %e.report(), "redlock node still down");
                         }
                     });
                 }

@@ -106,7 +106,7 @@ impl Nodes {
         Error::QuorumNotReached {
             granted,
             needed: self.quorum,
-            node_errors: errors,
+            node_errors: errors.into(),
         }
     }
 }

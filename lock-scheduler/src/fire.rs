@@ -109,7 +109,7 @@ impl FireTime {
         let answer = match claimed {
             Ok(answer) => answer,
             Err(e) => {
-                let detail = format!("could not claim the fire time: {e}");
+                let detail = format!("could not claim the fire time: {}", e.report());
                 return Err(self.not_run(RunOutcome::Failed, detail).await);
             }
         };
@@ -192,7 +192,7 @@ impl FireTime {
                 return Err(self.not_run(RunOutcome::SkippedBusy, HELD_ELSEWHERE).await)
             }
             Some(Err(e)) => {
-                let detail = format!("could not take the lock: {e}");
+                let detail = format!("could not take the lock: {}", e.report());
                 return Err(self.not_run(RunOutcome::Failed, detail).await);
             }
         };
@@ -364,7 +364,7 @@ pub(crate) fn run_fire(
 
 async fn release(guard: LockGuard, job: &str) {
     if let Err(e) = guard.release().await {
-        tracing::debug!(job, error = %e, "release after the run");
+        tracing::debug!(job, error = %e.report(), "release after the run");
     }
 }
 

@@ -57,6 +57,7 @@ pub enum OnBusy {
 /// # Ok::<(), lock_scheduler::Error>(())
 /// ```
 #[derive(Clone)]
+#[must_use = "setters return the changed value; it does nothing until used"]
 pub struct Job {
     pub(crate) name: String,
     pub(crate) schedule: Schedule,

@@ -148,7 +148,7 @@ pub(crate) async fn finish(inner: &Inner, record: &RunRecord, elapsed: Option<Du
     };
     if let Err(e) = records.append(record, inner.keep).await {
         metrics::counter!(RECORD_ERRORS, "job" => job.clone()).increment(1);
-        tracing::warn!(job, scheduled, outcome, error = %e, "the run record was not stored");
+        tracing::warn!(job, scheduled, outcome, error = %e.report(), "the run record was not stored");
     }
 }
 

@@ -28,6 +28,7 @@ const LAST_GAP: Duration = Duration::from_secs(24 * 3600);
 /// of the gap, so a hold never blocks the next fire time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
+#[must_use = "setters return the changed value; it does nothing until used"]
 pub struct Plan {
     /// The gap to the next fire time (a day when there is none).
     pub gap: Duration,

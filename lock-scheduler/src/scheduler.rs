@@ -93,7 +93,7 @@ impl std::fmt::Debug for Scheduler {
 }
 
 /// Builds a [`Scheduler`]; start with [`Scheduler::builder`].
-#[must_use]
+#[must_use = "setters return the changed value; it does nothing until used"]
 pub struct SchedulerBuilder {
     locker: Locker,
     replica: Option<String>,

@@ -1,6 +1,7 @@
 //! One run of a server in a container: started through `testcontainers` on the host
-//! network, with the test kit's directories bind-mounted at the same paths; frozen,
-//! thawed, killed and inspected through the engine's API.
+//! network, with the test kit's directories bind-mounted at the same paths; frozen and
+//! thawed through `testcontainers`; killed (`SIGKILL`: testcontainers stops with `SIGTERM`
+//! first), inspected and read through its re-export of the engine's API (bollard).
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;
@@ -9,8 +10,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bollard::container::{InspectContainerOptions, KillContainerOptions, LogOutput, LogsOptions};
 use futures::StreamExt;
+use testcontainers::bollard::container::LogOutput;
+use testcontainers::bollard::query_parameters::{
+    InspectContainerOptions, KillContainerOptionsBuilder, LogsOptionsBuilder,
+};
 use testcontainers::core::logs::LogFrame;
 use testcontainers::core::Mount;
 use testcontainers::runners::AsyncRunner;
@@ -43,8 +47,9 @@ pub(crate) struct Spec {
 pub(crate) struct Container {
     id: String,
     name: String,
-    /// Taken by [`remove`](Self::remove).
-    inner: Option<ContainerAsync<GenericImage>>,
+    /// Taken by [`remove`](Self::remove); shared with the engine runtime's tasks for the
+    /// length of one call ([`engine::run`] waits for it).
+    inner: Option<Arc<ContainerAsync<GenericImage>>>,
 }
 
 impl Container {
@@ -77,7 +82,7 @@ impl Container {
         Ok(Container {
             id: started.id().to_owned(),
             name,
-            inner: Some(started),
+            inner: Some(Arc::new(started)),
         })
     }
 
@@ -126,7 +131,7 @@ impl Container {
         let docker = engine().docker.clone();
         let id = self.id.clone();
         engine::run(async move {
-            let options = KillContainerOptions { signal: "SIGKILL" };
+            let options = KillContainerOptionsBuilder::new().signal("SIGKILL").build();
             let _ = docker.kill_container(&id, Some(options)).await;
         });
         let started = Instant::now();
@@ -138,20 +143,22 @@ impl Container {
     /// Freezes every process of the container (the cgroup freezer: sockets stay open,
     /// nothing is answered).
     pub(crate) fn pause(&self) {
-        let docker = engine().docker.clone();
-        let id = self.id.clone();
-        engine::run(async move {
-            let _ = docker.pause_container(&id).await;
-        });
+        if let Some(inner) = &self.inner {
+            let container = Arc::clone(inner);
+            engine::run(async move {
+                let _ = container.pause().await;
+            });
+        }
     }
 
     /// Thaws a frozen container.
     pub(crate) fn resume(&self) {
-        let docker = engine().docker.clone();
-        let id = self.id.clone();
-        engine::run(async move {
-            let _ = docker.unpause_container(&id).await;
-        });
+        if let Some(inner) = &self.inner {
+            let container = Arc::clone(inner);
+            engine::run(async move {
+                let _ = container.unpause().await;
+            });
+        }
     }
 
     /// Everything the container wrote (stdout and stderr, in order).
@@ -159,11 +166,7 @@ impl Container {
         let docker = engine().docker.clone();
         let id = self.id.clone();
         let bytes = engine::run(async move {
-            let options = LogsOptions::<String> {
-                stdout: true,
-                stderr: true,
-                ..Default::default()
-            };
+            let options = LogsOptionsBuilder::new().stdout(true).stderr(true).build();
             let mut stream = docker.logs(&id, Some(options));
             let mut bytes = Vec::new();
             while let Some(Ok(frame)) = stream.next().await {
@@ -181,7 +184,13 @@ impl Container {
 
     /// Removes the container (killing it if it runs) and waits until it is gone.
     pub(crate) fn remove(mut self) {
-        if let Some(inner) = self.inner.take() {
+        self.rm();
+    }
+
+    fn rm(&mut self) {
+        // Every call that shared the handle has returned (`engine::run` waits), so this is
+        // its only owner.
+        if let Some(inner) = self.inner.take().and_then(Arc::into_inner) {
             engine::run(async move {
                 let _ = inner.rm().await;
             });
@@ -191,11 +200,7 @@ impl Container {
 
 impl Drop for Container {
     fn drop(&mut self) {
-        if let Some(inner) = self.inner.take() {
-            engine::run(async move {
-                let _ = inner.rm().await;
-            });
-        }
+        self.rm();
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, OnceLock};
 use std::time::Duration;
 
-use bollard::Docker;
+use testcontainers::bollard::Docker;
 
 /// Every container of this test kit is named `PREFIX-<test binary pid>-<run id>-<n>`.
 pub(crate) const NAME_PREFIX: &str = "distlock-testkit";
@@ -21,7 +21,8 @@ pub(crate) struct Engine {
     /// Drives every engine call: the test kit's handles are synchronous (and dropped from
     /// any runtime, or none), so their container work runs here and they wait for it.
     runtime: tokio::runtime::Runtime,
-    /// The engine's API, for what testcontainers 0.23 does not offer.
+    /// The engine's API (testcontainers' re-export of bollard), for what testcontainers
+    /// does not offer: ping, image and container inspection, logs on demand, `SIGKILL`.
     pub(crate) docker: Docker,
     /// `NAME_PREFIX-<pid>-<run id>-`: the start of every container name of this binary.
     pub(crate) names: String,

@@ -53,11 +53,11 @@ async fn containers_of(pid: u32) -> usize {
     if launch_mode() != LaunchMode::Containers {
         return 0;
     }
+    use testcontainers::bollard;
     let docker = bollard::Docker::connect_with_defaults().expect("engine");
-    let options = bollard::container::ListContainersOptions::<String> {
-        all: true,
-        ..Default::default()
-    };
+    let options = bollard::query_parameters::ListContainersOptionsBuilder::new()
+        .all(true)
+        .build();
     let prefix = format!("/distlock-testkit-{pid}-");
     docker
         .list_containers(Some(options))

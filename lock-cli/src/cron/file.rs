@@ -149,7 +149,7 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
         // zone of its own.
         let probe = Job::every("time-zone-check", Duration::from_secs(1))
             .expect("a valid name and a positive period");
-        probe.time_zone(zone).map_err(|e| FileError {
+        let _checked: Job = probe.time_zone(zone).map_err(|e| FileError {
             place: top("time_zone"),
             message: library_message(&e),
         })?;

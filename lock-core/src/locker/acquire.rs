@@ -109,7 +109,7 @@ pub(super) async fn queued(
                 }
             }
             Some(Err(e)) if e.is_transient() => {
-                tracing::debug!(key, error = %e, "lock attempt failed; retrying");
+                tracing::debug!(key, error = %e.report(), "lock attempt failed; retrying");
                 shared.observe(|| Event::Retrying { key, error: &e });
                 last_error = Some(e);
                 Pause {

@@ -153,7 +153,7 @@ pub(crate) async fn give(
         Err(e) => {
             // It may have happened: the clean-up abandons what the waiter may have been
             // granted.
-            tracing::debug!(key = lease.key(), error = %e, "hand-over failed");
+            tracing::debug!(key = lease.key(), error = %e.report(), "hand-over failed");
             Some(Err(e))
         }
     }

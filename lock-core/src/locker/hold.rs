@@ -337,7 +337,7 @@ impl GuardShared {
         let key = self.key();
         match &result {
             Ok(()) => tracing::debug!(key, fence = self.granted.fence(), "lock released"),
-            Err(e) => tracing::debug!(key, error = %e, "release found the lock gone"),
+            Err(e) => tracing::debug!(key, error = %e.report(), "release found the lock gone"),
         }
         result
     }
@@ -415,7 +415,7 @@ impl Held for GuardShared {
         Box::pin(async move {
             if self.finish() {
                 if let Err(e) = self.end_on_server().await {
-                    tracing::debug!(error = %e, "shutdown release failed");
+                    tracing::debug!(error = %e.report(), "shutdown release failed");
                 }
             }
         })
@@ -530,7 +530,7 @@ impl Renewable for GuardShared {
                     }
                     Err(_) if self.is_done() || self.is_gone() => {}
                     Err(e) => {
-                        tracing::debug!(key = self.key(), error = %e, "renewal failed; retrying");
+                        tracing::debug!(key = self.key(), error = %e.report(), "renewal failed; retrying");
                         let now = Instant::now();
                         let left = self.valid_until().saturating_duration_since(now);
                         self.schedule(

@@ -220,7 +220,7 @@ impl Locker {
             }
         }
         if let Err(e) = guard.release().await {
-            tracing::warn!(key, error = %e, "release after the job failed");
+            tracing::warn!(key, error = %e.report(), "release after the job failed");
         }
         Ok(outcome)
     }

@@ -112,12 +112,12 @@ impl Shared {
                     Ok(()) => return,
                     Err(e) if e.is_transient() && attempt < ABANDON_ATTEMPTS => {
                         shared_metrics.with(None, |s| s.error(&e));
-                        tracing::debug!(key = &*key, error = %e, "abandoning an attempt failed; retrying");
+                        tracing::debug!(key = &*key, error = %e.report(), "abandoning an attempt failed; retrying");
                         tokio::time::sleep(backoff.next_delay()).await;
                     }
                     Err(e) => {
                         shared_metrics.with(None, |s| s.error(&e));
-                        tracing::debug!(key = &*key, error = %e, "abandoning an attempt failed; a grant it made expires at its TTL");
+                        tracing::debug!(key = &*key, error = %e.report(), "abandoning an attempt failed; a grant it made expires at its TTL");
                         return;
                     }
                 }
@@ -138,7 +138,7 @@ impl Shared {
                 Err(Error::NotHeld { .. }) => {}
                 Err(e) => {
                     shared_metrics.with(None, |s| s.error(&e));
-                    tracing::debug!(key, error = %e, "cleanup of an abandoned attempt failed; the lock expires at its TTL");
+                    tracing::debug!(key, error = %e.report(), "cleanup of an abandoned attempt failed; the lock expires at its TTL");
                 }
             }
         });

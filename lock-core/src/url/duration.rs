@@ -55,14 +55,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// a URL.
 pub fn format_duration(d: Duration) -> String {
     let nanos = d.as_nanos();
-    if nanos % 1_000_000_000 == 0 {
+    if nanos.is_multiple_of(1_000_000_000) {
         format!("{}s", d.as_secs())
     } else if u64::try_from(nanos).is_err() {
         // Past about 584 years the grammar cannot count milliseconds in nanoseconds;
         // fractional seconds carry any value.
         let frac = format!("{:09}", d.subsec_nanos());
         format!("{}.{}s", d.as_secs(), frac.trim_end_matches('0'))
-    } else if nanos % 1_000_000 == 0 {
+    } else if nanos.is_multiple_of(1_000_000) {
         format!("{}ms", nanos / 1_000_000)
     } else {
         let frac = format!("{:06}", nanos % 1_000_000);

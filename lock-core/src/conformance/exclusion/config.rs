@@ -22,6 +22,7 @@ pub type ProbeFuture = Pin<Box<dyn Future<Output = Vec<String>> + Send>>;
 
 /// What a run does: its length, its shape and its seed.
 #[derive(Clone, Debug)]
+#[must_use = "setters return the changed value; it does nothing until used"]
 pub struct ExclusionConfig {
     /// Total time of the rounds (the normal round and one per fault), split evenly;
     /// draining, settling and the final checks come on top.

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
-use rand::Rng;
+use rand::RngExt;
 
 use super::report::ViolationKind;
 use super::state::{Belief, Holding, State};
@@ -41,7 +41,7 @@ impl Worker {
             self.state.ttl_max.as_secs_f64(),
         );
         let ttl = if b > a {
-            (self.rng.gen_range(a.ln()..=b.ln())).exp()
+            (self.rng.random_range(a.ln()..=b.ln())).exp()
         } else {
             a
         };
@@ -53,16 +53,16 @@ impl Worker {
     }
 
     pub(super) fn upto(&mut self, max: Duration) -> Duration {
-        max.mul_f64(self.rng.gen_range(0.0..=1.0))
+        max.mul_f64(self.rng.random_range(0.0..=1.0))
     }
 
     pub(super) async fn iteration(&mut self) {
-        let key_idx = self.rng.gen_range(0..self.state.keys.len());
+        let key_idx = self.rng.random_range(0..self.state.keys.len());
         let key = self.state.keys[key_idx].clone();
         let ttl = self.draw_ttl();
-        let watchdog = self.rng.gen_bool(0.5);
+        let watchdog = self.rng.random_bool(0.5);
         let ttl_max = self.state.ttl_max;
-        let step = match self.rng.gen_range(0..10) {
+        let step = match self.rng.random_range(0..10) {
             0..=5 => Step::Acquire,
             6 | 7 => Step::Cancelled(self.upto(ttl_max)),
             _ => Step::Run,
@@ -70,7 +70,7 @@ impl Worker {
         if let Step::Run = step {
             return self.run_job(key_idx, ttl, watchdog).await;
         }
-        let wait = if self.rng.gen_bool(0.25) {
+        let wait = if self.rng.random_bool(0.25) {
             WaitStrategy::Skip
         } else {
             WaitStrategy::Wait(self.upto(ttl_max * 2))
@@ -142,19 +142,19 @@ impl Worker {
             since: Instant::now(),
             belief: Belief::Guard(Arc::downgrade(&guard)),
         };
-        let hold = match (watchdog, self.rng.gen_range(0..10)) {
+        let hold = match (watchdog, self.rng.random_range(0..10)) {
             // Past the TTL with the watchdog off: the writes must stop at the validity.
-            (false, 0..=2) => ttl.mul_f64(self.rng.gen_range(1.2..2.0)),
+            (false, 0..=2) => ttl.mul_f64(self.rng.random_range(1.2..2.0)),
             // Across several renewals.
-            (true, 0..=2) => ttl.mul_f64(self.rng.gen_range(1.0..3.0)),
-            _ => ttl.mul_f64(self.rng.gen_range(0.0..0.9)),
+            (true, 0..=2) => ttl.mul_f64(self.rng.random_range(1.0..3.0)),
+            _ => ttl.mul_f64(self.rng.random_range(0.0..0.9)),
         };
-        let writes = self.rng.gen_range(2..=5u32);
+        let writes = self.rng.random_range(2..=5u32);
         let gap = hold / writes;
         self.state.write(&me);
         for _ in 1..writes {
             tokio::time::sleep(gap).await;
-            if self.rng.gen_bool(0.15) && !guard.is_lost() {
+            if self.rng.random_bool(0.15) && !guard.is_lost() {
                 let new_ttl = self.draw_ttl();
                 match guard.extend(new_ttl).await {
                     Ok(()) => self.state.count(|c| c.extends.0 += 1),
@@ -175,7 +175,7 @@ impl Worker {
             }
         }
         self.state.leave(&me);
-        let by_release = self.rng.gen_bool(0.5);
+        let by_release = self.rng.random_bool(0.5);
         match Arc::try_unwrap(guard) {
             Ok(guard) if by_release => {
                 self.state.count(|c| c.ends.0 += 1);
@@ -198,15 +198,15 @@ impl Worker {
 
     /// One `Locker::run` with a random job length and hard timeout.
     pub(super) async fn run_job(&mut self, key: usize, ttl: Duration, watchdog: bool) {
-        let job_len = ttl.mul_f64(self.rng.gen_range(0.0..2.0));
+        let job_len = ttl.mul_f64(self.rng.random_range(0.0..2.0));
         let job_timeout = self
             .rng
-            .gen_bool(0.5)
-            .then(|| ttl.mul_f64(self.rng.gen_range(0.25..2.0)));
+            .random_bool(0.5)
+            .then(|| ttl.mul_f64(self.rng.random_range(0.25..2.0)));
         // The job's belief bound below counts from before the acquire: after a long wait
         // the job no longer counts as believing (its writes are skipped), but its outcome
         // is still checked.
-        let wait = match self.rng.gen_range(0..3) {
+        let wait = match self.rng.random_range(0..3) {
             0 => WaitStrategy::Skip,
             1 => WaitStrategy::Wait(self.upto(ttl / 4)),
             _ => WaitStrategy::Wait(self.upto(self.state.ttl_max * 2)),
@@ -235,7 +235,7 @@ impl Worker {
                 until: before + ttl / 2,
             },
         };
-        let writes = self.rng.gen_range(2..=5u32);
+        let writes = self.rng.random_range(2..=5u32);
         let job = {
             let (state, alive, started) = (self.state.clone(), alive.clone(), started.clone());
             async move {
