@@ -701,7 +701,12 @@ async fn an_unreachable_endpoint_fails_within_the_timeout() {
     assert!(started.elapsed() <= Duration::from_millis(800));
     match refused {
         Err(e @ Error::Unavailable { .. }) => {
-            assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}")
+            assert!(
+                e.report()
+                    .to_string()
+                    .contains(&format!("127.0.0.1:{port}")),
+                "{e}"
+            )
         }
         other => panic!("expected Unavailable, got {other:?}"),
     }
@@ -796,7 +801,7 @@ async fn credentials_are_used_and_wrong_ones_refused() {
 
     let wrong = distlock::connect(&format!("etcd://root:nope@{}", server.endpoint())).await;
     match wrong {
-        Err(e @ Error::Backend { .. }) => assert!(!e.to_string().contains("nope"), "{e}"),
+        Err(e @ Error::Backend { .. }) => assert!(!e.report().to_string().contains("nope"), "{e}"),
         other => panic!("expected a Backend error, got {other:?}"),
     }
     let anonymous = distlock::connect(&format!("etcd://{}", server.endpoint())).await;

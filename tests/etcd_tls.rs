@@ -61,7 +61,7 @@ async fn a_wrong_ca_is_refused_clearly() {
     ] {
         let (e, took) = connect_err(&url).await;
         assert!(matches!(e, Error::Backend { .. }), "{url}: {e:?}");
-        assert!(e.to_string().contains("not trusted"), "{e}");
+        assert!(e.report().to_string().contains("not trusted"), "{e}");
         assert!(took < WITHIN, "{url}: {took:?}");
     }
 }
@@ -84,7 +84,7 @@ async fn a_missing_client_certificate_is_named() {
         matches!(e, Error::Unavailable { .. } | Error::Backend { .. }),
         "{e:?}"
     );
-    assert!(e.to_string().contains("client certificate"), "{e}");
+    assert!(e.report().to_string().contains("client certificate"), "{e}");
     assert!(took < WITHIN, "{took:?}");
 }
 
@@ -99,7 +99,7 @@ async fn a_plain_client_on_a_tls_port_fails_clearly() {
         matches!(e, Error::Unavailable { .. } | Error::Backend { .. }),
         "{e:?}"
     );
-    assert!(e.to_string().contains("tls=true"), "{e}");
+    assert!(e.report().to_string().contains("tls=true"), "{e}");
     assert!(took < WITHIN, "{took:?}");
 }
 
@@ -118,7 +118,7 @@ async fn a_tls_client_on_a_plain_port_fails_clearly() {
         matches!(e, Error::Unavailable { .. } | Error::Backend { .. }),
         "{e:?}"
     );
-    assert!(e.to_string().contains("TLS"), "{e}");
+    assert!(e.report().to_string().contains("TLS"), "{e}");
     assert!(took < WITHIN, "{took:?}");
 }
 
@@ -127,7 +127,10 @@ async fn a_tls_client_on_a_plain_port_fails_clearly() {
 async fn a_missing_ca_file_is_invalid_input() {
     let (e, _) = connect_err("etcd://127.0.0.1:1?ca=/nonexistent/ca.pem").await;
     assert!(matches!(e, Error::InvalidUrl { .. }), "{e:?}");
-    assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
+    assert!(
+        e.report().to_string().contains("/nonexistent/ca.pem"),
+        "{e}"
+    );
 }
 
 /// With authentication on, a user whose role grants the lock prefix locks (over TLS); a
@@ -163,15 +166,18 @@ async fn users_are_held_to_their_prefix() {
 
     let (e, took) = connect_err(&as_user("other", "other-pw")).await;
     assert!(!e.is_transient(), "{e:?}");
-    assert!(e.to_string().contains("permission"), "{e}");
+    assert!(e.report().to_string().contains("permission"), "{e}");
     assert!(took < WITHIN, "{took:?}");
 
     let (e, took) = connect_err(&as_user("locker", "wrong")).await;
     assert!(!e.is_transient(), "{e:?}");
     assert!(
-        !e.to_string().contains("wrong"),
+        !e.report().to_string().contains("wrong"),
         "the password is not shown: {e}"
     );
-    assert!(e.to_string().contains("user name and password"), "{e}");
+    assert!(
+        e.report().to_string().contains("user name and password"),
+        "{e}"
+    );
     assert!(took < WITHIN, "{took:?}");
 }

@@ -550,7 +550,7 @@ async fn an_unreachable_port_is_unavailable_within_the_timeout() {
     assert!(started.elapsed() < Duration::from_millis(500) + common::SLACK);
     assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
     assert!(err.is_transient());
-    let text = err.to_string();
+    let text = err.report().to_string();
     assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
     assert!(!text.contains(":x@"), "{text}");
 }
@@ -565,7 +565,7 @@ async fn a_wrong_password_is_refused() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Backend { .. }), "{err:?}");
-    let text = err.to_string();
+    let text = err.report().to_string();
     assert!(text.contains("authentication refused"), "{text}");
     assert!(!text.contains("hunter2"), "{text}");
     assert!(!format!("{err:?}").contains("hunter2"));
@@ -594,7 +594,7 @@ async fn a_server_that_is_not_postgres_is_refused() {
         .await
         .unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(1) + common::SLACK);
-    let text = err.to_string();
+    let text = err.report().to_string();
     assert!(text.contains("PostgreSQL"), "{text}");
     peer.abort();
 }

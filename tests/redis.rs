@@ -538,7 +538,7 @@ async fn a_foreign_type_in_an_acquire_group_fails_only_its_own_caller() {
             Err(e) => {
                 assert_eq!(name, "wt/list");
                 assert!(matches!(e, Error::Backend { .. }), "{e:?}");
-                assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+                assert!(e.report().to_string().contains("WRONGTYPE"), "{e}");
             }
         }
     }
@@ -589,7 +589,7 @@ async fn a_foreign_type_in_a_release_group_fails_only_its_own_caller() {
             Err(e) => {
                 assert_eq!(name, "wtr/list", "{e}");
                 assert!(matches!(e, Error::Backend { .. }), "{e:?}");
-                assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+                assert!(e.report().to_string().contains("WRONGTYPE"), "{e}");
             }
         }
     }
@@ -852,7 +852,7 @@ async fn unreachable_port_is_unavailable() {
     let started = Instant::now();
     let e = connect_err(&format!("redis://127.0.0.1:{port}")).await;
     assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
-    assert!(e.to_string().contains("refused"), "{e}");
+    assert!(e.report().to_string().contains("refused"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(1));
 }
 
@@ -883,7 +883,7 @@ async fn wrong_password_is_a_clear_backend_error() {
         let e = connect_err(&url).await;
         assert!(matches!(e, Error::Backend { .. }), "{url}: {e:?}");
         assert!(!e.is_transient());
-        let text = e.to_string();
+        let text = e.report().to_string();
         assert!(text.contains("authentication"), "{url}: {text}");
         assert!(
             !text.contains("not-it") && !text.contains("s3cret"),
@@ -954,7 +954,7 @@ async fn non_redis_server_is_a_clear_backend_error() {
     let started = Instant::now();
     let e = connect_err(&format!("redis://{addr}")).await;
     assert!(matches!(e, Error::Backend { .. }), "{e:?}");
-    assert!(e.to_string().contains("Redis protocol"), "{e}");
+    assert!(e.report().to_string().contains("Redis protocol"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(1));
     server.abort();
 }
@@ -983,7 +983,7 @@ async fn silent_server_times_out() {
     let started = Instant::now();
     let e = connect_err(&format!("redis://{addr}?timeout=300ms")).await;
     assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
-    assert!(e.to_string().contains("no answer"), "{e}");
+    assert!(e.report().to_string().contains("no answer"), "{e}");
     assert!(started.elapsed() <= Duration::from_millis(300) + SLACK);
     server.abort();
 }
@@ -1247,7 +1247,7 @@ async fn fire_time_claims_race_across_connections_and_refuse_foreign_values() {
             matches!(&refused, Err(Error::Backend { .. })),
             "{foreign}: {refused:?}"
         );
-        let text = refused.unwrap_err().to_string();
+        let text = refused.unwrap_err().report().to_string();
         assert!(text.contains("not a fire-time claim"), "{text}");
         let read = claims.current(foreign).await;
         assert!(

@@ -63,7 +63,7 @@ async fn mutual_tls() {
     );
     let (e, took) = connect_err(&url).await;
     assert!(!e.is_transient(), "{e:?}");
-    assert!(e.to_string().contains("client certificate"), "{e}");
+    assert!(e.report().to_string().contains("client certificate"), "{e}");
     assert!(took < WITHIN, "{took:?}");
 }
 
@@ -83,7 +83,7 @@ async fn a_wrong_ca_is_refused_clearly() {
     ] {
         let (e, took) = connect_err(&url).await;
         assert!(matches!(e, Error::Backend { .. }), "{url}: {e:?}");
-        assert!(e.to_string().contains("not trusted"), "{e}");
+        assert!(e.report().to_string().contains("not trusted"), "{e}");
         assert!(took < WITHIN, "{url}: {took:?}");
     }
 }
@@ -99,7 +99,7 @@ async fn a_plain_client_on_a_tls_port_fails_clearly() {
         matches!(e, Error::Unavailable { .. } | Error::Backend { .. }),
         "{e:?}"
     );
-    assert!(e.to_string().contains("rediss://"), "{e}");
+    assert!(e.report().to_string().contains("rediss://"), "{e}");
     assert!(took < WITHIN, "{took:?}");
 }
 
@@ -121,7 +121,7 @@ async fn a_tls_client_on_a_plain_port_fails_clearly() {
         matches!(e, Error::Unavailable { .. } | Error::Backend { .. }),
         "{e:?}"
     );
-    let text = e.to_string();
+    let text = e.report().to_string();
     assert!(
         text.contains("does the server speak TLS") || text.contains("does not speak TLS"),
         "{e}"
@@ -134,7 +134,10 @@ async fn a_tls_client_on_a_plain_port_fails_clearly() {
 async fn a_missing_ca_file_is_invalid_input() {
     let (e, _) = connect_err("rediss://127.0.0.1:1?ca=/nonexistent/ca.pem").await;
     assert!(matches!(e, Error::InvalidUrl { .. }), "{e:?}");
-    assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
+    assert!(
+        e.report().to_string().contains("/nonexistent/ca.pem"),
+        "{e}"
+    );
 }
 
 /// The minimal ACL of lock-redis' README, for keys and channels under `prefix`.
@@ -189,7 +192,7 @@ async fn acl_users_are_held_to_their_prefix() {
         .expect_err("no permission on distlock:*");
     eprintln!("{e}");
     assert!(!e.is_transient(), "{e:?}");
-    assert!(e.to_string().contains("permission"), "{e}");
+    assert!(e.report().to_string().contains("permission"), "{e}");
     assert!(
         started.elapsed() < Duration::from_secs(1),
         "not retried as transient: {:?}",
@@ -206,7 +209,7 @@ async fn acl_users_are_held_to_their_prefix() {
         .expect_err("no HMGET for the older ACL");
     eprintln!("{e}");
     assert!(!e.is_transient(), "{e:?}");
-    let text = e.to_string();
+    let text = e.report().to_string();
     assert!(
         text.contains("permission") && !text.contains("not a fire-time claim"),
         "{e}"
@@ -214,6 +217,9 @@ async fn acl_users_are_held_to_their_prefix() {
 
     let (e, took) = connect_err(&server.url_as_user("locker", Some("wrong"))).await;
     assert!(!e.is_transient(), "{e:?}");
-    assert!(e.to_string().contains("authentication refused"), "{e}");
+    assert!(
+        e.report().to_string().contains("authentication refused"),
+        "{e}"
+    );
     assert!(took < WITHIN, "{took:?}");
 }

@@ -428,7 +428,17 @@ async fn killing_nodes_mid_run() {
         Err(Error::QuorumNotReached { .. })
     ));
     assert!(started.elapsed() <= SLACK);
-    assert!(!raw_exists(&nodes.nodes()[0], &lock_key("kill/run")).await);
+    // Node 0 may not have answered when the two dead nodes made the quorum impossible: its
+    // attempt is then abandoned in the background (a tombstone, then the key deleted), so
+    // the key goes within a node timeout, long before its 2 s TTL.
+    let left = Instant::now();
+    while raw_exists(&nodes.nodes()[0], &lock_key("kill/run")).await {
+        assert!(
+            left.elapsed() < Duration::from_secs(1),
+            "the refused attempt's key stayed on node 0"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Building succeeds with a majority up; a node down at the start joins once it is back.
@@ -720,7 +730,7 @@ async fn slow_nodes_shrink_the_validity() {
     match result {
         Err(e @ Error::Unavailable { .. }) => {
             assert!(e.is_transient());
-            assert!(e.to_string().contains("validity"), "{e}");
+            assert!(e.report().to_string().contains("validity"), "{e}");
         }
         other => panic!("expected a refusal for lack of validity, got {other:?}"),
     }
