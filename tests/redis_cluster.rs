@@ -280,7 +280,7 @@ async fn bad_cluster_urls_are_refused() {
     }
     for (builder, needle) in [
         (
-            RedisBackend::cluster_builder(["127.0.0.1:1"]).db(3),
+            RedisBackend::cluster_builder(["127.0.0.1:1"]).database(3),
             "only database 0",
         ),
         (

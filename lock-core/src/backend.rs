@@ -30,7 +30,10 @@ pub enum Attempt {
 }
 
 /// What [`Admin::inspect`] knows of a key's current holder.
+///
+/// `#[non_exhaustive]`: it may tell more later; backends build it with [`Holder::new`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Holder {
     /// The holder's owner token, when the server stores it readably.
     pub owner: Option<Owner>,
@@ -38,6 +41,17 @@ pub struct Holder {
     pub fence: Option<u64>,
     /// Time left before the lock expires, when the server tells.
     pub expires_in: Option<Duration>,
+}
+
+impl Holder {
+    /// A holder with these owner token, fencing token and time left (each when known).
+    pub fn new(owner: Option<Owner>, fence: Option<u64>, expires_in: Option<Duration>) -> Self {
+        Holder {
+            owner,
+            fence,
+            expires_in,
+        }
+    }
 }
 
 /// One lock server's protocol: each method is ONE attempt, with no retry, wait or renewal

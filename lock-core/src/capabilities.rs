@@ -7,7 +7,12 @@ use crate::error::Result;
 
 /// What a backend can promise; the [`Locker`](crate::Locker) and the conformance suite
 /// decide behaviour from these, never from the backend's name.
+///
+/// `#[non_exhaustive]`: it will tell more (kinds of grant) later. A backend builds it in a
+/// `const` with [`Capabilities::new`] and the setters, each named after its field, so a
+/// new promise starts at its safe default for every existing backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// Short name used in errors, logs and metrics (`memory`, `redis`, `redlock`, `etcd`).
     pub name: &'static str,
@@ -104,6 +109,64 @@ impl ClockDrift {
 }
 
 impl Capabilities {
+    /// Capabilities named `name` that promise the least: TTLs from 1 ms to 30 days in 1 ms
+    /// steps, fencing tokens that may repeat, no release notices, exclusion within this
+    /// process only, no clock-drift allowance. Each setter below raises one promise.
+    pub const fn new(name: &'static str) -> Self {
+        Capabilities {
+            name,
+            min_ttl: Duration::from_millis(1),
+            ttl_granularity: Duration::from_millis(1),
+            max_ttl: Duration::from_secs(30 * 24 * 3600),
+            monotonic_fencing: false,
+            release_notices: false,
+            cross_process: false,
+            clock_drift: ClockDrift::NONE,
+        }
+    }
+
+    /// Sets [`min_ttl`](Self::min_ttl).
+    pub const fn min_ttl(mut self, min_ttl: Duration) -> Self {
+        self.min_ttl = min_ttl;
+        self
+    }
+
+    /// Sets [`ttl_granularity`](Self::ttl_granularity).
+    pub const fn ttl_granularity(mut self, granularity: Duration) -> Self {
+        self.ttl_granularity = granularity;
+        self
+    }
+
+    /// Sets [`max_ttl`](Self::max_ttl).
+    pub const fn max_ttl(mut self, max_ttl: Duration) -> Self {
+        self.max_ttl = max_ttl;
+        self
+    }
+
+    /// Sets [`monotonic_fencing`](Self::monotonic_fencing).
+    pub const fn monotonic_fencing(mut self, on: bool) -> Self {
+        self.monotonic_fencing = on;
+        self
+    }
+
+    /// Sets [`release_notices`](Self::release_notices).
+    pub const fn release_notices(mut self, on: bool) -> Self {
+        self.release_notices = on;
+        self
+    }
+
+    /// Sets [`cross_process`](Self::cross_process).
+    pub const fn cross_process(mut self, on: bool) -> Self {
+        self.cross_process = on;
+        self
+    }
+
+    /// Sets [`clock_drift`](Self::clock_drift).
+    pub const fn clock_drift(mut self, drift: ClockDrift) -> Self {
+        self.clock_drift = drift;
+        self
+    }
+
     /// The least validity a grant or renewal of `ttl` sent at `sent` has once the server
     /// applied it: `sent + ttl − allowance` (never later than `sent + ttl`).
     pub fn validity(&self, sent: Instant, ttl: Duration) -> Instant {

@@ -77,7 +77,11 @@ impl std::fmt::Display for RunOutcome {
 ///
 /// Times are wall-clock instants of the replica that wrote the record (the scheduled time
 /// is the schedule's, the same on every replica).
+///
+/// `#[non_exhaustive]`: it may record more later; build one with [`RunRecord::new`] and
+/// the setters, each named after its field.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RunRecord {
     /// The job's name (also its lock key).
     pub job: String,
@@ -102,6 +106,57 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
+    /// The record of fire time `scheduled_at` of `job`, written by `replica`, that ended at
+    /// `ended_at` with `outcome`; it did not start, holds no fence, detail or clock offset
+    /// until the setters say so.
+    pub fn new(
+        job: impl Into<String>,
+        scheduled_at: SystemTime,
+        replica: impl Into<String>,
+        ended_at: SystemTime,
+        outcome: RunOutcome,
+    ) -> Self {
+        RunRecord {
+            job: job.into(),
+            scheduled_at,
+            replica: replica.into(),
+            started_at: None,
+            ended_at,
+            outcome,
+            fence: None,
+            detail: None,
+            clock_offset_ms: None,
+        }
+    }
+
+    /// Sets [`started_at`](Self::started_at).
+    #[must_use]
+    pub fn started_at(mut self, started_at: Option<SystemTime>) -> Self {
+        self.started_at = started_at;
+        self
+    }
+
+    /// Sets [`fence`](Self::fence).
+    #[must_use]
+    pub fn fence(mut self, fence: Option<u64>) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// Sets [`detail`](Self::detail) (cut to [`MAX_DETAIL_LEN`] bytes when stored).
+    #[must_use]
+    pub fn detail(mut self, detail: Option<String>) -> Self {
+        self.detail = detail;
+        self
+    }
+
+    /// Sets [`clock_offset_ms`](Self::clock_offset_ms).
+    #[must_use]
+    pub fn clock_offset_ms(mut self, offset_ms: Option<i64>) -> Self {
+        self.clock_offset_ms = offset_ms;
+        self
+    }
+
     /// The record as the bytes a backend stores: one line of JSON, times in milliseconds
     /// since the Unix epoch. [`decode`](Self::decode) reads it back.
     pub fn encode(&self) -> Vec<u8> {

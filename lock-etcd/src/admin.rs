@@ -24,11 +24,11 @@ impl Shared {
             let Some(seen) = current.kvs().first().map(seen) else {
                 return Ok(None);
             };
-            Ok(Some(Holder {
-                owner: seen.owner,
-                fence: u64::try_from(seen.fence).ok(),
-                expires_in: self.expires_in(Some(&seen)).await,
-            }))
+            Ok(Some(Holder::new(
+                seen.owner,
+                u64::try_from(seen.fence).ok(),
+                self.expires_in(Some(&seen)).await,
+            )))
         })
         .await
     }

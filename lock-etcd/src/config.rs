@@ -42,6 +42,10 @@ pub const URL_PARAMS: &[&str] = &["prefix", "timeout", "tls", "ca", "cert", "key
 /// # Ok(()) }
 /// ```
 #[derive(Clone, PartialEq, Eq)]
+///
+/// A setter is named after its property, the same name on every distlock builder
+/// (`prefix`, `timeout`, `database`, `username`, `password`, `tls`, `ca_file`,
+/// `client_cert`); its getter is `get_<property>` (as tokio-postgres's `Config`).
 #[must_use = "setters return the changed value; it does nothing until used"]
 pub struct EtcdBuilder {
     pub(crate) endpoints: Vec<String>,
@@ -199,12 +203,12 @@ impl EtcdBuilder {
     }
 
     /// The CA file trusted instead of the system's roots, if any.
-    pub fn tls_ca_file(&self) -> Option<&Path> {
+    pub fn get_ca_file(&self) -> Option<&Path> {
         self.tls_files.ca_file()
     }
 
     /// The client certificate and key files, if any.
-    pub fn tls_client_cert(&self) -> Option<(&Path, &Path)> {
+    pub fn get_client_cert(&self) -> Option<(&Path, &Path)> {
         self.tls_files.client_cert()
     }
 
@@ -214,12 +218,12 @@ impl EtcdBuilder {
     }
 
     /// The configured key prefix.
-    pub fn key_prefix(&self) -> &str {
+    pub fn get_prefix(&self) -> &str {
         &self.prefix
     }
 
     /// The configured operation timeout.
-    pub fn operation_timeout(&self) -> Duration {
+    pub fn get_timeout(&self) -> Duration {
         self.timeout
     }
 
@@ -329,8 +333,8 @@ mod tests {
     fn several_hosts_and_default_port() {
         let b = from("etcd://a:2379,b:2380?prefix=x/&timeout=2s").unwrap();
         assert_eq!(b.endpoints(), ["a:2379", "b:2380"]);
-        assert_eq!(b.key_prefix(), "x/");
-        assert_eq!(b.operation_timeout(), Duration::from_secs(2));
+        assert_eq!(b.get_prefix(), "x/");
+        assert_eq!(b.get_timeout(), Duration::from_secs(2));
         let b = from("etcd://root:pw@etcd-1.internal_x,10.1.2.3/").unwrap();
         assert_eq!(b.username.as_deref(), Some("root"));
         assert_eq!(b.password.as_deref(), Some("pw"));
@@ -340,7 +344,7 @@ mod tests {
             b.endpoints(),
             ["[2001:db8::1]:2379", "[::ffff:10.0.0.1]:2380"]
         );
-        assert_eq!(from("etcd://h").unwrap().key_prefix(), DEFAULT_PREFIX);
+        assert_eq!(from("etcd://h").unwrap().get_prefix(), DEFAULT_PREFIX);
     }
 
     #[test]
@@ -359,12 +363,12 @@ mod tests {
     #[test]
     fn tls_parameters() {
         let b = from("etcd://h?tls=true").unwrap();
-        assert!(b.is_tls() && b.tls_ca_file().is_none());
+        assert!(b.is_tls() && b.get_ca_file().is_none());
         let b = from("etcd://h?ca=/c.pem&cert=/a.pem&key=/k.pem").unwrap();
         assert!(b.is_tls());
-        assert_eq!(b.tls_ca_file(), Some(Path::new("/c.pem")));
+        assert_eq!(b.get_ca_file(), Some(Path::new("/c.pem")));
         assert_eq!(
-            b.tls_client_cert(),
+            b.get_client_cert(),
             Some((Path::new("/a.pem"), Path::new("/k.pem")))
         );
         assert!(!from("etcd://h?tls=false").unwrap().is_tls());
@@ -385,7 +389,7 @@ mod tests {
     /// `?timeout=` takes the CLI's durations.
     #[test]
     fn timeouts_are_human_durations() {
-        let timeout = |url: &str| from(url).unwrap().operation_timeout();
+        let timeout = |url: &str| from(url).unwrap().get_timeout();
         assert_eq!(timeout("etcd://h?timeout=2min"), Duration::from_secs(120));
         assert_eq!(timeout("etcd://h?timeout=1h30m"), Duration::from_secs(5400));
         assert_refused("etcd://h?timeout=fast", "parameter `timeout`");

@@ -119,17 +119,15 @@ impl EtcdBackend {
             endpoints: cfg.endpoints,
             prefix: cfg.prefix,
             timeout,
-            caps: Capabilities {
-                name: NAME,
+            caps: Capabilities::new(NAME)
                 // A lock's lease is HEADROOM_SECS longer than the lock.
-                min_ttl: secs((min_secs - HEADROOM_SECS).max(1)),
-                ttl_granularity: Duration::from_secs(1),
-                max_ttl: MAX_TTL,
-                monotonic_fencing: true,
-                release_notices: true,
-                cross_process: true,
-                clock_drift: lock_core::ClockDrift::NONE,
-            },
+                .min_ttl(secs((min_secs - HEADROOM_SECS).max(1)))
+                .ttl_granularity(Duration::from_secs(1))
+                .max_ttl(MAX_TTL)
+                .monotonic_fencing(true)
+                .release_notices(true)
+                .cross_process(true)
+                .clock_drift(lock_core::ClockDrift::NONE),
             notices,
             announcer,
             demand,
@@ -161,11 +159,11 @@ fn tls_options(cfg: &EtcdBuilder) -> Result<etcd_client::TlsOptions> {
             )
         })
     };
-    let mut options = match cfg.tls_ca_file() {
+    let mut options = match cfg.get_ca_file() {
         Some(ca) => TlsOptions::new().ca_certificate(Certificate::from_pem(read("CA", ca)?)),
         None => TlsOptions::new().with_native_roots(),
     };
-    if let Some((cert, key)) = cfg.tls_client_cert() {
+    if let Some((cert, key)) = cfg.get_client_cert() {
         options = options.identity(Identity::from_pem(
             read("client certificate", cert)?,
             read("client key", key)?,

@@ -24,17 +24,15 @@ use lock_core::{
 /// keys rarely meet on one mutex.
 const SHARDS: usize = 16;
 
-const CAPABILITIES: Capabilities = Capabilities {
-    name: "memory",
-    min_ttl: Duration::from_millis(1),
-    ttl_granularity: Duration::from_millis(1),
+const CAPABILITIES: Capabilities = Capabilities::new("memory")
+    .min_ttl(Duration::from_millis(1))
+    .ttl_granularity(Duration::from_millis(1))
     // Far beyond any sensible lease, and small enough that `Instant + ttl` never overflows.
-    max_ttl: Duration::from_secs(365 * 24 * 3600),
-    monotonic_fencing: true,
-    release_notices: true,
-    cross_process: false,
-    clock_drift: lock_core::ClockDrift::NONE,
-};
+    .max_ttl(Duration::from_secs(365 * 24 * 3600))
+    .monotonic_fencing(true)
+    .release_notices(true)
+    .cross_process(false)
+    .clock_drift(lock_core::ClockDrift::NONE);
 
 struct Entry {
     /// Shared with the holder's lease: no second copy of the key per hold.
@@ -208,11 +206,7 @@ impl Admin for MemoryBackend {
             .entries
             .find(hash, |e| *e.key == *key)
             .filter(|e| e.valid_until > now)
-            .map(|e| Holder {
-                owner: Some(e.owner),
-                fence: Some(e.fence),
-                expires_in: Some(e.valid_until - now),
-            }))
+            .map(|e| Holder::new(Some(e.owner), Some(e.fence), Some(e.valid_until - now))))
     }
 
     async fn force_release(&self, key: &str) -> Result<bool> {

@@ -20,16 +20,14 @@ use crate::watch::ReleaseWatch;
 /// What the PostgreSQL backend promises: TTLs from 10 ms to 30 days in 1 ms steps
 /// (`timestamptz` keeps microseconds), fences from a sequence (strictly increasing),
 /// release notices by `NOTIFY`, no clock-drift allowance (one clock: the database's).
-pub const CAPABILITIES: Capabilities = Capabilities {
-    name: NAME,
-    min_ttl: Duration::from_millis(10),
-    ttl_granularity: Duration::from_millis(1),
-    max_ttl: Duration::from_secs(30 * 24 * 3600),
-    monotonic_fencing: true,
-    release_notices: true,
-    cross_process: true,
-    clock_drift: ClockDrift::NONE,
-};
+pub const CAPABILITIES: Capabilities = Capabilities::new(NAME)
+    .min_ttl(Duration::from_millis(10))
+    .ttl_granularity(Duration::from_millis(1))
+    .max_ttl(Duration::from_secs(30 * 24 * 3600))
+    .monotonic_fencing(true)
+    .release_notices(true)
+    .cross_process(true)
+    .clock_drift(ClockDrift::NONE);
 
 /// What one raw cycle sends ([`Baseline::description`]).
 pub const BASELINE_CYCLE: &str = "INSERT ON CONFLICT DO NOTHING + DELETE";
@@ -319,11 +317,11 @@ impl Admin for PostgresBackend {
         };
         let owner: String = self.get(OP, row, 0)?;
         let left: i64 = self.get(OP, row, 2)?;
-        Ok(Some(Holder {
-            owner: Owner::parse(&owner),
-            fence: Some(self.fence(OP, self.get(OP, row, 1)?)?),
-            expires_in: Some(Duration::from_millis(left.max(0) as u64)),
-        }))
+        Ok(Some(Holder::new(
+            Owner::parse(&owner),
+            Some(self.fence(OP, self.get(OP, row, 1)?)?),
+            Some(Duration::from_millis(left.max(0) as u64)),
+        )))
     }
 
     async fn force_release(&self, key: &str) -> Result<bool> {

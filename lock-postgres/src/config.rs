@@ -50,6 +50,10 @@ pub const MAX_IDENTIFIER_LEN: usize = 63;
 /// # Ok(()) }
 /// ```
 #[derive(Clone, PartialEq, Eq)]
+///
+/// A setter is named after its property, the same name on every distlock builder
+/// (`prefix`, `timeout`, `database`, `username`, `password`, `tls`, `ca_file`,
+/// `client_cert`); its getter is `get_<property>` (as tokio-postgres's `Config`).
 #[must_use = "setters return the changed value; it does nothing until used"]
 pub struct PostgresBuilder {
     /// The parsed `host:port`, or the reason `addr` could not be parsed (reported by `build`).
@@ -174,7 +178,7 @@ impl PostgresBuilder {
     }
 
     /// The configured operation timeout.
-    pub fn operation_timeout(&self) -> Duration {
+    pub fn get_timeout(&self) -> Duration {
         self.timeout
     }
 
@@ -363,7 +367,7 @@ mod tests {
         let b =
             url("postgresql://app:s3cret@db:6543/locks?table=t1&schema=s1&timeout=500ms").unwrap();
         assert_eq!(b.table_name(), ("s1", "t1"));
-        assert_eq!(b.operation_timeout(), Duration::from_millis(500));
+        assert_eq!(b.get_timeout(), Duration::from_millis(500));
         let again = url(&b.url().unwrap()).unwrap();
         assert_eq!(again, b);
         let shown = format!("{b:?}");

@@ -71,7 +71,7 @@ impl Connection {
             sql: Sql::new(&names),
             names,
             addr: builder.host_port().to_string(),
-            timeout: builder.operation_timeout(),
+            timeout: builder.get_timeout(),
             current: Mutex::new(None),
             abandoned: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),

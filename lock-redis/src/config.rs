@@ -36,7 +36,7 @@ pub const URL_PARAMS: &[&str] = &["prefix", "timeout", "ca", "cert", "key"];
 ///
 /// let backend = RedisBackend::builder("127.0.0.1:6379")
 ///     .password("s3cret")
-///     .db(2)
+///     .database(2)
 ///     .prefix("myapp:locks:")
 ///     .timeout(Duration::from_millis(500))
 ///     .build()
@@ -45,6 +45,10 @@ pub const URL_PARAMS: &[&str] = &["prefix", "timeout", "ca", "cert", "key"];
 /// # Ok(()) }
 /// ```
 #[derive(Clone, PartialEq, Eq)]
+///
+/// A setter is named after its property, the same name on every distlock builder
+/// (`prefix`, `timeout`, `database`, `username`, `password`, `tls`, `ca_file`,
+/// `client_cert`); its getter is `get_<property>` (as tokio-postgres's `Config`).
 #[must_use = "setters return the changed value; it does nothing until used"]
 pub struct RedisBuilder {
     /// The parsed `host:port`, or the reason `addr` could not be parsed (reported by `build`).
@@ -191,9 +195,15 @@ impl RedisBuilder {
     }
 
     /// The database index (`SELECT`); default 0.
-    pub fn db(mut self, db: u32) -> Self {
-        self.db = db;
+    pub fn database(mut self, database: u32) -> Self {
+        self.db = database;
         self
+    }
+
+    /// The database index: the old name of [`database`](Self::database).
+    #[deprecated(since = "0.1.0", note = "renamed `database`, as on every builder")]
+    pub fn db(self, db: u32) -> Self {
+        self.database(db)
     }
 
     /// The prefix of every key and of the release channel; default `distlock:`.
@@ -230,27 +240,27 @@ impl RedisBuilder {
     }
 
     /// The CA file trusted instead of the system's roots, if any.
-    pub fn tls_ca_file(&self) -> Option<&Path> {
+    pub fn get_ca_file(&self) -> Option<&Path> {
         self.tls_files.ca_file()
     }
 
     /// The client certificate and key files, if any.
-    pub fn tls_client_cert(&self) -> Option<(&Path, &Path)> {
+    pub fn get_client_cert(&self) -> Option<(&Path, &Path)> {
         self.tls_files.client_cert()
     }
 
     /// The configured prefix.
-    pub fn key_prefix(&self) -> &str {
+    pub fn get_prefix(&self) -> &str {
         &self.prefix
     }
 
     /// The configured database index.
-    pub fn database(&self) -> u32 {
+    pub fn get_database(&self) -> u32 {
         self.db
     }
 
     /// The configured operation timeout.
-    pub fn operation_timeout(&self) -> Duration {
+    pub fn get_timeout(&self) -> Duration {
         self.timeout
     }
 

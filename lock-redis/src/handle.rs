@@ -93,7 +93,7 @@ impl RedisNode {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let open = |info: ConnectionInfo| open_client(&config, info);
-        let mut settings = RedisConnectionInfo::default().set_db(i64::from(config.database()));
+        let mut settings = RedisConnectionInfo::default().set_db(i64::from(config.get_database()));
         let (username, password) = config.credentials();
         if let Some(username) = username {
             settings = settings.set_username(username);
@@ -101,7 +101,7 @@ impl RedisNode {
         if let Some(password) = password {
             settings = settings.set_password(password);
         }
-        let timeout = config.operation_timeout();
+        let timeout = config.get_timeout();
         let (addr, target, watch_endpoints) = if config.is_cluster() {
             let seeds: Vec<ConnectionInfo> = config
                 .seed_nodes()
@@ -129,7 +129,7 @@ impl RedisNode {
             };
             (addr, Target::Endpoint(endpoint.clone()), vec![endpoint])
         };
-        let channel = format!("{}released:{}", config.key_prefix(), config.database());
+        let channel = format!("{}released:{}", config.get_prefix(), config.get_database());
         let link = Arc::new(Connector::new(target));
         let ops = Ops::new(Arc::downgrade(&link), channel.clone(), config.is_cluster());
         let ops = if !config.is_grouping() {
@@ -198,7 +198,7 @@ impl RedisNode {
 
     /// The key prefix.
     pub fn prefix(&self) -> &str {
-        self.shared.config.key_prefix()
+        self.shared.config.get_prefix()
     }
 
     /// The Redis key holding lock `name`: `<prefix>{<name>}`.
@@ -432,11 +432,11 @@ fn tls_certificates(config: &RedisBuilder) -> Result<Option<redis::TlsCertificat
             )
         })
     };
-    let client = config.tls_client_cert();
-    if !config.is_tls() || (config.tls_ca_file().is_none() && client.is_none()) {
+    let client = config.get_client_cert();
+    if !config.is_tls() || (config.get_ca_file().is_none() && client.is_none()) {
         return Ok(None);
     }
-    let root_cert = match config.tls_ca_file() {
+    let root_cert = match config.get_ca_file() {
         Some(path) => Some(read("CA", path)?),
         None => None,
     };

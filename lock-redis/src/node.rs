@@ -13,20 +13,18 @@ use crate::ops::{mismatched, AcquireOp, Op, Out, Queued, ReleaseOp};
 use crate::scripts;
 
 /// What the Redis backend promises (see the crate documentation).
-pub const CAPABILITIES: Capabilities = Capabilities {
-    name: NAME,
-    min_ttl: Duration::from_millis(10),
-    ttl_granularity: Duration::from_millis(1),
-    max_ttl: Duration::from_secs(30 * 24 * 3600),
+pub const CAPABILITIES: Capabilities = Capabilities::new(NAME)
+    .min_ttl(Duration::from_millis(10))
+    .ttl_granularity(Duration::from_millis(1))
+    .max_ttl(Duration::from_secs(30 * 24 * 3600))
     // Fences of a key strictly increase from grant to grant on every Redis from 5.0 (the
     // fence script uses only `GET`, `SET … PX` and `TIME`), while the key's counter lives
     // and, once it is lost or stale, as long as the server clock did not go back below the
     // time of the earlier grants (see the crate documentation, "Fencing").
-    monotonic_fencing: true,
-    release_notices: true,
-    cross_process: true,
-    clock_drift: lock_core::ClockDrift::NONE,
-};
+    .monotonic_fencing(true)
+    .release_notices(true)
+    .cross_process(true)
+    .clock_drift(lock_core::ClockDrift::NONE);
 
 /// How long a fence counter lives beyond the TTL of the grant (or the Redlock write-back)
 /// that last wrote it. While it lives, fences of the key increase whatever the server clock
@@ -298,11 +296,11 @@ impl RedisNode {
             Value::Nil | Value::Boolean(false) => Ok(None),
             Value::Array(items) => match items.as_slice() {
                 [Value::BulkString(owner), Value::Int(pttl), Value::BulkString(fence)] => {
-                    Ok(Some(Holder {
-                        owner: std::str::from_utf8(owner).ok().and_then(Owner::parse),
-                        fence: std::str::from_utf8(fence).ok().and_then(|f| f.parse().ok()),
-                        expires_in: u64::try_from(*pttl).ok().map(Duration::from_millis),
-                    }))
+                    Ok(Some(Holder::new(
+                        std::str::from_utf8(owner).ok().and_then(Owner::parse),
+                        std::str::from_utf8(fence).ok().and_then(|f| f.parse().ok()),
+                        u64::try_from(*pttl).ok().map(Duration::from_millis),
+                    )))
                 }
                 _ => Err(self.unexpected("inspect", &reply)),
             },

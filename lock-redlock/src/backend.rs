@@ -102,25 +102,23 @@ impl RedlockBackend {
         }
         let fencing = config.is_fencing();
         Ok(RedlockBackend {
-            drift_factor: config.drift(),
+            drift_factor: config.get_drift_factor(),
             fencing,
-            caps: Capabilities {
-                name: NAME,
-                min_ttl: MIN_TTL,
-                ttl_granularity: Duration::from_millis(1),
-                max_ttl: lock_redis::CAPABILITIES.max_ttl,
-                monotonic_fencing: fencing,
-                release_notices: true,
-                cross_process: true,
-                clock_drift: lock_core::ClockDrift {
-                    per_million: (config.drift() * 1e6).ceil() as u32,
+            caps: Capabilities::new(NAME)
+                .min_ttl(MIN_TTL)
+                .ttl_granularity(Duration::from_millis(1))
+                .max_ttl(lock_redis::CAPABILITIES.max_ttl)
+                .monotonic_fencing(fencing)
+                .release_notices(true)
+                .cross_process(true)
+                .clock_drift(lock_core::ClockDrift {
+                    per_million: (config.get_drift_factor() * 1e6).ceil() as u32,
                     fixed: EXPIRY_PRECISION,
-                },
-            },
+                }),
             nodes: Nodes {
                 members,
                 quorum,
-                node_timeout: config.fixed_node_timeout(),
+                node_timeout: config.get_node_timeout(),
             },
             notices: Arc::new(ReleaseNotices::new()),
             all_watching: AtomicBool::new(false),

@@ -41,6 +41,10 @@ pub const URL_PARAMS: &[&str] = &["drift", "prefix", "timeout", "fencing"];
 /// # Ok(()) }
 /// ```
 #[derive(Clone, PartialEq)]
+///
+/// A setter is named after its property, the same name on every distlock builder
+/// (`prefix`, `timeout`, `database`, `username`, `password`, `tls`, `ca_file`,
+/// `client_cert`); its getter is `get_<property>` (as tokio-postgres's `Config`).
 #[must_use = "setters return the changed value; it does nothing until used"]
 pub struct RedlockBuilder {
     /// Node addresses as given; parsed (and checked for duplicates) by `check`.
@@ -134,9 +138,15 @@ impl RedlockBuilder {
     }
 
     /// The database index (`SELECT`) on every node; default 0.
-    pub fn db(mut self, db: u32) -> Self {
-        self.db = db;
+    pub fn database(mut self, database: u32) -> Self {
+        self.db = database;
         self
+    }
+
+    /// The database index: the old name of [`database`](Self::database).
+    #[deprecated(since = "0.1.0", note = "renamed `database`, as on every builder")]
+    pub fn db(self, db: u32) -> Self {
+        self.database(db)
     }
 
     /// The prefix of every key and release channel; default `distlock:`.
@@ -191,12 +201,12 @@ impl RedlockBuilder {
     }
 
     /// The configured drift factor.
-    pub fn drift(&self) -> f64 {
+    pub fn get_drift_factor(&self) -> f64 {
         self.drift_factor
     }
 
     /// The fixed per-node timeout, `None` when derived from each TTL.
-    pub fn fixed_node_timeout(&self) -> Option<Duration> {
+    pub fn get_node_timeout(&self) -> Option<Duration> {
         self.node_timeout
     }
 
@@ -206,7 +216,7 @@ impl RedlockBuilder {
     }
 
     /// The configured key prefix.
-    pub fn key_prefix(&self) -> &str {
+    pub fn get_prefix(&self) -> &str {
         &self.prefix
     }
 
@@ -223,7 +233,7 @@ impl RedlockBuilder {
             .iter()
             .map(|addr| {
                 let mut node = RedisBuilder::new(addr.clone())
-                    .db(self.db)
+                    .database(self.db)
                     .prefix(self.prefix.clone())
                     .timeout(self.connect_timeout)
                     .tls(self.tls);

@@ -47,11 +47,7 @@ pub(crate) async fn holder(nodes: &Nodes, fencing: bool, key: &str) -> Result<Op
         };
         best = Some((
             count,
-            Holder {
-                owner: candidate.owner,
-                fence,
-                expires_in: expiries[q.min(count) - 1],
-            },
+            Holder::new(candidate.owner, fence, expiries[q.min(count) - 1]),
         ));
     }
     Ok(best.map(|(_, holder)| holder))

@@ -140,17 +140,15 @@ mod tests {
 
     fn run(n: u64) -> RunRecord {
         let at = UNIX_EPOCH + Duration::from_secs(1_800_000_000 + n);
-        RunRecord {
-            job: "j".into(),
-            scheduled_at: at,
-            replica: "r".into(),
-            started_at: Some(at),
-            ended_at: at + Duration::from_millis(10),
-            outcome: RunOutcome::Ok,
-            fence: Some(n),
-            detail: None,
-            clock_offset_ms: None,
-        }
+        RunRecord::new(
+            "j".into(),
+            at,
+            "r".into(),
+            at + Duration::from_millis(10),
+            RunOutcome::Ok,
+        )
+        .started_at(Some(at))
+        .fence(Some(n))
     }
 
     #[test]

@@ -71,17 +71,17 @@ impl FireTime {
         fence: Option<u64>,
         detail: String,
     ) -> RunRecord {
-        RunRecord {
-            job: self.job.name.clone(),
-            scheduled_at: self.at,
-            replica: self.inner.replica.to_string(),
-            started_at,
-            ended_at: self.inner.clock.now(),
+        RunRecord::new(
+            self.job.name.clone(),
+            self.at,
+            self.inner.replica.to_string(),
+            self.inner.clock.now(),
             outcome,
-            fence,
-            detail: Some(detail).filter(|d| !d.is_empty()),
-            clock_offset_ms: self.inner.offset_ms(),
-        }
+        )
+        .started_at(started_at)
+        .fence(fence)
+        .detail(Some(detail).filter(|d| !d.is_empty()))
+        .clock_offset_ms(self.inner.offset_ms())
     }
 
     /// Ends a fire time that did not run.

@@ -51,17 +51,9 @@ mod tests {
     }
 
     fn record(fire: u64, replica: &str, outcome: RunOutcome, ran: bool) -> RunRecord {
-        RunRecord {
-            job: "j".into(),
-            scheduled_at: at(fire),
-            replica: replica.into(),
-            started_at: ran.then(|| at(fire)),
-            ended_at: at(fire + 1),
-            outcome,
-            fence: ran.then_some(fire),
-            detail: None,
-            clock_offset_ms: None,
-        }
+        RunRecord::new("j".into(), at(fire), replica.into(), at(fire + 1), outcome)
+            .started_at(ran.then(|| at(fire)))
+            .fence(ran.then_some(fire))
     }
 
     /// The run wins over the other replicas' skips; a fire time nobody ran shows its skip.

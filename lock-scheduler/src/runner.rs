@@ -329,17 +329,15 @@ async fn record_missed(
         } else {
             why.to_owned()
         };
-        let record = RunRecord {
-            job: job.name.clone(),
-            scheduled_at: at,
-            replica: inner.replica.to_string(),
-            started_at: None,
-            ended_at: now,
-            outcome: RunOutcome::Missed,
-            fence: None,
-            detail: Some(detail),
-            clock_offset_ms: inner.offset_ms(),
-        };
+        let record = RunRecord::new(
+            job.name.clone(),
+            at,
+            inner.replica.to_string(),
+            now,
+            RunOutcome::Missed,
+        )
+        .detail(Some(detail))
+        .clock_offset_ms(inner.offset_ms());
         observe::finish(inner, &record, None).await;
         match next {
             Some(next) if !cut_short => fire = next,

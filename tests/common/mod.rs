@@ -27,17 +27,15 @@ pub fn run_record(
     outcome: distlock::records::RunOutcome,
 ) -> distlock::records::RunRecord {
     let at = std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + n);
-    distlock::records::RunRecord {
-        job: job.to_owned(),
-        scheduled_at: at,
-        replica: format!("replica-{n}"),
-        started_at: Some(at),
-        ended_at: at + Duration::from_millis(250),
+    distlock::records::RunRecord::new(
+        job.to_owned(),
+        at,
+        format!("replica-{n}"),
+        at + Duration::from_millis(250),
         outcome,
-        fence: Some(n),
-        detail: None,
-        clock_offset_ms: None,
-    }
+    )
+    .started_at(Some(at))
+    .fence(Some(n))
 }
 
 /// One attempt (`Skip`) at a lock of `ttl`, not renewed.

@@ -7,17 +7,16 @@ use crate::records::{RunOutcome, RunRecord};
 
 fn record(job: &str, n: u64, outcome: RunOutcome) -> RunRecord {
     let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + n);
-    RunRecord {
-        job: job.to_owned(),
-        scheduled_at: at,
-        replica: format!("replica-{n}"),
-        started_at: Some(at + Duration::from_millis(3)),
-        ended_at: at + Duration::from_millis(250),
+    RunRecord::new(
+        job.to_owned(),
+        at,
+        format!("replica-{n}"),
+        at + Duration::from_millis(250),
         outcome,
-        fence: Some(n),
-        detail: (outcome == RunOutcome::Failed).then(|| format!("run {n} failed: 'quoted' \"x\"")),
-        clock_offset_ms: None,
-    }
+    )
+    .started_at(Some(at + Duration::from_millis(3)))
+    .fence(Some(n))
+    .detail((outcome == RunOutcome::Failed).then(|| format!("run {n} failed: 'quoted' \"x\"")))
 }
 
 /// Run records keep each job's newest `keep` records (`keep` 0 counting as 1), newest

@@ -45,7 +45,11 @@ pub enum Outcome<T> {
 }
 
 /// Counts of what a [`Locker`](super::Locker) holds in memory, for monitoring and leak tests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// `#[non_exhaustive]`: it may count more later; read the fields, compare with
+/// `LockerStats::default()` (nothing outstanding).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LockerStats {
     /// Guards currently held through this Locker.
     pub held: usize,

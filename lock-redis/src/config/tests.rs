@@ -13,23 +13,23 @@ fn urls_give_the_configuration() {
     assert_eq!(b.host_port().unwrap().to_string(), "127.0.0.1:7000");
     assert!(!b.is_tls());
     assert_eq!(b.credentials(), (None, None));
-    assert_eq!(b.database(), 0);
-    assert_eq!(b.key_prefix(), "distlock:");
-    assert_eq!(b.operation_timeout(), Duration::from_secs(1));
+    assert_eq!(b.get_database(), 0);
+    assert_eq!(b.get_prefix(), "distlock:");
+    assert_eq!(b.get_timeout(), Duration::from_secs(1));
 
     let b = from("redis://alice:p%40ss@cache.example:6380/3?prefix=app%3Alocks%3A&timeout=250ms")
         .unwrap();
     assert!(!b.is_tls());
     assert_eq!(b.credentials(), (Some("alice"), Some("p@ss")));
     assert_eq!(b.host_port().unwrap().to_string(), "cache.example:6380");
-    assert_eq!(b.database(), 3);
-    assert_eq!(b.key_prefix(), "app:locks:");
-    assert_eq!(b.operation_timeout(), Duration::from_millis(250));
+    assert_eq!(b.get_database(), 3);
+    assert_eq!(b.get_prefix(), "app:locks:");
+    assert_eq!(b.get_timeout(), Duration::from_millis(250));
 
     let b = from("redis://[::1]").unwrap();
     assert_eq!(b.host_port().unwrap().to_string(), "[::1]:6379");
     let b = from("redis://h?prefix=").unwrap();
-    assert_eq!(b.key_prefix(), "");
+    assert_eq!(b.get_prefix(), "");
 }
 
 #[test]
@@ -64,7 +64,7 @@ fn builder_setters_and_round_trip() {
     let b = RedisBuilder::new("10.0.0.5:6390")
         .username("bob")
         .password("hunter2")
-        .db(7)
+        .database(7)
         .prefix("x:")
         .timeout(Duration::from_micros(1500));
     assert!(b.check().is_ok());
@@ -86,7 +86,7 @@ fn rediss_means_tls() {
     let built = RedisBuilder::new("cache.example:6380")
         .username("alice")
         .password("pw")
-        .db(3)
+        .database(3)
         .tls(true);
     assert_eq!(built.url().unwrap(), url);
     #[cfg(feature = "tls")]
@@ -112,9 +112,9 @@ fn rediss_means_tls() {
 fn tls_files_from_urls_and_setters() {
     let url = "rediss://cache.example:6380?ca=%2Fetc%2Fca.pem&cert=%2Fc.pem&key=%2Fk.pem";
     let b = from(url).unwrap();
-    assert_eq!(b.tls_ca_file(), Some(Path::new("/etc/ca.pem")));
+    assert_eq!(b.get_ca_file(), Some(Path::new("/etc/ca.pem")));
     assert_eq!(
-        b.tls_client_cert(),
+        b.get_client_cert(),
         Some((Path::new("/c.pem"), Path::new("/k.pem")))
     );
     let built = RedisBuilder::new("cache.example:6380")
@@ -216,8 +216,8 @@ fn default_port_and_no_database() {
         &HostPort::parse("localhost:6379", 1).unwrap()
     );
     assert_eq!(b.url().unwrap(), "redis://localhost:6379");
-    assert_eq!(from("redis://localhost/").unwrap().database(), 0);
-    assert_eq!(from("redis://localhost:6379/?").unwrap().database(), 0);
+    assert_eq!(from("redis://localhost/").unwrap().get_database(), 0);
+    assert_eq!(from("redis://localhost:6379/?").unwrap().get_database(), 0);
     let shown = format!("{:?}", from("redis://user@host").unwrap());
     assert_eq!(shown, "RedisBuilder(redis://user@host:6379)");
 }
@@ -227,8 +227,8 @@ fn password_only_database_and_query() {
     let b = from("redis://:secret@127.0.0.1:6380/2?prefix=app:").unwrap();
     assert_eq!(b.credentials(), (None, Some("secret")));
     assert_eq!(b.host_port().unwrap().to_string(), "127.0.0.1:6380");
-    assert_eq!(b.database(), 2);
-    assert_eq!(b.key_prefix(), "app:");
+    assert_eq!(b.get_database(), 2);
+    assert_eq!(b.get_prefix(), "app:");
     assert_eq!(
         b.url().unwrap(),
         "redis://:secret@127.0.0.1:6380/2?prefix=app%3A"
@@ -261,7 +261,7 @@ fn refuses_bad_database_index() {
     assert_refused("redis://host/1/2", "database index");
     assert_refused("redis://u:hunter2@host/x", "database index");
     assert_eq!(
-        from("redis://host/4294967295").unwrap().database(),
+        from("redis://host/4294967295").unwrap().get_database(),
         u32::MAX
     );
 }
@@ -269,7 +269,7 @@ fn refuses_bad_database_index() {
 /// `?timeout=` takes the CLI's durations: `2min`, `1h 30m`.
 #[test]
 fn timeouts_are_human_durations() {
-    let timeout = |url: &str| from(url).unwrap().operation_timeout();
+    let timeout = |url: &str| from(url).unwrap().get_timeout();
     assert_eq!(timeout("redis://h?timeout=2min"), Duration::from_secs(120));
     assert_eq!(
         timeout("redis://h?timeout=1h%2030m"),
@@ -295,8 +295,8 @@ fn cluster_urls_give_seed_nodes_and_round_trip() {
     assert_eq!(seeds, ["a:6379", "b:7001", "[::1]:7002"]);
     assert_eq!(b.host_port().unwrap().to_string(), "a:6379");
     assert_eq!(b.credentials(), (Some("u"), Some("pw")));
-    assert_eq!((b.database(), b.key_prefix()), (0, "x:"));
-    assert_eq!(b.operation_timeout(), Duration::from_millis(250));
+    assert_eq!((b.get_database(), b.get_prefix()), (0, "x:"));
+    assert_eq!(b.get_timeout(), Duration::from_millis(250));
     assert!(!b.is_grouping(), "grouping is off by default on a cluster");
     assert_eq!(from(&b.url().unwrap()).unwrap(), b);
     assert!(!format!("{b:?}").contains("pw"));
@@ -322,7 +322,7 @@ fn bad_cluster_urls_are_invalid_url_errors() {
         }
     }
     for (builder, needle) in [
-        (RedisBuilder::cluster(["h"]).db(1), "only database 0"),
+        (RedisBuilder::cluster(["h"]).database(1), "only database 0"),
         (RedisBuilder::cluster(["h"]).tls(true), "TLS"),
         (RedisBuilder::cluster(["h", "bad:port"]), "port"),
     ] {

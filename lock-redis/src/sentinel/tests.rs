@@ -22,9 +22,9 @@ fn urls_give_the_sentinels_the_master_and_the_rest() {
     let b = from("redis+sentinel://127.0.0.1:26380,10.0.0.2/locks").unwrap();
     assert_eq!(sentinels(&b), ["127.0.0.1:26380", "10.0.0.2:26379"]);
     assert_eq!(b.sentinel_master(), Some("locks"));
-    assert_eq!(b.database(), 0);
-    assert_eq!(b.key_prefix(), "distlock:");
-    assert_eq!(b.operation_timeout(), Duration::from_secs(1));
+    assert_eq!(b.get_database(), 0);
+    assert_eq!(b.get_prefix(), "distlock:");
+    assert_eq!(b.get_timeout(), Duration::from_secs(1));
     assert_eq!(b.credentials(), (None, None));
 
     let b = from(
@@ -34,9 +34,9 @@ fn urls_give_the_sentinels_the_master_and_the_rest() {
     .unwrap();
     assert_eq!(sentinels(&b), ["h1:1", "h2:2", "[::1]:26379"]);
     assert_eq!(b.sentinel_master(), Some("mymaster"));
-    assert_eq!(b.database(), 3);
-    assert_eq!(b.key_prefix(), "app:");
-    assert_eq!(b.operation_timeout(), Duration::from_millis(250));
+    assert_eq!(b.get_database(), 3);
+    assert_eq!(b.get_prefix(), "app:");
+    assert_eq!(b.get_timeout(), Duration::from_millis(250));
     assert_eq!(b.credentials(), (Some("alice"), Some("p@ss")));
     let config = b.sentinel_config().unwrap();
     assert_eq!(config.username.as_deref(), Some("watcher"));
@@ -76,7 +76,7 @@ fn builder_setters_and_round_trip() {
         .username("bob")
         .password("hunter2")
         .sentinel_password("s3")
-        .db(7)
+        .database(7)
         .prefix("x:")
         .timeout(Duration::from_millis(1500));
     assert!(b.check().is_ok());

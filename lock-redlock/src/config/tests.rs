@@ -11,19 +11,19 @@ fn from(url: &str) -> Result<RedlockBuilder> {
 fn urls_give_the_configuration() {
     let b = from("redlock://h1,h2:7000,[::1]:7001").unwrap();
     assert_eq!(b.addrs(), ["h1:6379", "h2:7000", "[::1]:7001"]);
-    assert_eq!(b.drift(), DEFAULT_DRIFT_FACTOR);
-    assert_eq!(b.fixed_node_timeout(), None);
+    assert_eq!(b.get_drift_factor(), DEFAULT_DRIFT_FACTOR);
+    assert_eq!(b.get_node_timeout(), None);
     assert!(b.is_fencing());
-    assert_eq!(b.key_prefix(), "distlock:");
+    assert_eq!(b.get_prefix(), "distlock:");
 
     let b = from(
         "redlock://alice:p%40ss@h1:1,h2:2,h3:3/4?drift=0.05&prefix=app%3A&timeout=20ms&fencing=false",
     )
     .unwrap();
-    assert_eq!(b.drift(), 0.05);
-    assert_eq!(b.fixed_node_timeout(), Some(Duration::from_millis(20)));
+    assert_eq!(b.get_drift_factor(), 0.05);
+    assert_eq!(b.get_node_timeout(), Some(Duration::from_millis(20)));
     assert!(!b.is_fencing());
-    assert_eq!(b.key_prefix(), "app:");
+    assert_eq!(b.get_prefix(), "app:");
     assert_eq!(b.db, 4);
     assert_eq!(b.username.as_deref(), Some("alice"));
     assert_eq!(b.password.as_deref(), Some("p@ss"));
@@ -31,7 +31,7 @@ fn urls_give_the_configuration() {
     assert_eq!(nodes.len(), 3);
     assert!(nodes
         .iter()
-        .all(|n| n.key_prefix() == "app:" && n.database() == 4));
+        .all(|n| n.get_prefix() == "app:" && n.get_database() == 4));
 }
 
 #[test]
@@ -66,7 +66,7 @@ fn builder_checks_and_round_trips() {
     let b = RedlockBuilder::new(["10.0.0.1:7000", "10.0.0.2"])
         .username("bob")
         .password("hunter2")
-        .db(3)
+        .database(3)
         .prefix("x:")
         .drift_factor(0.1)
         .node_timeout(Duration::from_micros(2500))
@@ -126,7 +126,7 @@ fn assert_refused(url: &str, needle: &str) {
 fn several_hosts_default_port_and_database() {
     let b = from("redlock://h1:1,h2:2,h3:3?drift=0.02").unwrap();
     assert_eq!(b.addrs(), ["h1:1", "h2:2", "h3:3"]);
-    assert_eq!(b.drift(), 0.02);
+    assert_eq!(b.get_drift_factor(), 0.02);
     assert_eq!(b.db, 0);
     let b = from("redlock://:pw@a,b:7000,[::1]/5").unwrap();
     assert_eq!(b.addrs(), ["a:6379", "b:7000", "[::1]:6379"]);
@@ -148,8 +148,8 @@ fn refuses_no_host_and_bad_database_index() {
 #[test]
 fn timeouts_are_human_durations() {
     let b = from("redlock://h?timeout=1.5ms").unwrap();
-    assert_eq!(b.fixed_node_timeout(), Some(Duration::from_micros(1500)));
+    assert_eq!(b.get_node_timeout(), Some(Duration::from_micros(1500)));
     let b = from("redlock://h?timeout=2min").unwrap();
-    assert_eq!(b.fixed_node_timeout(), Some(Duration::from_secs(120)));
+    assert_eq!(b.get_node_timeout(), Some(Duration::from_secs(120)));
     assert_refused("redlock://:hunter2@h?timeout=soon", "parameter `timeout`");
 }
