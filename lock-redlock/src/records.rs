@@ -140,15 +140,9 @@ mod tests {
 
     fn run(n: u64) -> RunRecord {
         let at = UNIX_EPOCH + Duration::from_secs(1_800_000_000 + n);
-        RunRecord::new(
-            "j".into(),
-            at,
-            "r".into(),
-            at + Duration::from_millis(10),
-            RunOutcome::Ok,
-        )
-        .started_at(Some(at))
-        .fence(Some(n))
+        RunRecord::new("j", at, "r", at + Duration::from_millis(10), RunOutcome::Ok)
+            .started_at(Some(at))
+            .fence(Some(n))
     }
 
     #[test]

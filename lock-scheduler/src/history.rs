@@ -51,7 +51,7 @@ mod tests {
     }
 
     fn record(fire: u64, replica: &str, outcome: RunOutcome, ran: bool) -> RunRecord {
-        RunRecord::new("j".into(), at(fire), replica.into(), at(fire + 1), outcome)
+        RunRecord::new("j", at(fire), replica, at(fire + 1), outcome)
             .started_at(ran.then(|| at(fire)))
             .fence(ran.then_some(fire))
     }
