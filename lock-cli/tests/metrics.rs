@@ -58,8 +58,8 @@ fn waiting_script(dir: &Path) -> String {
 }
 
 /// `run --metrics-addr` on memory:// serves, while the command runs, one granted
-/// acquisition, described, labelled with the backend and not with the key; a bad address
-/// exits 64.
+/// acquisition, described, as a histogram with buckets, labelled with the backend and not
+/// with the key; a bad address exits 64.
 #[tokio::test]
 async fn run_serves_the_lock_metrics_while_the_command_runs() {
     let dir = tempfile::tempdir().unwrap();
@@ -88,7 +88,7 @@ async fn run_serves_the_lock_metrics_while_the_command_runs() {
     for name in [
         "distlock_lock_wait_duration_seconds_count",
         "distlock_lock_hold_duration_seconds_count",
-        "distlock_locks_lost_total",
+        "distlock_lock_lost_total",
         "distlock_lock_renewals_failed_total",
         "distlock_lock_handovers_total",
         "distlock_lock_errors_total",
@@ -96,10 +96,19 @@ async fn run_serves_the_lock_metrics_while_the_command_runs() {
         assert_eq!(total(&s, name), 0.0, "{name}: {text}");
     }
     assert!(
-        text.contains("# TYPE distlock_lock_acquire_duration_seconds summary")
+        text.contains("# TYPE distlock_lock_acquire_duration_seconds histogram")
             && text.contains("# HELP distlock_lock_acquire_duration_seconds"),
         "{text}"
     );
+    // A histogram with buckets from 0.5 ms to 60 s (cumulative: the one acquisition is in
+    // each), never a summary's quantiles, which cannot be aggregated across processes.
+    for le in ["0.0005", "0.001", "1", "60", "+Inf"] {
+        let bucket = format!(
+            r#"distlock_lock_acquire_duration_seconds_bucket{{backend="memory",outcome="granted",le="{le}"}}"#
+        );
+        assert_eq!(value(&s, &bucket), 1.0, "{bucket}: {text}");
+    }
+    assert!(!text.contains("quantile="), "{text}");
     assert!(
         !text.contains("secret-customer"),
         "the key is never a label: {text}"
@@ -194,10 +203,16 @@ async fn run_metrics_count_a_wait_and_a_loss_on_redis() {
     let text = scrape_now(port).await;
     let lost = samples(&text);
     let one = |series: &str| assert_eq!(value(&lost, series), 1.0, "{series}: {text}");
-    one(r#"distlock_locks_lost_total{backend="redis"}"#);
+    one(r#"distlock_lock_lost_total{backend="redis"}"#);
     one(r#"distlock_lock_renewals_failed_total{backend="redis"}"#);
     one(r#"distlock_lock_errors_total{backend="redis",kind="not_held"}"#);
     one(r#"distlock_lock_hold_duration_seconds_count{backend="redis"}"#);
+    // Holds take the long buckets (up to a day), latencies the short ones (up to 60 s).
+    one(r#"distlock_lock_hold_duration_seconds_bucket{backend="redis",le="86400"}"#);
+    assert!(
+        !text.contains(r#"distlock_lock_hold_duration_seconds_bucket{backend="redis",le="0.0005"}"#),
+        "{text}"
+    );
     assert_eq!(total(&lost, "distlock_lock_errors_total"), 1.0, "{text}");
     std::fs::write(dir.path().join("stop"), "").unwrap();
     let out = common::collect(child, std::time::Instant::now(), PROMPT).await;
@@ -302,5 +317,141 @@ async fn bench_shows_the_lock_metrics() {
         r#"distlock_lock_hold_duration_seconds_sum{backend="memory",key_label="one"}"#,
     ] {
         assert!(tables.stdout.contains(needle), "no {needle:?}: {tables:#?}");
+    }
+}
+
+/// Unix seconds now.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// `run --metrics-textfile` writes, at exit, the exposition node_exporter's textfile
+/// collector reads: the lock's series (histograms with buckets) and the run's gauges, all
+/// labelled job=NAME; the file is replaced by a rename (a new inode, no temporary file
+/// left). A failed run (here from DISTLOCK_METRICS_TEXTFILE) updates the exit code and the
+/// end, and keeps the last success of the file.
+#[tokio::test]
+async fn run_writes_a_textfile_at_exit() {
+    use std::os::unix::fs::MetadataExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("backup.prom");
+    std::fs::write(&path, "# an older file\n").unwrap();
+    let inode = std::fs::metadata(&path).unwrap().ino();
+    let before = unix_now();
+    let path_arg = path.to_str().unwrap();
+    let out = finish(
+        distlock(run_args(
+            "memory://",
+            "payroll/backup",
+            &["--metrics-textfile", path_arg, "--metrics-job", "backup"],
+            "true",
+        )),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(0);
+    let after = unix_now();
+    assert_ne!(std::fs::metadata(&path).unwrap().ino(), inode, "not renamed");
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["backup.prom"], "a temporary file was left");
+
+    let text = std::fs::read_to_string(&path).unwrap();
+    let s = samples(&text);
+    assert_eq!(
+        value(&s, r#"distlock_run_last_exit_code{job="backup"}"#),
+        0.0,
+        "{text}"
+    );
+    let success = value(&s, r#"distlock_run_last_success_timestamp_seconds{job="backup"}"#);
+    assert!(before - 1.0 <= success && success <= after + 1.0, "{text}");
+    let end = value(&s, r#"distlock_run_last_end_timestamp_seconds{job="backup"}"#);
+    assert!(success <= end && end <= after + 1.0, "{text}");
+    assert!(
+        s.contains_key(r#"distlock_run_last_duration_seconds{job="backup"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE distlock_run_last_exit_code gauge"),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &s,
+            r#"distlock_lock_acquire_duration_seconds_bucket{job="backup",backend="memory",outcome="granted",le="0.0005"}"#
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &s,
+            r#"distlock_lock_hold_duration_seconds_count{job="backup",backend="memory"}"#
+        ),
+        1.0,
+        "{text}"
+    );
+    assert!(!text.contains("payroll"), "the key is not the label: {text}");
+
+    let mut failing = distlock(run_args("memory://", "payroll/backup", &[], "exit 3"));
+    failing
+        .env("DISTLOCK_METRICS_TEXTFILE", &path)
+        .env("DISTLOCK_METRICS_JOB", "backup");
+    finish(failing, PROMPT).await.expect_code(3);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let s = samples(&text);
+    assert_eq!(
+        value(&s, r#"distlock_run_last_exit_code{job="backup"}"#),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(&s, r#"distlock_run_last_success_timestamp_seconds{job="backup"}"#),
+        success,
+        "the last success is kept: {text}"
+    );
+    assert!(
+        value(&s, r#"distlock_run_last_end_timestamp_seconds{job="backup"}"#) >= end,
+        "{text}"
+    );
+}
+
+/// Without --metrics-job the textfile's job label is the key; a command that was not run
+/// (not found: 127) has no duration and no success.
+#[tokio::test]
+async fn the_textfile_job_defaults_to_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nightly.prom");
+    let out = finish(
+        distlock([
+            "run",
+            "nightly",
+            "--metrics-textfile",
+            path.to_str().unwrap(),
+            "--",
+            "/nonexistent/command",
+        ]),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(127);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let s = samples(&text);
+    assert_eq!(
+        value(&s, r#"distlock_run_last_exit_code{job="nightly"}"#),
+        127.0,
+        "{text}"
+    );
+    for absent in [
+        "distlock_run_last_success_timestamp_seconds",
+        "distlock_run_last_duration_seconds",
+    ] {
+        assert!(!text.contains(&format!("{absent}{{")), "{absent}: {text}");
     }
 }
