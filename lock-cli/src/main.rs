@@ -11,6 +11,7 @@ mod job;
 mod manual;
 mod metrics;
 mod progress;
+mod push;
 mod report;
 mod run;
 mod schedule;

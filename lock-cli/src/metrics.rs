@@ -175,8 +175,8 @@ pub fn check_textfile(path: &Path) -> Result<&Path, CliError> {
 
 /// Sets the [`run_series`] of a run that ended with `code`, during which CMD ran for
 /// `ran` (if it ran); `succeeded` makes now the last success, else the last success of the
-/// file at `previous` is kept.
-pub fn record_run(code: i32, ran: Option<Duration>, succeeded: bool, previous: &Path) {
+/// textfile at `previous` (if any) is kept.
+pub fn record_run(code: i32, ran: Option<Duration>, succeeded: bool, previous: Option<&Path>) {
     use run_series::*;
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -208,11 +208,18 @@ pub fn record_run(code: i32, ran: Option<Duration>, succeeded: bool, previous: &
     let last_success = if succeeded {
         Some(now)
     } else {
-        read_sample(previous, LAST_SUCCESS)
+        previous.and_then(|path| read_sample(path, LAST_SUCCESS))
     };
     if let Some(at) = last_success {
         ::metrics::gauge!(LAST_SUCCESS).set(at);
     }
+}
+
+/// `handle`'s metrics in the Prometheus text format, every pending histogram sample
+/// included.
+pub fn render(handle: &PrometheusHandle) -> String {
+    handle.run_upkeep();
+    handle.render()
 }
 
 /// Writes `handle`'s exposition to `path` for node_exporter's textfile collector: first to
@@ -223,8 +230,7 @@ pub fn record_run(code: i32, ran: Option<Duration>, succeeded: bool, previous: &
 /// The directory cannot be written (exit 69: like a metrics address that cannot be
 /// listened on).
 pub fn write_textfile(handle: &PrometheusHandle, path: &Path) -> Result<(), CliError> {
-    handle.run_upkeep();
-    let text = handle.render();
+    let text = render(handle);
     let cannot = |e: std::io::Error| {
         CliError::new(
             UNAVAILABLE,

@@ -12,9 +12,11 @@ use distlock::{Error, Event, LockGuard, LockOptions, Locker};
 use crate::common::{parse_duration, parse_positive_duration, Target};
 use crate::exit::{
     not_acquired_after, transient_message, CliError, Exit, LOCK_LOST, NOT_ACQUIRED, TIMED_OUT,
+    USAGE,
 };
 use crate::fire::{Claimed, NotClaimed, Scheduled};
 use crate::job::{status_code, Job, Signals};
+use crate::push::Pushgateway;
 use crate::units::fmt_duration;
 use crate::verbosity::note;
 
@@ -34,11 +36,11 @@ Examples:
 Exit status:
   CMD's status  CMD ran to completion while holding the lock
   128+N         CMD was killed by signal N
-  64            bad command line, key, TTL, duration, URL, --metrics-addr or
-                --metrics-textfile (its directory must exist)
+  64            bad command line, key, TTL, duration, URL, --metrics-addr,
+                --metrics-textfile (its directory must exist) or --metrics-push
   69            lock server unreachable or refusing, or its backend not compiled in,
-                or --metrics-addr cannot be listened on, or the --metrics-textfile of
-                a successful run cannot be written
+                or --metrics-addr cannot be listened on, or the metrics of a
+                successful run cannot be written (--metrics-textfile) or pushed
   70            internal error
   75            lock not acquired: held elsewhere (--no-wait) or --wait passed, or the
                 --schedule fire time claimed by another host (-E N sets these); a
@@ -74,7 +76,8 @@ over it), with the run's gauges distlock_run_last_exit_code,
 distlock_run_last_end_timestamp_seconds, distlock_run_last_duration_seconds (when CMD
 ran) and distlock_run_last_success_timestamp_seconds (when CMD last exited 0; kept from
 the previous file otherwise: alert on it), every series labelled job=NAME
-(--metrics-job, default KEY).
+(--metrics-job, default KEY). --metrics-push URL sends the same to a Pushgateway as the
+group job=NAME (plain HTTP; PUT after a success, else POST, which keeps the last success).
 
 With memory:// the lock excludes only inside this one distlock process: fine for trying
 the command out, useless between processes (distlock says so on stderr).";
@@ -130,8 +133,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH", env = "DISTLOCK_METRICS_TEXTFILE")]
     metrics_textfile: Option<PathBuf>,
 
-    /// The job label of the --metrics-textfile series, which tells this job's file from
-    /// the others in node_exporter's directory [default: KEY].
+    /// At exit, push the same metrics to the Prometheus Pushgateway at URL
+    /// (http://HOST:PORT), as the group job=NAME: PUT after a success, else POST (which
+    /// keeps the group's last success).
+    #[arg(long, value_name = "URL", env = "DISTLOCK_METRICS_PUSH", hide_env_values = true)]
+    metrics_push: Option<String>,
+
+    /// The job label of the --metrics-textfile and --metrics-push series, which tells this
+    /// job's file from the others in node_exporter's directory, and its Pushgateway group
+    /// [default: KEY].
     #[arg(long, value_name = "NAME", env = "DISTLOCK_METRICS_JOB")]
     metrics_job: Option<String>,
 
@@ -201,20 +211,25 @@ pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
         .as_deref()
         .map(crate::metrics::check_textfile)
         .transpose()?;
+    let push = args
+        .metrics_push
+        .as_deref()
+        .map(Pushgateway::parse)
+        .transpose()?;
     let job = args.metrics_job.as_deref().unwrap_or(&args.key);
-    let labels: &[(&str, &str)] = if textfile.is_some() {
-        &[("job", job)]
-    } else {
-        &[]
-    };
-    let recorder = if metrics_addr.is_some() || textfile.is_some() {
+    if job.is_empty() {
+        return Err(CliError::new(USAGE, "invalid --metrics-job \"\": it is empty"));
+    }
+    let batch = textfile.is_some() || push.is_some();
+    let labels: &[(&str, &str)] = if batch { &[("job", job)] } else { &[] };
+    let recorder = if metrics_addr.is_some() || batch {
         Some(crate::metrics::install(metrics_addr, labels)?)
     } else {
         None
     };
     let mut ran = None;
     let exit = run_locked(&args, &mut ran).await;
-    let (Some(recorder), Some(path)) = (recorder, textfile) else {
+    let Some(recorder) = recorder.filter(|_| batch) else {
         return exit;
     };
     let code = match &exit {
@@ -223,13 +238,25 @@ pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
         Err(e) => e.code,
     };
     let succeeded = ran.is_some() && code == 0;
-    crate::metrics::record_run(code, ran, succeeded, path);
-    match crate::metrics::write_textfile(&recorder, path) {
-        Ok(()) => exit,
-        // The job's own failure is the one to report; a success whose metrics are lost is
-        // a failure of its own, which monitoring would otherwise miss.
-        Err(e) if code == 0 => Err(e),
-        Err(e) => {
+    crate::metrics::record_run(code, ran, succeeded, textfile);
+    let mut failures = Vec::new();
+    if let Some(path) = textfile {
+        failures.extend(crate::metrics::write_textfile(&recorder, path).err());
+    }
+    if let Some(push) = &push {
+        let exposition = crate::metrics::render(&recorder);
+        failures.extend(push.push(job, exposition, succeeded).await.err());
+    }
+    // The job's own failure is the one to report; a success whose metrics are lost is a
+    // failure of its own, which monitoring would otherwise miss.
+    let last = failures.pop();
+    for e in &failures {
+        eprintln!("{e}");
+    }
+    match last {
+        None => exit,
+        Some(e) if code == 0 => Err(e),
+        Some(e) => {
             eprintln!("{e}");
             exit
         }

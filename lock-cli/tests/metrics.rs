@@ -455,3 +455,130 @@ async fn the_textfile_job_defaults_to_the_key() {
         assert!(!text.contains(&format!("{absent}{{")), "{absent}: {text}");
     }
 }
+
+/// A real Prometheus Pushgateway (Debian's `prometheus-pushgateway`) on a free loopback
+/// port, killed when dropped.
+struct Pushgateway {
+    port: u16,
+    _child: tokio::process::Child,
+}
+
+impl Pushgateway {
+    async fn start() -> Pushgateway {
+        let binary = lock_testkit::find_binary("prometheus-pushgateway", "prometheus-pushgateway");
+        let port = free_port();
+        let child = tokio::process::Command::new(binary)
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start prometheus-pushgateway");
+        for _ in 0..200 {
+            if scrape(port).await.is_some() {
+                return Pushgateway {
+                    port,
+                    _child: child,
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the pushgateway on port {port} does not answer");
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+/// The value of the series `name` whose labels include every one of `labels` (the
+/// Pushgateway orders labels its own way).
+fn find(samples: &BTreeMap<String, f64>, name: &str, labels: &[&str]) -> Option<f64> {
+    samples
+        .iter()
+        .find(|(k, _)| {
+            k.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix('{'))
+                .is_some_and(|rest| labels.iter().all(|l| rest.contains(l)))
+        })
+        .map(|(_, v)| *v)
+}
+
+/// `run --metrics-push` sends the metrics to a real Pushgateway at exit, as the group of
+/// the job (a name with a slash too): a success replaces the group (PUT), a failure (from
+/// DISTLOCK_METRICS_PUSH) updates the exit code and keeps the last success (POST). A
+/// Pushgateway that cannot be reached turns a success into 69, and leaves a failure's own
+/// status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_pushes_to_a_pushgateway() {
+    let gateway = Pushgateway::start().await;
+    let job = r#"job="jobs/backup""#;
+    let out = finish(
+        distlock(run_args(
+            "memory://",
+            "jobs/backup",
+            &["--metrics-push", &gateway.url()],
+            "true",
+        )),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(0);
+    let text = scrape(gateway.port).await.unwrap();
+    let s = samples(&text);
+    assert_eq!(
+        find(&s, "distlock_run_last_exit_code", &[job]),
+        Some(0.0),
+        "{text}"
+    );
+    let success = find(&s, "distlock_run_last_success_timestamp_seconds", &[job])
+        .unwrap_or_else(|| panic!("no last success: {text}"));
+    assert_eq!(
+        find(
+            &s,
+            "distlock_lock_acquire_duration_seconds_bucket",
+            &[job, r#"backend="memory""#, r#"outcome="granted""#, r#"le="0.0005""#]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+
+    let mut failing = distlock(run_args("memory://", "jobs/backup", &[], "exit 3"));
+    failing.env("DISTLOCK_METRICS_PUSH", gateway.url());
+    finish(failing, PROMPT).await.expect_code(3);
+    let text = scrape(gateway.port).await.unwrap();
+    let s = samples(&text);
+    assert_eq!(
+        find(&s, "distlock_run_last_exit_code", &[job]),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        find(&s, "distlock_run_last_success_timestamp_seconds", &[job]),
+        Some(success),
+        "the last success is kept: {text}"
+    );
+
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let out = finish(
+        distlock(run_args("memory://", "j", &["--metrics-push", &nowhere], "true")),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(69)
+        .expect_stderr("cannot push the metrics to --metrics-push");
+    let out = finish(
+        distlock(run_args("memory://", "j", &["--metrics-push", &nowhere], "exit 4")),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(4)
+        .expect_stderr("cannot push the metrics to --metrics-push");
+    let bad = finish(
+        distlock(run_args("memory://", "j", &["--metrics-push", "https://pg:9091"], "true")),
+        PROMPT,
+    )
+    .await;
+    bad.expect_code(64).expect_stderr("https is not supported");
+}
