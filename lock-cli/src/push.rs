@@ -144,10 +144,10 @@ fn base64url(bytes: &[u8]) -> String {
         let n = chunk
             .iter()
             .enumerate()
-            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+            .fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
         for i in 0..4 {
             if i <= chunk.len() {
-                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
             } else {
                 out.push('=');
             }

@@ -22,8 +22,9 @@ use crate::verbosity::note;
 
 pub const AFTER_HELP: &str = "\
 Examples:
-  # cron on every host: each fire time runs on exactly one host; the others exit 0 silently
-  */5 * * * * distlock run backup --schedule '0 */5 * * * *' -E 0 -q -n -u redis://db1:6379 -- /usr/local/bin/backup
+  # a crontab on every host: each fire time runs on one host; the others exit 0 silently
+  DISTLOCK_URL=redis://db1:6379
+  */5 * * * * distlock run backup --schedule '0 */5 * * * *' -E 0 -q -n -- /usr/local/bin/backup
   # wait up to a minute for the lock, stop the job if it runs for more than an hour
   distlock run reindex -w 1m --timeout 1h -- ./reindex.sh
   # the job sees the key and the fencing token of its grant
@@ -221,7 +222,8 @@ pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
         return Err(CliError::new(USAGE, "invalid --metrics-job \"\": it is empty"));
     }
     let batch = textfile.is_some() || push.is_some();
-    let labels: &[(&str, &str)] = if batch { &[("job", job)] } else { &[] };
+    let job_label = [("job", job)];
+    let labels: &[(&str, &str)] = if batch { &job_label } else { &[] };
     let recorder = if metrics_addr.is_some() || batch {
         Some(crate::metrics::install(metrics_addr, labels)?)
     } else {

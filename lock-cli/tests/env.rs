@@ -86,7 +86,7 @@ async fn metrics_flags_from_the_environment() {
 }
 
 /// `distlock cron` takes its URL and its replica's name from DISTLOCK_URL and
-/// DISTLOCK_REPLICA; the commands see that name.
+/// DISTLOCK_REPLICA (the commands see that name); `cron status` its URL.
 #[tokio::test]
 async fn cron_url_and_replica_from_the_environment() {
     let dir = tempfile::tempdir().unwrap();
@@ -111,4 +111,18 @@ async fn cron_url_and_replica_from_the_environment() {
     let out = common::collect(child, started, PROMPT).await;
     out.expect_code(0)
         .expect_stderr("on memory:// as replica \"web-3\"");
+
+    // `cron status` reads DISTLOCK_URL as well (memory:// keeps no records across
+    // processes: it says so, and shows the job).
+    let mut cmd = distlock([
+        std::ffi::OsStr::new("cron"),
+        "status".as_ref(),
+        file.as_os_str(),
+    ]);
+    cmd.env("DISTLOCK_URL", "memory://");
+    let status = finish(cmd, PROMPT).await;
+    status
+        .expect_code(0)
+        .expect_stderr("keeps records inside one process");
+    assert!(status.stdout.contains('j'), "{status:#?}");
 }

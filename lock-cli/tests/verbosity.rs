@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{distlock, finish, run_args, Finished, PROMPT};
+use common::{distlock, finish, Finished, PROMPT};
 
 async fn distlock_with(args: &[&str]) -> Finished {
     finish(distlock(args), PROMPT).await
@@ -73,6 +73,8 @@ async fn rust_log_sets_the_filter() {
 #[cfg(feature = "redlock")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_library_warning_reaches_stderr_unless_quiet() {
+    use common::run_args;
+
     let nodes = lock_testkit::RedisNodes::start(2).await;
     let mut hosts: Vec<String> = nodes.addrs().iter().map(|a| a.to_string()).collect();
     // Nothing listens there: connection refused.
