@@ -97,14 +97,14 @@ pub struct RunArgs {
 
     /// Time to live of the lock on the server. distlock renews it every TTL/3 while CMD
     /// runs; if distlock dies, the lock is free again after at most TTL.
-    #[arg(short = 't', long, value_name = "DUR", default_value = "30s", env = "DISTLOCK_TTL",
+    #[arg(short = 't', long, value_name = "DUR", default_value = "30s", env = "DISTLOCK_TTL", hide_env_values = true,
           value_parser = parse_duration)]
     ttl: Duration,
 
     /// Wait at most DUR for the lock when it is held (as flock's -w) [default: wait until
     /// it is free]. The last of --wait and --no-wait on the command line wins; either
     /// wins over DISTLOCK_WAIT.
-    #[arg(short = 'w', long, value_name = "DUR", env = "DISTLOCK_WAIT",
+    #[arg(short = 'w', long, value_name = "DUR", env = "DISTLOCK_WAIT", hide_env_values = true,
           value_parser = parse_duration, overrides_with = "no_wait")]
     wait: Option<Duration>,
 
@@ -113,25 +113,25 @@ pub struct RunArgs {
     no_wait: bool,
 
     /// Stop CMD when it runs longer than DUR (exit 124).
-    #[arg(long, value_name = "DUR", env = "DISTLOCK_TIMEOUT",
+    #[arg(long, value_name = "DUR", env = "DISTLOCK_TIMEOUT", hide_env_values = true,
           value_parser = parse_positive_duration)]
     timeout: Option<Duration>,
 
     /// How long CMD gets to exit after SIGTERM before SIGKILL. Keep it below the TTL: after
     /// a lost lock CMD runs unprotected for up to this long.
-    #[arg(long, value_name = "DUR", default_value = "10s", env = "DISTLOCK_GRACE",
+    #[arg(long, value_name = "DUR", default_value = "10s", env = "DISTLOCK_GRACE", hide_env_values = true,
           value_parser = parse_duration)]
     grace: Duration,
 
     /// Serve the lock's metrics in the Prometheus text format on HOST:PORT while distlock
     /// runs.
-    #[arg(long, value_name = "HOST:PORT", env = "DISTLOCK_METRICS_ADDR")]
+    #[arg(long, value_name = "HOST:PORT", env = "DISTLOCK_METRICS_ADDR", hide_env_values = true)]
     metrics_addr: Option<String>,
 
     /// At exit, write the metrics (the lock's and the run's distlock_run_*) to PATH in the
     /// Prometheus text format, for node_exporter's textfile collector (PATH ends in
     /// .prom): written beside it, then renamed over it.
-    #[arg(long, value_name = "PATH", env = "DISTLOCK_METRICS_TEXTFILE")]
+    #[arg(long, value_name = "PATH", env = "DISTLOCK_METRICS_TEXTFILE", hide_env_values = true)]
     metrics_textfile: Option<PathBuf>,
 
     /// At exit, push the same metrics to the Prometheus Pushgateway at URL
@@ -143,7 +143,7 @@ pub struct RunArgs {
     /// The job label of the --metrics-textfile and --metrics-push series, which tells this
     /// job's file from the others in node_exporter's directory, and its Pushgateway group
     /// [default: KEY].
-    #[arg(long, value_name = "NAME", env = "DISTLOCK_METRICS_JOB")]
+    #[arg(long, value_name = "NAME", env = "DISTLOCK_METRICS_JOB", hide_env_values = true)]
     metrics_job: Option<String>,
 
     /// Run CMD only for a fire time of this schedule, once across every host: a cron

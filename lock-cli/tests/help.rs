@@ -40,12 +40,12 @@ fn diff(old: &str, new: &str) -> String {
             lines.push(format!("  {}", a[i]));
             i += 1;
             j += 1;
-        } else if j < b.len() && (i == a.len() || lcs[i][j + 1] >= lcs[i + 1][j]) {
-            lines.push(format!("+ {}", b[j]));
-            j += 1;
-        } else {
+        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
             lines.push(format!("- {}", a[i]));
             i += 1;
+        } else {
+            lines.push(format!("+ {}", b[j]));
+            j += 1;
         }
     }
     let changed: Vec<usize> = (0..lines.len())
@@ -124,9 +124,15 @@ async fn every_url_form_is_documented() {
 /// `distlock completions bash`; returns the candidates.
 async fn bash_complete(script: &Path, words: &[&str]) -> Vec<String> {
     let line = words.join(" ");
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let quoted = quoted.join(" ");
+    let (current, previous) = (words[words.len() - 1], words[words.len() - 2]);
+    // Bash calls the function with the command, the word being completed and the one
+    // before it.
     let program = format!(
-        "source {}; COMP_WORDS=({line}); COMP_CWORD={}; COMP_LINE='{line}'; \
-         COMP_POINT=${{#COMP_LINE}}; _distlock distlock; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        "source {}; COMP_WORDS=({quoted}); COMP_CWORD={}; COMP_LINE='{line}'; \
+         COMP_POINT=${{#COMP_LINE}}; _distlock distlock '{current}' '{previous}'; \
+         printf '%s\\n' \"${{COMPREPLY[@]}}\"",
         script.display(),
         words.len() - 1,
     );
