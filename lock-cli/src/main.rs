@@ -74,7 +74,7 @@ Exit statuses are listed in `distlock run --help`; all subcommands exit 64 on ba
 #[command(name = "distlock", version, after_help = AFTER_HELP, max_term_width = 100)]
 struct Cli {
     /// Say more on stderr: the libraries' info events; -vv debug, -vvv trace.
-    #[arg(short, long, global = true, action = ArgAction::Count, conflicts_with = "quiet")]
+    #[arg(short, long, global = true, action = ArgAction::Count)]
     verbose: u8,
 
     /// Say only errors on stderr: no warnings or notes, from distlock or the libraries;
@@ -127,7 +127,14 @@ fn main() {
         }
     };
     common::note_url_source(&matches);
-    if let Err(e) = verbosity::init(Verbosity::from_flags(cli.quiet, cli.verbose)) {
+    // Checked here rather than by clap, which misses the pair when one is given before the
+    // subcommand and the other after it.
+    let verbosity = if cli.quiet && cli.verbose > 0 {
+        Err(CliError::new(USAGE, "--quiet cannot be used with --verbose"))
+    } else {
+        Ok(Verbosity::from_flags(cli.quiet, cli.verbose))
+    };
+    if let Err(e) = verbosity.and_then(verbosity::init) {
         eprintln!("{e}");
         std::process::exit(e.code);
     }

@@ -218,7 +218,7 @@ pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
         .map(Pushgateway::parse)
         .transpose()?;
     let job = args.metrics_job.as_deref().unwrap_or(&args.key);
-    if job.is_empty() {
+    if args.metrics_job.as_deref() == Some("") {
         return Err(CliError::new(USAGE, "invalid --metrics-job \"\": it is empty"));
     }
     let batch = textfile.is_some() || push.is_some();

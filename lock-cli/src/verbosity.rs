@@ -43,7 +43,7 @@ pub enum Verbosity {
 }
 
 impl Verbosity {
-    /// From the flags (clap keeps `-q` and `-v` apart).
+    /// From the flags (the caller refuses `-q` with `-v`).
     pub fn from_flags(quiet: bool, verbose: u8) -> Verbosity {
         match (quiet, verbose) {
             (true, _) => Verbosity::Quiet,
