@@ -117,7 +117,7 @@ async fn no_wait_exits_75_while_held() {
     finish(cmd, PROMPT)
         .await
         .expect_code(75)
-        .expect_stderr("gave up waiting for lock \"busy\" after 300ms");
+        .expect_stderr("gave up waiting for lock \"busy\" after");
     for extra in [&["-n"][..], &["-w", "300ms", "-n"]] {
         let mut cmd = distlock(run_args(&server.url(), "busy", extra, "true"));
         cmd.env("DISTLOCK_WAIT", "1h");
@@ -132,7 +132,7 @@ async fn no_wait_exits_75_while_held() {
     )
     .await
     .expect_code(75)
-    .expect_stderr("gave up waiting for lock \"busy\" after 300ms");
+    .expect_stderr("gave up waiting for lock \"busy\" after");
     // -q and -E 0: a conflict is a silent success.
     let quiet = finish(
         distlock(run_args(&server.url(), "busy", &["-n", "-q", "-E", "0"], "true")),
