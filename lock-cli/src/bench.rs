@@ -78,7 +78,13 @@ printed), 0 otherwise.";
 pub struct BenchArgs {
     /// Lock server to measure; repeat to compare several, run one after another
     /// [default: memory://].
-    #[arg(short = 'u', long, value_name = "URL", env = "DISTLOCK_URL", hide_env_values = true)]
+    #[arg(
+        short = 'u',
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_URL",
+        hide_env_values = true
+    )]
     url: Vec<String>,
 
     /// Numbers of concurrent tasks, one workload each.
@@ -156,7 +162,12 @@ pub async fn run(args: BenchArgs) -> Result<Exit, CliError> {
     let targets = if args.url.is_empty() {
         vec![Target::choose(None)]
     } else {
-        args.url.iter().cloned().map(Some).map(Target::choose).collect()
+        args.url
+            .iter()
+            .cloned()
+            .map(Some)
+            .map(Target::choose)
+            .collect()
     };
     let opts = LockOptions::new().ttl(args.ttl).watchdog(args.watchdog);
     let metrics_addr = args

@@ -130,7 +130,10 @@ fn main() {
     // Checked here rather than by clap, which misses the pair when one is given before the
     // subcommand and the other after it.
     let verbosity = if cli.quiet && cli.verbose > 0 {
-        Err(CliError::new(USAGE, "--quiet cannot be used with --verbose"))
+        Err(CliError::new(
+            USAGE,
+            "--quiet cannot be used with --verbose",
+        ))
     } else {
         Ok(Verbosity::from_flags(cli.quiet, cli.verbose))
     };

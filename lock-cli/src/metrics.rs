@@ -29,8 +29,8 @@ pub const LATENCY_BUCKETS: [f64; 16] = [
 /// Bucket bounds, in seconds, of the histograms of how long something lasted (a lock held,
 /// a scheduled run): 1 ms to a day, for jobs of any length.
 pub const DURATION_BUCKETS: [f64; 15] = [
-    0.001, 0.01, 0.1, 1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0,
-    21600.0, 86400.0,
+    0.001, 0.01, 0.1, 1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0,
+    86400.0,
 ];
 
 /// The histograms that take [`DURATION_BUCKETS`]; every other one takes

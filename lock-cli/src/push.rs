@@ -78,7 +78,11 @@ impl Pushgateway {
         if plain {
             format!("{}/metrics/job/{job}", self.prefix)
         } else {
-            format!("{}/metrics/job@base64/{}", self.prefix, base64url(job.as_bytes()))
+            format!(
+                "{}/metrics/job@base64/{}",
+                self.prefix,
+                base64url(job.as_bytes())
+            )
         }
     }
 
@@ -91,7 +95,10 @@ impl Pushgateway {
         let cannot = |why: String| {
             CliError::new(
                 UNAVAILABLE,
-                format!("cannot push the metrics to --metrics-push {}: {why}", self.shown),
+                format!(
+                    "cannot push the metrics to --metrics-push {}: {why}",
+                    self.shown
+                ),
             )
         };
         let method = if replace { Method::PUT } else { Method::POST };
@@ -137,8 +144,7 @@ impl Pushgateway {
 
 /// RFC 4648 base64 with the URL-safe alphabet and padding.
 fn base64url(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
         let n = chunk
@@ -184,7 +190,12 @@ mod tests {
         let gw = Pushgateway::parse("http://[::1]:9091/pushgateway").unwrap();
         assert_eq!((gw.host.as_str(), gw.port), ("::1", 9091));
         assert_eq!(gw.group_path("b"), "/pushgateway/metrics/job/b");
-        for bad in ["https://pg:9091", "pg:9091", "http://u:p@pg:9091", "http://pg/?a=b"] {
+        for bad in [
+            "https://pg:9091",
+            "pg:9091",
+            "http://u:p@pg:9091",
+            "http://pg/?a=b",
+        ] {
             assert!(Pushgateway::parse(bad).is_err(), "{bad}");
         }
     }

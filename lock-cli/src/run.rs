@@ -1,8 +1,8 @@
 //! `distlock run`: run a command only while holding a lock.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -92,7 +92,13 @@ pub struct RunArgs {
     key: String,
 
     /// Lock server URL (the forms are in `distlock --help`) [default: memory://].
-    #[arg(short = 'u', long, value_name = "URL", env = "DISTLOCK_URL", hide_env_values = true)]
+    #[arg(
+        short = 'u',
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_URL",
+        hide_env_values = true
+    )]
     url: Option<String>,
 
     /// Time to live of the lock on the server. distlock renews it every TTL/3 while CMD
@@ -125,25 +131,45 @@ pub struct RunArgs {
 
     /// Serve the lock's metrics in the Prometheus text format on HOST:PORT while distlock
     /// runs.
-    #[arg(long, value_name = "HOST:PORT", env = "DISTLOCK_METRICS_ADDR", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        env = "DISTLOCK_METRICS_ADDR",
+        hide_env_values = true
+    )]
     metrics_addr: Option<String>,
 
     /// At exit, write the metrics (the lock's and the run's distlock_run_*) to PATH in the
     /// Prometheus text format, for node_exporter's textfile collector (PATH ends in
     /// .prom): written beside it, then renamed over it.
-    #[arg(long, value_name = "PATH", env = "DISTLOCK_METRICS_TEXTFILE", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "DISTLOCK_METRICS_TEXTFILE",
+        hide_env_values = true
+    )]
     metrics_textfile: Option<PathBuf>,
 
     /// At exit, push the same metrics to the Prometheus Pushgateway at URL
     /// (http://HOST:PORT), as the group job=NAME: PUT after a success, else POST (which
     /// keeps the group's last success).
-    #[arg(long, value_name = "URL", env = "DISTLOCK_METRICS_PUSH", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_METRICS_PUSH",
+        hide_env_values = true
+    )]
     metrics_push: Option<String>,
 
     /// The job label of the --metrics-textfile and --metrics-push series, which tells this
     /// job's file from the others in node_exporter's directory, and its Pushgateway group
     /// [default: KEY].
-    #[arg(long, value_name = "NAME", env = "DISTLOCK_METRICS_JOB", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "DISTLOCK_METRICS_JOB",
+        hide_env_values = true
+    )]
     metrics_job: Option<String>,
 
     /// Run CMD only for a fire time of this schedule, once across every host: a cron
@@ -219,7 +245,10 @@ pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
         .transpose()?;
     let job = args.metrics_job.as_deref().unwrap_or(&args.key);
     if args.metrics_job.as_deref() == Some("") {
-        return Err(CliError::new(USAGE, "invalid --metrics-job \"\": it is empty"));
+        return Err(CliError::new(
+            USAGE,
+            "invalid --metrics-job \"\": it is empty",
+        ));
     }
     let batch = textfile.is_some() || push.is_some();
     let job_label = [("job", job)];

@@ -25,7 +25,13 @@ pub struct StatusArgs {
     key: String,
 
     /// Lock server URL (the forms are in `distlock --help`) [default: memory://].
-    #[arg(short = 'u', long, value_name = "URL", env = "DISTLOCK_URL", hide_env_values = true)]
+    #[arg(
+        short = 'u',
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_URL",
+        hide_env_values = true
+    )]
     url: Option<String>,
 
     /// Print one JSON object instead of text.

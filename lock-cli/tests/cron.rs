@@ -910,7 +910,10 @@ command = {}
             // Run durations are a histogram with buckets up to a day (they aggregate across
             // replicas), never a summary.
             let bucket = r#"distlock_scheduler_run_duration_seconds_bucket{job="good",outcome="ok",le="86400"}"#;
-            assert!(samples.get(bucket).copied().unwrap_or(0.0) >= 2.0, "{before_text}");
+            assert!(
+                samples.get(bucket).copied().unwrap_or(0.0) >= 2.0,
+                "{before_text}"
+            );
             assert!(!before_text.contains("quantile="), "{before_text}");
             let gauge = samples["distlock_scheduler_last_success_timestamp_seconds{job=\"good\"}"];
             let ended: jiff::Timestamp = job(&status, "good")["last_success"]["ended_at"]

@@ -26,7 +26,8 @@ async fn ttl_from_the_environment() {
 #[tokio::test]
 async fn timeout_from_the_environment() {
     let mut cmd = distlock(["run", "k", "--", "sleep", "30"]);
-    cmd.env("DISTLOCK_TIMEOUT", "200ms").env("DISTLOCK_GRACE", "5s");
+    cmd.env("DISTLOCK_TIMEOUT", "200ms")
+        .env("DISTLOCK_GRACE", "5s");
     finish(cmd, PROMPT)
         .await
         .expect_code(124)

@@ -114,7 +114,13 @@ async fn every_url_form_is_documented() {
     }
     // The TLS and backend parameters.
     for param in [
-        "ca=", "cert=", "key=", "tls=true", "sentinel_password=", "drift=", "table=",
+        "ca=",
+        "cert=",
+        "key=",
+        "tls=true",
+        "sentinel_password=",
+        "drift=",
+        "table=",
     ] {
         assert!(help.stdout.contains(param), "--help lacks {param}");
     }
@@ -180,7 +186,9 @@ async fn completions_complete_subcommands_and_flags() {
             out.stdout
         );
     }
-    distlock_with(&["completions", "tcsh"]).await.expect_code(64);
+    distlock_with(&["completions", "tcsh"])
+        .await
+        .expect_code(64);
 }
 
 /// Checks `page` with groff (warnings are errors) and returns it as plain text, lines
@@ -213,7 +221,11 @@ async fn render_man(page: &str) -> String {
 async fn man_pages_are_valid_roff() {
     let out = distlock_with(&["man"]).await;
     out.expect_code(0);
-    assert!(out.stdout.starts_with(".ie \\n(.g .ds Aq"), "{}", out.stdout);
+    assert!(
+        out.stdout.starts_with(".ie \\n(.g .ds Aq"),
+        "{}",
+        out.stdout
+    );
     assert!(out.stdout.contains(".TH distlock 1"), "{}", out.stdout);
     let text = render_man(&out.stdout).await;
     for sub in ["run", "bench", "status", "cron", "completions", "man"] {

@@ -210,7 +210,8 @@ async fn run_metrics_count_a_wait_and_a_loss_on_redis() {
     // Holds take the long buckets (up to a day), latencies the short ones (up to 60 s).
     one(r#"distlock_lock_hold_duration_seconds_bucket{backend="redis",le="86400"}"#);
     assert!(
-        !text.contains(r#"distlock_lock_hold_duration_seconds_bucket{backend="redis",le="0.0005"}"#),
+        !text
+            .contains(r#"distlock_lock_hold_duration_seconds_bucket{backend="redis",le="0.0005"}"#),
         "{text}"
     );
     assert_eq!(total(&lost, "distlock_lock_errors_total"), 1.0, "{text}");
@@ -355,7 +356,11 @@ async fn run_writes_a_textfile_at_exit() {
     .await;
     out.expect_code(0);
     let after = unix_now();
-    assert_ne!(std::fs::metadata(&path).unwrap().ino(), inode, "not renamed");
+    assert_ne!(
+        std::fs::metadata(&path).unwrap().ino(),
+        inode,
+        "not renamed"
+    );
     let names: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -369,9 +374,15 @@ async fn run_writes_a_textfile_at_exit() {
         0.0,
         "{text}"
     );
-    let success = value(&s, r#"distlock_run_last_success_timestamp_seconds{job="backup"}"#);
+    let success = value(
+        &s,
+        r#"distlock_run_last_success_timestamp_seconds{job="backup"}"#,
+    );
     assert!(before - 1.0 <= success && success <= after + 1.0, "{text}");
-    let end = value(&s, r#"distlock_run_last_end_timestamp_seconds{job="backup"}"#);
+    let end = value(
+        &s,
+        r#"distlock_run_last_end_timestamp_seconds{job="backup"}"#,
+    );
     assert!(success <= end && end <= after + 1.0, "{text}");
     assert!(
         s.contains_key(r#"distlock_run_last_duration_seconds{job="backup"}"#),
@@ -397,7 +408,10 @@ async fn run_writes_a_textfile_at_exit() {
         1.0,
         "{text}"
     );
-    assert!(!text.contains("payroll"), "the key is not the label: {text}");
+    assert!(
+        !text.contains("payroll"),
+        "the key is not the label: {text}"
+    );
 
     let mut failing = distlock(run_args("memory://", "payroll/backup", &[], "exit 3"));
     failing
@@ -412,12 +426,18 @@ async fn run_writes_a_textfile_at_exit() {
         "{text}"
     );
     assert_eq!(
-        value(&s, r#"distlock_run_last_success_timestamp_seconds{job="backup"}"#),
+        value(
+            &s,
+            r#"distlock_run_last_success_timestamp_seconds{job="backup"}"#
+        ),
         success,
         "the last success is kept: {text}"
     );
     assert!(
-        value(&s, r#"distlock_run_last_end_timestamp_seconds{job="backup"}"#) >= end,
+        value(
+            &s,
+            r#"distlock_run_last_end_timestamp_seconds{job="backup"}"#
+        ) >= end,
         "{text}"
     );
 }
@@ -538,7 +558,12 @@ async fn run_pushes_to_a_pushgateway() {
         find(
             &s,
             "distlock_lock_acquire_duration_seconds_bucket",
-            &[job, r#"backend="memory""#, r#"outcome="granted""#, r#"le="0.0005""#]
+            &[
+                job,
+                r#"backend="memory""#,
+                r#"outcome="granted""#,
+                r#"le="0.0005""#
+            ]
         ),
         Some(1.0),
         "{text}"
@@ -562,21 +587,36 @@ async fn run_pushes_to_a_pushgateway() {
 
     let nowhere = format!("http://127.0.0.1:{}", free_port());
     let out = finish(
-        distlock(run_args("memory://", "j", &["--metrics-push", &nowhere], "true")),
+        distlock(run_args(
+            "memory://",
+            "j",
+            &["--metrics-push", &nowhere],
+            "true",
+        )),
         PROMPT,
     )
     .await;
     out.expect_code(69)
         .expect_stderr("cannot push the metrics to --metrics-push");
     let out = finish(
-        distlock(run_args("memory://", "j", &["--metrics-push", &nowhere], "exit 4")),
+        distlock(run_args(
+            "memory://",
+            "j",
+            &["--metrics-push", &nowhere],
+            "exit 4",
+        )),
         PROMPT,
     )
     .await;
     out.expect_code(4)
         .expect_stderr("cannot push the metrics to --metrics-push");
     let bad = finish(
-        distlock(run_args("memory://", "j", &["--metrics-push", "https://pg:9091"], "true")),
+        distlock(run_args(
+            "memory://",
+            "j",
+            &["--metrics-push", "https://pg:9091"],
+            "true",
+        )),
         PROMPT,
     )
     .await;

@@ -127,7 +127,12 @@ async fn no_wait_exits_75_while_held() {
             .expect_stderr("is held by another owner; not running the command");
     }
     finish(
-        distlock(run_args(&server.url(), "busy", &["-n", "-w", "300ms"], "true")),
+        distlock(run_args(
+            &server.url(),
+            "busy",
+            &["-n", "-w", "300ms"],
+            "true",
+        )),
         PROMPT,
     )
     .await
@@ -135,7 +140,12 @@ async fn no_wait_exits_75_while_held() {
     .expect_stderr("gave up waiting for lock \"busy\" after");
     // -q and -E 0: a conflict is a silent success.
     let quiet = finish(
-        distlock(run_args(&server.url(), "busy", &["-n", "-q", "-E", "0"], "true")),
+        distlock(run_args(
+            &server.url(),
+            "busy",
+            &["-n", "-q", "-E", "0"],
+            "true",
+        )),
         PROMPT,
     )
     .await;

@@ -113,16 +113,32 @@ struct RunArgs {
     /// Lock server URL, the same on every replica (the forms are in `distlock --help`);
     /// without it distlock cron refuses to start: --url memory:// runs the jobs in this
     /// process alone.
-    #[arg(short = 'u', long, value_name = "URL", env = "DISTLOCK_URL", hide_env_values = true)]
+    #[arg(
+        short = 'u',
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_URL",
+        hide_env_values = true
+    )]
     url: Option<String>,
 
     /// This replica's name in the run records and in the commands' DISTLOCK_REPLICA
     /// [default: HOSTNAME-PID].
-    #[arg(long, value_name = "ID", env = "DISTLOCK_REPLICA", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "ID",
+        env = "DISTLOCK_REPLICA",
+        hide_env_values = true
+    )]
     replica: Option<String>,
 
     /// Serve the metrics in the Prometheus text format on HOST:PORT.
-    #[arg(long, value_name = "HOST:PORT", env = "DISTLOCK_METRICS_ADDR", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        env = "DISTLOCK_METRICS_ADDR",
+        hide_env_values = true
+    )]
     metrics_addr: Option<String>,
 
     /// Test only: run the scheduler on a clock this far ahead (`+1s`) or behind (`-1s`) of

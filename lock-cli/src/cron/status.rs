@@ -35,7 +35,13 @@ pub struct StatusArgs {
     file: PathBuf,
 
     /// Lock server URL (the forms are in `distlock --help`) [default: memory://].
-    #[arg(short = 'u', long, value_name = "URL", env = "DISTLOCK_URL", hide_env_values = true)]
+    #[arg(
+        short = 'u',
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_URL",
+        hide_env_values = true
+    )]
     url: Option<String>,
 
     /// How many of each job's last run records to show.
