@@ -32,7 +32,7 @@ Examples:
   # a long job whose lock Prometheus scrapes while it runs
   distlock run reindex --metrics-addr 0.0.0.0:9464 -- ./reindex.sh
   # a nightly job's metrics for node_exporter's textfile collector
-  distlock run backup --metrics-textfile /var/lib/prometheus/node-exporter/backup.prom -- ./backup.sh
+  distlock run backup --metrics-textfile /var/lib/node_exporter/backup.prom -- ./backup.sh
 
 Exit status:
   CMD's status  CMD ran to completion while holding the lock
@@ -103,30 +103,54 @@ pub struct RunArgs {
 
     /// Time to live of the lock on the server. distlock renews it every TTL/3 while CMD
     /// runs; if distlock dies, the lock is free again after at most TTL.
-    #[arg(short = 't', long, value_name = "DUR", default_value = "30s", env = "DISTLOCK_TTL", hide_env_values = true,
-          value_parser = parse_duration)]
+    #[arg(
+        short = 't',
+        long,
+        value_name = "DUR",
+        default_value = "30s",
+        env = "DISTLOCK_TTL",
+        hide_env_values = true,
+        value_parser = parse_duration
+    )]
     ttl: Duration,
 
     /// Wait at most DUR for the lock when it is held (as flock's -w) [default: wait until
-    /// it is free]. The last of --wait and --no-wait on the command line wins; either
-    /// wins over DISTLOCK_WAIT.
-    #[arg(short = 'w', long, value_name = "DUR", env = "DISTLOCK_WAIT", hide_env_values = true,
-          value_parser = parse_duration, overrides_with = "no_wait")]
+    /// it is free].
+    #[arg(
+        short = 'w',
+        long,
+        value_name = "DUR",
+        env = "DISTLOCK_WAIT",
+        hide_env_values = true,
+        value_parser = parse_duration
+    )]
     wait: Option<Duration>,
 
-    /// Do not wait: exit 75 (see -E) at once when the lock is held (as flock's -n).
-    #[arg(short = 'n', long, overrides_with = "wait")]
+    /// Do not wait: exit 75 (see -E) at once when the lock is held (as flock's -n). Wins
+    /// over --wait and DISTLOCK_WAIT, as flock's -n wins over its -w.
+    #[arg(short = 'n', long)]
     no_wait: bool,
 
     /// Stop CMD when it runs longer than DUR (exit 124).
-    #[arg(long, value_name = "DUR", env = "DISTLOCK_TIMEOUT", hide_env_values = true,
-          value_parser = parse_positive_duration)]
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "DISTLOCK_TIMEOUT",
+        hide_env_values = true,
+        value_parser = parse_positive_duration
+    )]
     timeout: Option<Duration>,
 
     /// How long CMD gets to exit after SIGTERM before SIGKILL. Keep it below the TTL: after
     /// a lost lock CMD runs unprotected for up to this long.
-    #[arg(long, value_name = "DUR", default_value = "10s", env = "DISTLOCK_GRACE", hide_env_values = true,
-          value_parser = parse_duration)]
+    #[arg(
+        long,
+        value_name = "DUR",
+        default_value = "10s",
+        env = "DISTLOCK_GRACE",
+        hide_env_values = true,
+        value_parser = parse_duration
+    )]
     grace: Duration,
 
     /// Serve the lock's metrics in the Prometheus text format on HOST:PORT while distlock
@@ -187,7 +211,12 @@ pub struct RunArgs {
     /// With --schedule: a fire time not started within DUR of it is missed (exit 75)
     /// [default: the scheduler's: half of at_least (itself half the gap, at most 1m), at
     /// least 500ms].
-    #[arg(long, value_name = "DUR", requires = "schedule", value_parser = parse_duration)]
+    #[arg(
+        long,
+        value_name = "DUR",
+        requires = "schedule",
+        value_parser = parse_duration
+    )]
     lateness: Option<Duration>,
 
     /// Keep the lock until DUR after CMD started (with --schedule: after the fire time),
