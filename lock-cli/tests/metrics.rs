@@ -221,6 +221,7 @@ async fn run_metrics_count_a_wait_and_a_loss_on_redis() {
 }
 
 /// Waits until `path` exists (an empty marker file); panics after [`PROMPT`].
+#[cfg(feature = "redis")]
 async fn read_when_written_or_exists(path: &Path) {
     let deadline = std::time::Instant::now() + PROMPT;
     while !path.exists() {
