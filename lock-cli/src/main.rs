@@ -110,13 +110,8 @@ enum Command {
     Man(manual::ManArgs),
 }
 
-/// The command line's definition, for help, completions and the manual page.
-pub(crate) fn command() -> clap::Command {
-    Cli::command()
-}
-
 fn main() {
-    let parsed = command()
+    let parsed = Cli::command()
         .try_get_matches()
         .and_then(|matches| Ok((Cli::from_arg_matches(&matches)?, matches)));
     let (cli, matches) = match parsed {
@@ -146,8 +141,8 @@ fn main() {
         Command::Bench(args) => block_on(bench::run(args)),
         Command::Status(args) => block_on(status::run(args)),
         Command::Cron(args) => block_on(cron::run(args)),
-        Command::Completions(args) => manual::completions(args),
-        Command::Man(args) => manual::man(args),
+        Command::Completions(args) => manual::completions(args, Cli::command()),
+        Command::Man(args) => manual::man(args, Cli::command()),
     };
     let _ = std::io::stdout().flush();
     match exit {

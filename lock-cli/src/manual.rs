@@ -2,7 +2,7 @@
 //! manual pages generated from the same clap definitions as `--help`, so they cannot drift
 //! from the command line.
 
-use clap::Args;
+use clap::{Args, Command};
 use clap_complete::Shell;
 
 use crate::common::print_stdout_bytes;
@@ -41,23 +41,22 @@ pub struct ManArgs {
     subcommand: Option<String>,
 }
 
-/// Prints the completion script of `args.shell`.
+/// Prints the completion script of `args.shell` for `command` (distlock's definition).
 ///
 /// # Errors
 /// None in practice; the signature matches the other subcommands'.
-pub fn completions(args: CompletionsArgs) -> Result<Exit, CliError> {
+pub fn completions(args: CompletionsArgs, mut command: Command) -> Result<Exit, CliError> {
     let mut out = Vec::new();
-    clap_complete::generate(args.shell, &mut crate::command(), "distlock", &mut out);
+    clap_complete::generate(args.shell, &mut command, "distlock", &mut out);
     print_stdout_bytes(&out);
     Ok(Exit::Code(0))
 }
 
-/// Prints the manual page of distlock or of one subcommand.
+/// Prints the manual page of `top` (distlock's definition) or of one of its subcommands.
 ///
 /// # Errors
 /// An unknown subcommand (exit 64).
-pub fn man(args: ManArgs) -> Result<Exit, CliError> {
-    let mut top = crate::command();
+pub fn man(args: ManArgs, mut top: Command) -> Result<Exit, CliError> {
     // Names and versions are what the pages' headers and SEE ALSO use.
     top.build();
     let page = match args.subcommand.as_deref() {
