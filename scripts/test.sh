@@ -24,6 +24,9 @@ command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 # libfaketime: the clock-skew tests run a distlock whose wall clock is off.
 ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || missing+=(faketime)
+# lock-cli's tests: groff reads `distlock man`; a real Pushgateway takes `run --metrics-push`.
+command -v groff >/dev/null 2>&1 || missing+=(groff-base)
+command -v prometheus-pushgateway >/dev/null 2>&1 || missing+=(prometheus-pushgateway)
 # PostgreSQL's binaries live under /usr/lib/postgresql/<version>/bin, not on PATH.
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null 2>&1 \
   || missing+=(postgresql)

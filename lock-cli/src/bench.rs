@@ -77,9 +77,15 @@ printed), 0 otherwise.";
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// Lock server to measure; repeat to compare several, run one after another
-    /// [default: $DISTLOCK_URL, else memory://].
-    #[arg(long = "url", value_name = "URL")]
-    urls: Vec<String>,
+    /// [default: memory://].
+    #[arg(
+        short = 'u',
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_URL",
+        hide_env_values = true
+    )]
+    url: Vec<String>,
 
     /// Numbers of concurrent tasks, one workload each.
     #[arg(long, value_name = "N,…", value_delimiter = ',', default_value = "1,16,64",
@@ -153,10 +159,15 @@ struct TaskStats {
 /// # Errors
 /// Bad input or an unreachable server (before anything is measured).
 pub async fn run(args: BenchArgs) -> Result<Exit, CliError> {
-    let targets = if args.urls.is_empty() {
-        vec![Target::choose(None)?]
+    let targets = if args.url.is_empty() {
+        vec![Target::choose(None)]
     } else {
-        args.urls.iter().cloned().map(Target::flag).collect()
+        args.url
+            .iter()
+            .cloned()
+            .map(Some)
+            .map(Target::choose)
+            .collect()
     };
     let opts = LockOptions::new().ttl(args.ttl).watchdog(args.watchdog);
     let metrics_addr = args
@@ -165,8 +176,8 @@ pub async fn run(args: BenchArgs) -> Result<Exit, CliError> {
         .map(crate::metrics::resolve)
         .transpose()?;
     let recorded = match metrics_addr {
-        Some(addr) => Some(crate::metrics::serve(addr)?),
-        None if args.metrics => Some(crate::metrics::record()?),
+        Some(addr) => Some(crate::metrics::install(Some(addr), &[])?),
+        None if args.metrics => Some(crate::metrics::install(None, &[])?),
         None => None,
     };
     // Connect to every server first, so that a typo in the last URL is not found out

@@ -1,10 +1,13 @@
 //! What every subcommand shares: choosing and connecting the lock server, durations.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use clap::parser::ValueSource;
+use clap::ArgMatches;
 use distlock::Locker;
 
-use crate::exit::{CliError, USAGE};
+use crate::exit::CliError;
 
 /// Where the lock-server URL came from, for messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,27 +37,36 @@ pub struct Target {
     origin: Origin,
 }
 
+/// Whether the URL of the subcommand being run came from `DISTLOCK_URL` (see
+/// [`note_url_source`]).
+static URL_FROM_ENV: AtomicBool = AtomicBool::new(false);
+
+/// Notes whether the `--url` of the subcommand in `matches` was read from `DISTLOCK_URL`
+/// (clap's `env`) rather than given on the command line, for [`Target::choose`]'s messages.
+pub fn note_url_source(matches: &ArgMatches) {
+    let mut leaf = matches;
+    while let Some((_, sub)) = leaf.subcommand() {
+        leaf = sub;
+    }
+    let from_env = leaf.ids().any(|id| id.as_str() == "url")
+        && leaf.value_source("url") == Some(ValueSource::EnvVariable);
+    URL_FROM_ENV.store(from_env, Ordering::Relaxed);
+}
+
 impl Target {
-    /// `--url` when given, else what [`distlock::from_env`] would use: `DISTLOCK_URL`, else
+    /// The URL of `--url` (clap reads `DISTLOCK_URL` when the flag is absent), else
     /// `memory://`.
-    ///
-    /// # Errors
-    /// `DISTLOCK_URL` is set but not UTF-8.
-    pub fn choose(flag: Option<String>) -> Result<Target, CliError> {
-        if let Some(url) = flag {
-            return Ok(Target::flag(url));
-        }
-        match distlock::env_url() {
-            Ok(Some(url)) => Ok(Target {
+    pub fn choose(url: Option<String>) -> Target {
+        match url {
+            Some(url) if URL_FROM_ENV.load(Ordering::Relaxed) => Target {
                 url,
                 origin: Origin::Env,
-            }),
-            Ok(None) => Ok(Target {
+            },
+            Some(url) => Target::flag(url),
+            None => Target {
                 url: distlock::DEFAULT_URL.to_owned(),
                 origin: Origin::Default,
-            }),
-            Err(distlock::Error::InvalidUrl { reason, .. }) => Err(CliError::new(USAGE, reason)),
-            Err(other) => Err(CliError::from_lock(other, "", Origin::Env.describe())),
+            },
         }
     }
 
@@ -98,6 +110,13 @@ pub fn print_stdout(text: &str) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
+/// Writes `bytes` to stdout, as [`print_stdout`] writes text.
+pub fn print_stdout_bytes(bytes: &[u8]) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(bytes).and_then(|()| out.flush());
 }
 
 /// Parses a human duration (`30s`, `500ms`, `5m`, `1h 30m`) for clap: the grammar of

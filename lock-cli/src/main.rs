@@ -8,43 +8,80 @@ mod cron;
 mod exit;
 mod fire;
 mod job;
+mod manual;
 mod metrics;
 mod progress;
+mod push;
 mod report;
 mod run;
 mod schedule;
 mod status;
 mod units;
+mod verbosity;
 
+use std::future::Future;
 use std::io::Write;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::exit::{CliError, Exit, INTERNAL, USAGE};
+use crate::verbosity::Verbosity;
 
 const AFTER_HELP: &str = "\
-Lock servers (--url, else $DISTLOCK_URL, else memory://):
-  memory://                            this process only, for trying things out
-  redis://[USER:PASS@]HOST:PORT[/DB]   one Redis server (rediss:// over TLS)
-  redlock://HOST:PORT,HOST:PORT,...    Redlock over independent Redis nodes
-  etcd://HOST:PORT[,HOST:PORT...]      an etcd cluster
-  postgres://USER:PASS@HOST:PORT/DB    a PostgreSQL lease table (?table=, ?schema=)
-Durations are written like 500ms, 30s, 5m or 1h 30m.
+Lock servers (-u/--url, else $DISTLOCK_URL, else memory://):
+  memory://
+      this process only, for trying things out
+  redis://[USER:PASS@]HOST[:PORT][/DB][?prefix=P&timeout=DUR]
+      one Redis server (port 6379)
+  rediss://[USER:PASS@]HOST[:PORT][/DB][?ca=PEM&cert=PEM&key=PEM&prefix=P&timeout=DUR]
+      one Redis server over TLS (ca: CA file instead of the system roots; cert+key:
+      a client certificate)
+  redis+sentinel://[USER:PASS@]HOST[:PORT],HOST[:PORT],.../MASTER[/DB][?sentinel_user=U&
+      sentinel_password=P&prefix=P&timeout=DUR]
+      the master these Redis Sentinels (port 26379) name, found again after a failover
+      (USER:PASS are the master's credentials)
+  redis+cluster://[USER:PASS@]HOST[:PORT],HOST[:PORT],...[?prefix=P&timeout=DUR]
+      a Redis Cluster through its seed nodes (port 6379)
+  redlock://[USER:PASS@]HOST[:PORT],HOST[:PORT],...[/DB][?drift=F&fencing=BOOL&prefix=P&
+      timeout=DUR]
+      Redlock: a majority of independent Redis nodes (port 6379)
+  etcd://[USER:PASS@]HOST[:PORT][,HOST[:PORT]...][?tls=true&ca=PEM&cert=PEM&key=PEM&
+      prefix=P&timeout=DUR]
+      an etcd cluster (port 2379); TLS with tls=true or any of ca, cert, key
+  postgres://[USER:PASS@]HOST[:PORT][/DB][?table=T&schema=S&timeout=DUR]
+      a PostgreSQL lease table (port 5432); postgresql:// is the same
+Percent-encode @ / ? # in a password; prefer $DISTLOCK_URL to --url for one (other users
+of the host see command lines). Durations are written like 500ms, 30s, 5m or 1h 30m.
+
+Messages go to stderr: errors and warnings, from distlock and from the libraries (as
+`WARN lock_etcd::connect: ...`). -q leaves errors only; -v adds the libraries' info
+events, -vv debug, -vvv trace; RUST_LOG (like lock_redis=debug) replaces that filter.
 
 Examples:
   distlock run nightly-report --url redis://10.0.0.5:6379 -- ./report.sh
   distlock bench --url memory:// --url redis://127.0.0.1:6379
   distlock status nightly-report --url redis://10.0.0.5:6379
   distlock cron jobs.toml --url redis://10.0.0.5:6379
+  distlock completions bash > /etc/bash_completion.d/distlock
+  distlock man > /usr/local/share/man/man1/distlock.1
 
 Exit statuses are listed in `distlock run --help`; all subcommands exit 64 on bad input,
 69 when the lock server is unreachable or refusing, 70 on an internal error.";
 
 /// Run a command under a distributed lock, benchmark lock servers, inspect a lock.
 #[derive(Parser, Debug)]
-#[command(name = "distlock", version, after_help = AFTER_HELP)]
+#[command(name = "distlock", version, after_help = AFTER_HELP, max_term_width = 100)]
 struct Cli {
+    /// Say more on stderr: the libraries' info events; -vv debug, -vvv trace.
+    #[arg(short, long, global = true, action = ArgAction::Count)]
+    verbose: u8,
+
+    /// Say only errors on stderr: no warnings or notes, from distlock or the libraries;
+    /// `run` also prints nothing when another holder keeps CMD from running (see -E).
+    #[arg(short, long, global = true)]
+    quiet: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -65,37 +102,47 @@ enum Command {
     /// (`cron FILE`), or show the jobs' last runs (`cron status FILE`).
     #[command(after_help = cron::AFTER_HELP)]
     Cron(cron::CronArgs),
+    /// Print the completion script of SHELL for distlock to stdout.
+    #[command(after_help = manual::COMPLETIONS_HELP)]
+    Completions(manual::CompletionsArgs),
+    /// Print distlock's manual page (roff, section 1) to stdout, or a subcommand's.
+    #[command(after_help = manual::MAN_HELP)]
+    Man(manual::ManArgs),
 }
 
 fn main() {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|matches| Ok((Cli::from_arg_matches(&matches)?, matches)));
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) => {
             let _ = e.print();
             std::process::exit(if e.use_stderr() { USAGE } else { 0 });
         }
     };
-    let exit = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => {
-            let exit = runtime.block_on(async {
-                match cli.command {
-                    Command::Run(args) => run::run(args).await,
-                    Command::Bench(args) => bench::run(args).await,
-                    Command::Status(args) => status::run(args).await,
-                    Command::Cron(args) => cron::run(args).await,
-                }
-            });
-            // Background work (renewals, client connections) must not hold up the exit.
-            runtime.shutdown_timeout(Duration::from_secs(1));
-            exit
-        }
-        Err(e) => Err(CliError::new(
-            INTERNAL,
-            format!("cannot start the async runtime: {e}"),
-        )),
+    common::note_url_source(&matches);
+    // Checked here rather than by clap, which misses the pair when one is given before the
+    // subcommand and the other after it.
+    let verbosity = if cli.quiet && cli.verbose > 0 {
+        Err(CliError::new(
+            USAGE,
+            "--quiet cannot be used with --verbose",
+        ))
+    } else {
+        Ok(Verbosity::from_flags(cli.quiet, cli.verbose))
+    };
+    if let Err(e) = verbosity.and_then(verbosity::init) {
+        eprintln!("{e}");
+        std::process::exit(e.code);
+    }
+    let exit = match cli.command {
+        Command::Run(args) => block_on(run::run(args)),
+        Command::Bench(args) => block_on(bench::run(args)),
+        Command::Status(args) => block_on(status::run(args)),
+        Command::Cron(args) => block_on(cron::run(args)),
+        Command::Completions(args) => manual::completions(args, Cli::command()),
+        Command::Man(args) => manual::man(args, Cli::command()),
     };
     let _ = std::io::stdout().flush();
     match exit {
@@ -106,6 +153,18 @@ fn main() {
             std::process::exit(e.code);
         }
     }
+}
+
+/// Runs a subcommand on a multi-threaded tokio runtime.
+fn block_on(subcommand: impl Future<Output = Result<Exit, CliError>>) -> Result<Exit, CliError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::new(INTERNAL, format!("cannot start the async runtime: {e}")))?;
+    let exit = runtime.block_on(subcommand);
+    // Background work (renewals, client connections) must not hold up the exit.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    exit
 }
 
 /// Dies of `sig` with its default action, so that the parent sees the process killed by

@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -11,28 +12,36 @@ use distlock::{Error, Event, LockGuard, LockOptions, Locker};
 use crate::common::{parse_duration, parse_positive_duration, Target};
 use crate::exit::{
     not_acquired_after, transient_message, CliError, Exit, LOCK_LOST, NOT_ACQUIRED, TIMED_OUT,
+    USAGE,
 };
 use crate::fire::{Claimed, NotClaimed, Scheduled};
 use crate::job::{status_code, Job, Signals};
+use crate::push::Pushgateway;
 use crate::units::fmt_duration;
+use crate::verbosity::note;
 
 pub const AFTER_HELP: &str = "\
 Examples:
-  # cron on every host: each fire time runs on exactly one host; the others exit 0 silently
-  */5 * * * * distlock run backup --schedule '0 */5 * * * *' -E 0 -q --no-wait --url redis://db1:6379 -- /usr/local/bin/backup
+  # a crontab on every host: each fire time runs on one host; the others exit 0 silently
+  DISTLOCK_URL=redis://db1:6379
+  */5 * * * * distlock run backup --schedule '0 */5 * * * *' -E 0 -q -n -- /usr/local/bin/backup
   # wait up to a minute for the lock, stop the job if it runs for more than an hour
-  distlock run reindex --wait 1m --timeout 1h -- ./reindex.sh
+  distlock run reindex -w 1m --timeout 1h -- ./reindex.sh
   # the job sees the key and the fencing token of its grant
   distlock run deploy -- sh -c 'echo \"$DISTLOCK_KEY holds fence $DISTLOCK_FENCE\"'
   # a long job whose lock Prometheus scrapes while it runs
   distlock run reindex --metrics-addr 0.0.0.0:9464 -- ./reindex.sh
+  # a nightly job's metrics for node_exporter's textfile collector
+  distlock run backup --metrics-textfile /var/lib/node_exporter/backup.prom -- ./backup.sh
 
 Exit status:
   CMD's status  CMD ran to completion while holding the lock
   128+N         CMD was killed by signal N
-  64            bad command line, key, TTL, duration, URL or --metrics-addr
+  64            bad command line, key, TTL, duration, URL, --metrics-addr,
+                --metrics-textfile (its directory must exist) or --metrics-push
   69            lock server unreachable or refusing, or its backend not compiled in,
-                or --metrics-addr cannot be listened on
+                or --metrics-addr cannot be listened on, or the metrics of a
+                successful run cannot be written (--metrics-textfile) or pushed
   70            internal error
   75            lock not acquired: held elsewhere (--no-wait) or --wait passed, or the
                 --schedule fire time claimed by another host (-E N sets these); a
@@ -56,11 +65,20 @@ read from the terminal, and distlock relays Ctrl-C to it.
 
 --metrics-addr HOST:PORT serves the lock's metrics in the Prometheus text format while
 distlock runs (from before it connects until it exits), labelled backend=NAME, never with
-the key: distlock_lock_acquire_duration_seconds{outcome} and
-distlock_lock_wait_duration_seconds{outcome} (outcome granted, refused, timed_out or
-error), distlock_lock_hold_duration_seconds (recorded when the lock is released or lost),
-distlock_locks_lost_total, distlock_lock_renewals_failed_total,
-distlock_lock_handovers_total and distlock_lock_errors_total{kind}.
+the key: the histograms (buckets 0.5ms to 60s) distlock_lock_acquire_duration_seconds
+{outcome} and distlock_lock_wait_duration_seconds{outcome} (outcome granted, refused,
+timed_out or error), distlock_lock_hold_duration_seconds (buckets 1ms to 1 day, recorded
+when the lock is released or lost), the counters distlock_lock_lost_total,
+distlock_lock_renewals_failed_total, distlock_lock_handovers_total and
+distlock_lock_errors_total{kind}.
+
+--metrics-textfile PATH writes them at exit to PATH (through a temporary file renamed
+over it), with the run's gauges distlock_run_last_exit_code,
+distlock_run_last_end_timestamp_seconds, distlock_run_last_duration_seconds (when CMD
+ran) and distlock_run_last_success_timestamp_seconds (when CMD last exited 0; kept from
+the previous file otherwise: alert on it), every series labelled job=NAME
+(--metrics-job, default KEY). --metrics-push URL sends the same to a Pushgateway as the
+group job=NAME (plain HTTP; PUT after a success, else POST, which keeps the last success).
 
 With memory:// the lock excludes only inside this one distlock process: fine for trying
 the command out, useless between processes (distlock says so on stderr).";
@@ -73,36 +91,110 @@ pub struct RunArgs {
     #[arg(value_name = "KEY")]
     key: String,
 
-    /// Lock server URL [default: $DISTLOCK_URL, else memory://].
-    #[arg(long, value_name = "URL")]
+    /// Lock server URL (the forms are in `distlock --help`) [default: memory://].
+    #[arg(
+        short = 'u',
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_URL",
+        hide_env_values = true
+    )]
     url: Option<String>,
 
     /// Time to live of the lock on the server. distlock renews it every TTL/3 while CMD
     /// runs; if distlock dies, the lock is free again after at most TTL.
-    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_duration)]
+    #[arg(
+        short = 't',
+        long,
+        value_name = "DUR",
+        default_value = "30s",
+        env = "DISTLOCK_TTL",
+        hide_env_values = true,
+        value_parser = parse_duration
+    )]
     ttl: Duration,
 
-    /// Wait at most DUR for the lock when it is held [default: wait until it is free].
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, conflicts_with = "no_wait")]
+    /// Wait at most DUR for the lock when it is held (as flock's -w) [default: wait until
+    /// it is free].
+    #[arg(
+        short = 'w',
+        long,
+        value_name = "DUR",
+        env = "DISTLOCK_WAIT",
+        hide_env_values = true,
+        value_parser = parse_duration
+    )]
     wait: Option<Duration>,
 
-    /// Do not wait: exit 75 at once when the lock is held.
-    #[arg(long)]
+    /// Do not wait: exit 75 (see -E) at once when the lock is held (as flock's -n). Wins
+    /// over --wait and DISTLOCK_WAIT, as flock's -n wins over its -w.
+    #[arg(short = 'n', long)]
     no_wait: bool,
 
     /// Stop CMD when it runs longer than DUR (exit 124).
-    #[arg(long, value_name = "DUR", value_parser = parse_positive_duration)]
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "DISTLOCK_TIMEOUT",
+        hide_env_values = true,
+        value_parser = parse_positive_duration
+    )]
     timeout: Option<Duration>,
 
     /// How long CMD gets to exit after SIGTERM before SIGKILL. Keep it below the TTL: after
     /// a lost lock CMD runs unprotected for up to this long.
-    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
+    #[arg(
+        long,
+        value_name = "DUR",
+        default_value = "10s",
+        env = "DISTLOCK_GRACE",
+        hide_env_values = true,
+        value_parser = parse_duration
+    )]
     grace: Duration,
 
     /// Serve the lock's metrics in the Prometheus text format on HOST:PORT while distlock
     /// runs.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        env = "DISTLOCK_METRICS_ADDR",
+        hide_env_values = true
+    )]
     metrics_addr: Option<String>,
+
+    /// At exit, write the metrics (the lock's and the run's distlock_run_*) to PATH in the
+    /// Prometheus text format, for node_exporter's textfile collector (PATH ends in
+    /// .prom): written beside it, then renamed over it.
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "DISTLOCK_METRICS_TEXTFILE",
+        hide_env_values = true
+    )]
+    metrics_textfile: Option<PathBuf>,
+
+    /// At exit, push the same metrics to the Prometheus Pushgateway at URL
+    /// (http://HOST:PORT), as the group job=NAME: PUT after a success, else POST (which
+    /// keeps the group's last success).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_METRICS_PUSH",
+        hide_env_values = true
+    )]
+    metrics_push: Option<String>,
+
+    /// The job label of the --metrics-textfile and --metrics-push series, which tells this
+    /// job's file from the others in node_exporter's directory, and its Pushgateway group
+    /// [default: KEY].
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "DISTLOCK_METRICS_JOB",
+        hide_env_values = true
+    )]
+    metrics_job: Option<String>,
 
     /// Run CMD only for a fire time of this schedule, once across every host: a cron
     /// expression with seconds (`0 */5 * * * *`) or `every DUR`. The newest fire time not
@@ -119,7 +211,12 @@ pub struct RunArgs {
     /// With --schedule: a fire time not started within DUR of it is missed (exit 75)
     /// [default: the scheduler's: half of at_least (itself half the gap, at most 1m), at
     /// least 500ms].
-    #[arg(long, value_name = "DUR", requires = "schedule", value_parser = parse_duration)]
+    #[arg(
+        long,
+        value_name = "DUR",
+        requires = "schedule",
+        value_parser = parse_duration
+    )]
     lateness: Option<Duration>,
 
     /// Keep the lock until DUR after CMD started (with --schedule: after the fire time),
@@ -129,16 +226,10 @@ pub struct RunArgs {
 
     /// The exit status when another holder keeps CMD from running: the lock is held
     /// (--no-wait, or --wait passed) or, with --schedule, another host claimed the fire
-    /// time. As flock(1)'s -E. 0 makes it a success.
+    /// time. As flock(1)'s -E. 0 makes it a success; with -q nothing is printed then.
     #[arg(short = 'E', long, value_name = "N", default_value_t = 75,
           value_parser = clap::value_parser!(u8))]
     conflict_exit_code: u8,
-
-    /// Print nothing when another holder keeps CMD from running (see
-    /// --conflict-exit-code): with `-E 0 -q` a crontab entry on every host sends no mail
-    /// from the hosts that did not run it.
-    #[arg(short, long)]
-    quiet: bool,
 
     /// The command to run and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD", num_args = 1..)]
@@ -160,12 +251,81 @@ enum Stop {
     Signal(i32),
 }
 
-/// Runs `distlock run`.
+/// Runs `distlock run`; with `--metrics-textfile`, writes the metrics at the end, whatever
+/// the end.
 ///
 /// # Errors
 /// Bad input, an unreachable server, a lock not won, or a command that cannot start.
 pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
-    let target = Target::choose(args.url.clone())?;
+    let metrics_addr = args
+        .metrics_addr
+        .as_deref()
+        .map(crate::metrics::resolve)
+        .transpose()?;
+    let textfile = args
+        .metrics_textfile
+        .as_deref()
+        .map(crate::metrics::check_textfile)
+        .transpose()?;
+    let push = args
+        .metrics_push
+        .as_deref()
+        .map(Pushgateway::parse)
+        .transpose()?;
+    let job = args.metrics_job.as_deref().unwrap_or(&args.key);
+    if args.metrics_job.as_deref() == Some("") {
+        return Err(CliError::new(
+            USAGE,
+            "invalid --metrics-job \"\": it is empty",
+        ));
+    }
+    let batch = textfile.is_some() || push.is_some();
+    let job_label = [("job", job)];
+    let labels: &[(&str, &str)] = if batch { &job_label } else { &[] };
+    let recorder = if metrics_addr.is_some() || batch {
+        Some(crate::metrics::install(metrics_addr, labels)?)
+    } else {
+        None
+    };
+    let mut ran = None;
+    let exit = run_locked(&args, &mut ran).await;
+    let Some(recorder) = recorder.filter(|_| batch) else {
+        return exit;
+    };
+    let code = match &exit {
+        Ok(Exit::Code(code)) => *code,
+        Ok(Exit::Signal(sig)) => 128 + sig,
+        Err(e) => e.code,
+    };
+    let succeeded = ran.is_some() && code == 0;
+    crate::metrics::record_run(code, ran, succeeded, textfile);
+    let mut failures = Vec::new();
+    if let Some(path) = textfile {
+        failures.extend(crate::metrics::write_textfile(&recorder, path).err());
+    }
+    if let Some(push) = &push {
+        let exposition = crate::metrics::render(&recorder);
+        failures.extend(push.push(job, exposition, succeeded).await.err());
+    }
+    // The job's own failure is the one to report; a success whose metrics are lost is a
+    // failure of its own, which monitoring would otherwise miss.
+    let last = failures.pop();
+    for e in &failures {
+        eprintln!("{e}");
+    }
+    match last {
+        None => exit,
+        Some(e) if code == 0 => Err(e),
+        Some(e) => {
+            eprintln!("{e}");
+            exit
+        }
+    }
+}
+
+/// `distlock run` up to its exit; `ran` is set to how long CMD ran, if it ran.
+async fn run_locked(args: &RunArgs, ran: &mut Option<Duration>) -> Result<Exit, CliError> {
+    let target = Target::choose(args.url.clone());
     distlock::validate_key(&args.key).map_err(|e| target.error(e))?;
     let scheduled = args
         .schedule
@@ -180,14 +340,6 @@ pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
             )
         })
         .transpose()?;
-    let metrics_addr = args
-        .metrics_addr
-        .as_deref()
-        .map(crate::metrics::resolve)
-        .transpose()?;
-    if let Some(addr) = metrics_addr {
-        crate::metrics::serve(addr)?;
-    }
     // Caught from the start: a Ctrl-C while connecting or waiting must still let an
     // acquisition in flight be cleaned up.
     let mut signals = Signals::catch()?;
@@ -199,14 +351,14 @@ pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
     let caps = locker.capabilities();
     caps.effective_ttl(args.ttl).map_err(|e| target.error(e))?;
     if !caps.cross_process {
-        eprintln!(
+        note!(
             "distlock: note: {} locks exclude only inside this distlock process; other \
              processes are not kept out (use --url or DISTLOCK_URL to name a lock server)",
             target.shown()
         );
     }
     let conflict = |e: CliError| -> Result<Exit, CliError> {
-        if args.quiet {
+        if crate::verbosity::quiet() {
             Ok(Exit::Code(i32::from(args.conflict_exit_code)))
         } else {
             Err(CliError {
@@ -291,7 +443,10 @@ pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
 
     let started = Instant::now();
     let scheduled_at = claimed.as_ref().map(Claimed::scheduled_at);
-    let mut outcome = hold(&guard, &args, scheduled_at, &mut signals).await;
+    let mut outcome = hold(&guard, args, scheduled_at, &mut signals).await;
+    if outcome.is_ok() {
+        *ran = Some(started.elapsed());
+    }
     if let (Some(at_least), Ok((_, None | Some(Stop::TimedOut(_))))) = (args.at_least, &outcome) {
         let until = match &claimed {
             Some(claimed) => claimed.hold_until(at_least),
@@ -335,14 +490,14 @@ async fn acquire(
     let terminal = std::io::stderr().is_terminal();
     locker.observe(move |event: &Event<'_>| match event {
         Event::Waiting { key } if terminal => {
-            eprintln!("distlock: lock {key:?} is held by another owner; waiting {until}");
+            note!("distlock: lock {key:?} is held by another owner; waiting {until}");
         }
         // Once per series of failures, and once when the server answers again.
         Event::Retrying { error, .. } if !failing.swap(true, Ordering::SeqCst) => {
-            eprintln!("distlock: {}; still trying", transient_message(error, &url));
+            note!("distlock: {}; still trying", transient_message(error, &url));
         }
         Event::Granted { .. } if failing.swap(false, Ordering::SeqCst) => {
-            eprintln!("distlock: {url} answers again");
+            note!("distlock: {url} answers again");
         }
         _ => {}
     });
@@ -424,11 +579,11 @@ async fn finish(
     match guard.release().await {
         Ok(()) => {}
         Err(_) if lost_already => {}
-        Err(Error::NotHeld { .. }) => eprintln!(
+        Err(Error::NotHeld { .. }) => note!(
             "distlock: warning: lock {key:?} was no longer held when the command finished \
              (expired or taken over); another holder may have overlapped its end"
         ),
-        Err(e) => eprintln!(
+        Err(e) => note!(
             "distlock: warning: could not release lock {key:?} ({}); it expires at its TTL",
             target.error(e).message
         ),

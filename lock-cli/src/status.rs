@@ -6,6 +6,7 @@ use serde::Serialize;
 use crate::common::{print_stdout, Target};
 use crate::exit::{CliError, Exit};
 use crate::units::fmt_duration;
+use crate::verbosity::note;
 
 pub const AFTER_HELP: &str = "\
 Examples:
@@ -23,8 +24,14 @@ pub struct StatusArgs {
     #[arg(value_name = "KEY")]
     key: String,
 
-    /// Lock server URL [default: $DISTLOCK_URL, else memory://].
-    #[arg(long, value_name = "URL")]
+    /// Lock server URL (the forms are in `distlock --help`) [default: memory://].
+    #[arg(
+        short = 'u',
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_URL",
+        hide_env_values = true
+    )]
     url: Option<String>,
 
     /// Print one JSON object instead of text.
@@ -54,7 +61,7 @@ struct Report<'a> {
 /// # Errors
 /// Bad input, an unreachable server, or a backend that cannot inspect locks.
 pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
-    let target = Target::choose(args.url)?;
+    let target = Target::choose(args.url);
     distlock::validate_key(&args.key).map_err(|e| target.error(e))?;
     let locker = target.connect().await?;
     let caps = locker.capabilities().clone();
@@ -89,7 +96,7 @@ pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
         print_stdout(&text(&report, &holder));
     }
     if !caps.cross_process {
-        eprintln!(
+        note!(
             "distlock: note: {} locks live inside one process; a new distlock process sees \
              none of another process's locks",
             report.url

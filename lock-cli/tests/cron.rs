@@ -881,7 +881,9 @@ command = {}
         let mut from_records: BTreeMap<(String, String), f64> = BTreeMap::new();
         for name in ["good", "bad", "busy"] {
             for (_, _, outcome) in records(&status, name) {
-                *from_records.entry((name.to_owned(), outcome)).or_default() += 1.0;
+                // Records keep `skipped-busy`; metric labels are snake_case.
+                let label = outcome.replace('-', "_");
+                *from_records.entry((name.to_owned(), label)).or_default() += 1.0;
             }
         }
         if before == after && before == from_records {
@@ -903,8 +905,16 @@ command = {}
                     .get(&format!("distlock_scheduler_skips_total{{job=\"{job}\"}}"))
                     .copied()
                     .unwrap_or(0.0);
-                assert_eq!(skips, count(job, "skipped-busy"), "{job}: {before_text}");
+                assert_eq!(skips, count(job, "skipped_busy"), "{job}: {before_text}");
             }
+            // Run durations are a histogram with buckets up to a day (they aggregate across
+            // replicas), never a summary.
+            let bucket = r#"distlock_scheduler_run_duration_seconds_bucket{job="good",outcome="ok",le="86400"}"#;
+            assert!(
+                samples.get(bucket).copied().unwrap_or(0.0) >= 2.0,
+                "{before_text}"
+            );
+            assert!(!before_text.contains("quantile="), "{before_text}");
             let gauge = samples["distlock_scheduler_last_success_timestamp_seconds{job=\"good\"}"];
             let ended: jiff::Timestamp = job(&status, "good")["last_success"]["ended_at"]
                 .as_str()

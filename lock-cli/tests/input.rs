@@ -121,7 +121,8 @@ async fn bad_durations() {
 /// --wait and --no-wait exclude each other; a missing command is a usage error.
 #[tokio::test]
 async fn usage_errors() {
-    let out = distlock_with(&["run", "k", "--wait", "1s", "--no-wait", "--", "true"]).await;
+    // (--wait and --no-wait: the last one wins, as in flock(1); see redis.rs.)
+    let out = distlock_with(&["-q", "run", "k", "-v", "--", "true"]).await;
     out.expect_code(64).expect_stderr("cannot be used with");
     let out = distlock_with(&["run", "k"]).await;
     out.expect_code(64).expect_stderr("<CMD>");

@@ -58,8 +58,8 @@ fn waiting_script(dir: &Path) -> String {
 }
 
 /// `run --metrics-addr` on memory:// serves, while the command runs, one granted
-/// acquisition, described, labelled with the backend and not with the key; a bad address
-/// exits 64.
+/// acquisition, described, as a histogram with buckets, labelled with the backend and not
+/// with the key; a bad address exits 64.
 #[tokio::test]
 async fn run_serves_the_lock_metrics_while_the_command_runs() {
     let dir = tempfile::tempdir().unwrap();
@@ -88,7 +88,7 @@ async fn run_serves_the_lock_metrics_while_the_command_runs() {
     for name in [
         "distlock_lock_wait_duration_seconds_count",
         "distlock_lock_hold_duration_seconds_count",
-        "distlock_locks_lost_total",
+        "distlock_lock_lost_total",
         "distlock_lock_renewals_failed_total",
         "distlock_lock_handovers_total",
         "distlock_lock_errors_total",
@@ -96,10 +96,19 @@ async fn run_serves_the_lock_metrics_while_the_command_runs() {
         assert_eq!(total(&s, name), 0.0, "{name}: {text}");
     }
     assert!(
-        text.contains("# TYPE distlock_lock_acquire_duration_seconds summary")
+        text.contains("# TYPE distlock_lock_acquire_duration_seconds histogram")
             && text.contains("# HELP distlock_lock_acquire_duration_seconds"),
         "{text}"
     );
+    // A histogram with buckets from 0.5 ms to 60 s (cumulative: the one acquisition is in
+    // each), never a summary's quantiles, which cannot be aggregated across processes.
+    for le in ["0.0005", "0.001", "1", "60", "+Inf"] {
+        let bucket = format!(
+            r#"distlock_lock_acquire_duration_seconds_bucket{{backend="memory",outcome="granted",le="{le}"}}"#
+        );
+        assert_eq!(value(&s, &bucket), 1.0, "{bucket}: {text}");
+    }
+    assert!(!text.contains("quantile="), "{text}");
     assert!(
         !text.contains("secret-customer"),
         "the key is never a label: {text}"
@@ -194,10 +203,17 @@ async fn run_metrics_count_a_wait_and_a_loss_on_redis() {
     let text = scrape_now(port).await;
     let lost = samples(&text);
     let one = |series: &str| assert_eq!(value(&lost, series), 1.0, "{series}: {text}");
-    one(r#"distlock_locks_lost_total{backend="redis"}"#);
+    one(r#"distlock_lock_lost_total{backend="redis"}"#);
     one(r#"distlock_lock_renewals_failed_total{backend="redis"}"#);
     one(r#"distlock_lock_errors_total{backend="redis",kind="not_held"}"#);
     one(r#"distlock_lock_hold_duration_seconds_count{backend="redis"}"#);
+    // Holds take the long buckets (up to a day), latencies the short ones (up to 60 s).
+    one(r#"distlock_lock_hold_duration_seconds_bucket{backend="redis",le="86400"}"#);
+    assert!(
+        !text
+            .contains(r#"distlock_lock_hold_duration_seconds_bucket{backend="redis",le="0.0005"}"#),
+        "{text}"
+    );
     assert_eq!(total(&lost, "distlock_lock_errors_total"), 1.0, "{text}");
     std::fs::write(dir.path().join("stop"), "").unwrap();
     let out = common::collect(child, std::time::Instant::now(), PROMPT).await;
@@ -205,6 +221,7 @@ async fn run_metrics_count_a_wait_and_a_loss_on_redis() {
 }
 
 /// Waits until `path` exists (an empty marker file); panics after [`PROMPT`].
+#[cfg(feature = "redis")]
 async fn read_when_written_or_exists(path: &Path) {
     let deadline = std::time::Instant::now() + PROMPT;
     while !path.exists() {
@@ -303,4 +320,306 @@ async fn bench_shows_the_lock_metrics() {
     ] {
         assert!(tables.stdout.contains(needle), "no {needle:?}: {tables:#?}");
     }
+}
+
+/// Unix seconds now.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// `run --metrics-textfile` writes, at exit, the exposition node_exporter's textfile
+/// collector reads: the lock's series (histograms with buckets) and the run's gauges, all
+/// labelled job=NAME; the file is replaced by a rename (a new inode, no temporary file
+/// left). A failed run (here from DISTLOCK_METRICS_TEXTFILE) updates the exit code and the
+/// end, and keeps the last success of the file.
+#[tokio::test]
+async fn run_writes_a_textfile_at_exit() {
+    use std::os::unix::fs::MetadataExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("backup.prom");
+    std::fs::write(&path, "# an older file\n").unwrap();
+    let inode = std::fs::metadata(&path).unwrap().ino();
+    let before = unix_now();
+    let path_arg = path.to_str().unwrap();
+    let out = finish(
+        distlock(run_args(
+            "memory://",
+            "payroll/backup",
+            &["--metrics-textfile", path_arg, "--metrics-job", "backup"],
+            "true",
+        )),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(0);
+    let after = unix_now();
+    assert_ne!(
+        std::fs::metadata(&path).unwrap().ino(),
+        inode,
+        "not renamed"
+    );
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["backup.prom"], "a temporary file was left");
+
+    let text = std::fs::read_to_string(&path).unwrap();
+    let s = samples(&text);
+    assert_eq!(
+        value(&s, r#"distlock_run_last_exit_code{job="backup"}"#),
+        0.0,
+        "{text}"
+    );
+    let success = value(
+        &s,
+        r#"distlock_run_last_success_timestamp_seconds{job="backup"}"#,
+    );
+    assert!(before - 1.0 <= success && success <= after + 1.0, "{text}");
+    let end = value(
+        &s,
+        r#"distlock_run_last_end_timestamp_seconds{job="backup"}"#,
+    );
+    assert!(success <= end && end <= after + 1.0, "{text}");
+    assert!(
+        s.contains_key(r#"distlock_run_last_duration_seconds{job="backup"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE distlock_run_last_exit_code gauge"),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &s,
+            r#"distlock_lock_acquire_duration_seconds_bucket{job="backup",backend="memory",outcome="granted",le="0.0005"}"#
+        ),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &s,
+            r#"distlock_lock_hold_duration_seconds_count{job="backup",backend="memory"}"#
+        ),
+        1.0,
+        "{text}"
+    );
+    assert!(
+        !text.contains("payroll"),
+        "the key is not the label: {text}"
+    );
+
+    let mut failing = distlock(run_args("memory://", "payroll/backup", &[], "exit 3"));
+    failing
+        .env("DISTLOCK_METRICS_TEXTFILE", &path)
+        .env("DISTLOCK_METRICS_JOB", "backup");
+    finish(failing, PROMPT).await.expect_code(3);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let s = samples(&text);
+    assert_eq!(
+        value(&s, r#"distlock_run_last_exit_code{job="backup"}"#),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &s,
+            r#"distlock_run_last_success_timestamp_seconds{job="backup"}"#
+        ),
+        success,
+        "the last success is kept: {text}"
+    );
+    assert!(
+        value(
+            &s,
+            r#"distlock_run_last_end_timestamp_seconds{job="backup"}"#
+        ) >= end,
+        "{text}"
+    );
+}
+
+/// Without --metrics-job the textfile's job label is the key; a command that was not run
+/// (not found: 127) has no duration and no success.
+#[tokio::test]
+async fn the_textfile_job_defaults_to_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nightly.prom");
+    let out = finish(
+        distlock([
+            "run",
+            "nightly",
+            "--metrics-textfile",
+            path.to_str().unwrap(),
+            "--",
+            "/nonexistent/command",
+        ]),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(127);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let s = samples(&text);
+    assert_eq!(
+        value(&s, r#"distlock_run_last_exit_code{job="nightly"}"#),
+        127.0,
+        "{text}"
+    );
+    for absent in [
+        "distlock_run_last_success_timestamp_seconds",
+        "distlock_run_last_duration_seconds",
+    ] {
+        assert!(!text.contains(&format!("{absent}{{")), "{absent}: {text}");
+    }
+}
+
+/// A real Prometheus Pushgateway (Debian's `prometheus-pushgateway`) on a free loopback
+/// port, killed when dropped.
+struct Pushgateway {
+    port: u16,
+    _child: tokio::process::Child,
+}
+
+impl Pushgateway {
+    async fn start() -> Pushgateway {
+        let binary = lock_testkit::find_binary("prometheus-pushgateway", "prometheus-pushgateway");
+        let port = free_port();
+        let child = tokio::process::Command::new(binary)
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start prometheus-pushgateway");
+        for _ in 0..200 {
+            if scrape(port).await.is_some() {
+                return Pushgateway {
+                    port,
+                    _child: child,
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the pushgateway on port {port} does not answer");
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+/// The value of the series `name` whose labels include every one of `labels` (the
+/// Pushgateway orders labels its own way).
+fn find(samples: &BTreeMap<String, f64>, name: &str, labels: &[&str]) -> Option<f64> {
+    samples
+        .iter()
+        .find(|(k, _)| {
+            k.strip_prefix(name)
+                .and_then(|rest| rest.strip_prefix('{'))
+                .is_some_and(|rest| labels.iter().all(|l| rest.contains(l)))
+        })
+        .map(|(_, v)| *v)
+}
+
+/// `run --metrics-push` sends the metrics to a real Pushgateway at exit, as the group of
+/// the job (a name with a slash too): a success replaces the group (PUT), a failure (from
+/// DISTLOCK_METRICS_PUSH) updates the exit code and keeps the last success (POST). A
+/// Pushgateway that cannot be reached turns a success into 69, and leaves a failure's own
+/// status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_pushes_to_a_pushgateway() {
+    let gateway = Pushgateway::start().await;
+    let job = r#"job="jobs/backup""#;
+    let out = finish(
+        distlock(run_args(
+            "memory://",
+            "jobs/backup",
+            &["--metrics-push", &gateway.url()],
+            "true",
+        )),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(0);
+    let text = scrape(gateway.port).await.unwrap();
+    let s = samples(&text);
+    assert_eq!(
+        find(&s, "distlock_run_last_exit_code", &[job]),
+        Some(0.0),
+        "{text}"
+    );
+    let success = find(&s, "distlock_run_last_success_timestamp_seconds", &[job])
+        .unwrap_or_else(|| panic!("no last success: {text}"));
+    assert_eq!(
+        find(
+            &s,
+            "distlock_lock_acquire_duration_seconds_bucket",
+            &[
+                job,
+                r#"backend="memory""#,
+                r#"outcome="granted""#,
+                r#"le="0.0005""#
+            ]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+
+    let mut failing = distlock(run_args("memory://", "jobs/backup", &[], "exit 3"));
+    failing.env("DISTLOCK_METRICS_PUSH", gateway.url());
+    finish(failing, PROMPT).await.expect_code(3);
+    let text = scrape(gateway.port).await.unwrap();
+    let s = samples(&text);
+    assert_eq!(
+        find(&s, "distlock_run_last_exit_code", &[job]),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        find(&s, "distlock_run_last_success_timestamp_seconds", &[job]),
+        Some(success),
+        "the last success is kept: {text}"
+    );
+
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let out = finish(
+        distlock(run_args(
+            "memory://",
+            "j",
+            &["--metrics-push", &nowhere],
+            "true",
+        )),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(69)
+        .expect_stderr("cannot push the metrics to --metrics-push");
+    let out = finish(
+        distlock(run_args(
+            "memory://",
+            "j",
+            &["--metrics-push", &nowhere],
+            "exit 4",
+        )),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(4)
+        .expect_stderr("cannot push the metrics to --metrics-push");
+    let bad = finish(
+        distlock(run_args(
+            "memory://",
+            "j",
+            &["--metrics-push", "https://pg:9091"],
+            "true",
+        )),
+        PROMPT,
+    )
+    .await;
+    bad.expect_code(64).expect_stderr("https is not supported");
 }

@@ -67,8 +67,8 @@ async fn runs_on_one_key_never_overlap() {
 }
 
 /// While one process holds the key, `--no-wait` exits 75 at once without running its
-/// command, and `--wait` gives up with 75 after its time; SIGTERM to the holder releases
-/// the lock.
+/// command, and `--wait` (or DISTLOCK_WAIT) gives up with 75 after its time; SIGTERM to the
+/// holder releases the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_wait_exits_75_while_held() {
     let server = RedisServer::start().await;
@@ -102,6 +102,42 @@ async fn no_wait_exits_75_while_held() {
     .await;
     out.expect_code(75).expect_stderr("gave up waiting");
     assert!(out.elapsed >= Duration::from_millis(300), "{out:#?}");
+    assert!(!ran.exists(), "the command must not run without the lock");
+
+    // The same from the environment, as a unit file sets it (DISTLOCK_WAIT is --wait, -w
+    // its short flag); -n (--no-wait) wins over both, as flock's -n wins over its -w.
+    let mut cmd = distlock(run_args(
+        &server.url(),
+        "busy",
+        &[],
+        &format!("touch {}", ran.display()),
+    ));
+    cmd.env("DISTLOCK_WAIT", "300ms");
+    finish(cmd, PROMPT)
+        .await
+        .expect_code(75)
+        .expect_stderr("gave up waiting for lock \"busy\" after");
+    for extra in [&["-n"][..], &["-w", "1h", "-n"], &["-n", "--wait", "1h"]] {
+        let mut cmd = distlock(run_args(&server.url(), "busy", extra, "true"));
+        cmd.env("DISTLOCK_WAIT", "1h");
+        finish(cmd, PROMPT)
+            .await
+            .expect_code(75)
+            .expect_stderr("is held by another owner; not running the command");
+    }
+    // -q and -E 0: a conflict is a silent success.
+    let quiet = finish(
+        distlock(run_args(
+            &server.url(),
+            "busy",
+            &["-n", "-q", "-E", "0"],
+            "true",
+        )),
+        PROMPT,
+    )
+    .await;
+    quiet.expect_code(0);
+    assert_eq!(quiet.stderr, "", "{quiet:#?}");
     assert!(!ran.exists(), "the command must not run without the lock");
 
     // SIGTERM to the holder stops its command and releases the lock: free again.

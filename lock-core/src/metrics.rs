@@ -57,7 +57,7 @@ pub mod names {
     /// [`extend`](crate::LockGuard::extend) found the lock gone, or its validity passed
     /// while the server did not answer (the guard's [`lost`](crate::LockGuard::lost)
     /// resolved). Not counted: locks ended by their release, drop or a shutdown.
-    pub const LOST: &str = "distlock_locks_lost_total";
+    pub const LOST: &str = "distlock_lock_lost_total";
     /// Counter: renewals (the watchdog's and [`extend`](crate::LockGuard::extend)) whose
     /// server call failed or did not answer before the lock's validity passed.
     pub const RENEWALS_FAILED: &str = "distlock_lock_renewals_failed_total";

@@ -11,14 +11,17 @@ use crate::state::Inner;
 /// recorder (a Prometheus exporter, …) to collect them.
 ///
 /// Every metric has the label `job` (the job's name); [`RUNS`] and [`RUN_DURATION`] also
-/// `outcome` ([`RunOutcome::as_str`]). Each replica emits its own view: aggregate across
+/// `outcome` ([`outcome_label`]: snake_case, as the lock's own `outcome` and `kind`
+/// labels). Each replica emits its own view: aggregate across
 /// replicas with `sum` for the counters and `max` for [`LAST_SUCCESS`] (a replica that
 /// keeps losing the race to others never succeeds itself).
 pub mod metric_names {
+    use lock_core::records::RunOutcome;
+
     /// Counter: fire times ended, by `job` and `outcome` — one per record written.
     pub const RUNS: &str = "distlock_scheduler_runs_total";
     /// Histogram, seconds: how long runs took from start to end, by `job` and `outcome`
-    /// (only fire times that ran: `ok`, `failed`, `timed-out`, `lock-lost`, `cut`).
+    /// (only fire times that ran: `ok`, `failed`, `timed_out`, `lock_lost`, `cut`).
     pub const RUN_DURATION: &str = "distlock_scheduler_run_duration_seconds";
     /// Counter: fire times this replica claimed but did not run because an earlier run
     /// still held the job's lock (the run overran its period), by `job`. Another
@@ -38,10 +41,26 @@ pub mod metric_names {
     /// Counter: records the lock server did not take (the outcome is still in the other
     /// metrics and the log), by `job`.
     pub const RECORD_ERRORS: &str = "distlock_scheduler_record_errors_total";
+
+    /// The `outcome` label of a run: its [`RunOutcome::as_str`] in snake_case (`ok`,
+    /// `failed`, `skipped_busy`, `timed_out`, `lock_lost`, `missed`, `cut`), the casing of
+    /// every label value distlock emits. The run records keep the names they always had.
+    pub const fn outcome_label(outcome: RunOutcome) -> &'static str {
+        match outcome {
+            RunOutcome::Ok => "ok",
+            RunOutcome::Failed => "failed",
+            RunOutcome::SkippedBusy => "skipped_busy",
+            RunOutcome::TimedOut => "timed_out",
+            RunOutcome::LockLost => "lock_lost",
+            RunOutcome::Missed => "missed",
+            RunOutcome::Cut => "cut",
+        }
+    }
 }
 
 use metric_names::{
-    CLAIMED_ELSEWHERE, CLOCK_OFFSET, LAST_SUCCESS, RECORD_ERRORS, RUNS, RUN_DURATION, SKIPS,
+    outcome_label, CLAIMED_ELSEWHERE, CLOCK_OFFSET, LAST_SUCCESS, RECORD_ERRORS, RUNS,
+    RUN_DURATION, SKIPS,
 };
 
 /// Describes the metrics to the installed recorder (units and help texts).
@@ -105,7 +124,7 @@ pub(crate) fn last_success(job: &str, at: SystemTime) {
 /// monotonic duration, for fire times that ran.
 pub(crate) async fn finish(inner: &Inner, record: &RunRecord, elapsed: Option<Duration>) {
     let job = record.job.clone();
-    let outcome = record.outcome.as_str();
+    let outcome = outcome_label(record.outcome);
     metrics::counter!(RUNS, "job" => job.clone(), "outcome" => outcome).increment(1);
     if let Some(elapsed) = elapsed {
         metrics::histogram!(RUN_DURATION, "job" => job.clone(), "outcome" => outcome)

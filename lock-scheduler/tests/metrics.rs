@@ -8,7 +8,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use common::{record_for, records, replica, server};
 use lock_core::{LockOptions, Locker};
-use lock_scheduler::metric_names::{LAST_SUCCESS, RUNS, RUN_DURATION, SKIPS};
+use lock_scheduler::metric_names::{outcome_label, LAST_SUCCESS, RUNS, RUN_DURATION, SKIPS};
 use lock_scheduler::{BoxError, Job, ManualClock, RunOutcome};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
@@ -97,7 +97,7 @@ async fn metrics_match_the_records() {
             let n = kept.iter().filter(|r| r.outcome == outcome).count() as u64;
             let id = (
                 RUNS.to_owned(),
-                labels(&[("job", job), ("outcome", outcome.as_str())]),
+                labels(&[("job", job), ("outcome", outcome_label(outcome))]),
             );
             assert_eq!(counters.get(&id).copied().unwrap_or(0), n, "{id:?}");
             let ran = kept
@@ -106,7 +106,7 @@ async fn metrics_match_the_records() {
                 .count();
             let id = (
                 RUN_DURATION.to_owned(),
-                labels(&[("job", job), ("outcome", outcome.as_str())]),
+                labels(&[("job", job), ("outcome", outcome_label(outcome))]),
             );
             assert_eq!(histograms.get(&id).copied().unwrap_or(0), ran, "{id:?}");
         }
@@ -120,7 +120,7 @@ async fn metrics_match_the_records() {
     assert_eq!(
         counters[&(
             RUNS.to_owned(),
-            labels(&[("job", "m-busy"), ("outcome", "skipped-busy")])
+            labels(&[("job", "m-busy"), ("outcome", "skipped_busy")])
         )],
         2
     );

@@ -12,6 +12,7 @@ use distlock::scheduler::{jiff, JobContext};
 use tokio::sync::watch;
 
 use crate::units::fmt_duration;
+use crate::verbosity::note;
 
 use crate::job::{status_code, Job};
 
@@ -239,7 +240,7 @@ impl Task {
             () = cut => "the shutdown grace passed",
             _ = hurry.wait_for(|h| *h) => "of a second signal",
         };
-        eprintln!(
+        note!(
             "distlock: stopping {:?} scheduled at {} because {why}: SIGTERM, SIGKILL after {}",
             ctx.job(),
             env.scheduled_at,

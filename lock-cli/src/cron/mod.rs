@@ -17,6 +17,7 @@ use crate::common::Target;
 use crate::exit::{CliError, Exit, INTERNAL, UNAVAILABLE, USAGE};
 use crate::job::Signals;
 use crate::units::fmt_duration;
+use crate::verbosity::note;
 use command::{rfc3339, Stops, Task, STOP_MARGIN};
 
 pub const AFTER_HELP: &str = "\
@@ -109,19 +110,35 @@ struct RunArgs {
     #[arg(value_name = "FILE", required = true)]
     file: Option<PathBuf>,
 
-    /// Lock server URL, the same on every replica [default: $DISTLOCK_URL; without either
-    /// distlock cron refuses to start: --url memory:// runs the jobs in this process
-    /// alone].
-    #[arg(long, value_name = "URL")]
+    /// Lock server URL, the same on every replica (the forms are in `distlock --help`);
+    /// without it distlock cron refuses to start: --url memory:// runs the jobs in this
+    /// process alone.
+    #[arg(
+        short = 'u',
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_URL",
+        hide_env_values = true
+    )]
     url: Option<String>,
 
-    /// This replica's name in the run records and in DISTLOCK_REPLICA [default:
-    /// HOSTNAME-PID].
-    #[arg(long, value_name = "ID")]
+    /// This replica's name in the run records and in the commands' DISTLOCK_REPLICA
+    /// [default: HOSTNAME-PID].
+    #[arg(
+        long,
+        value_name = "ID",
+        env = "DISTLOCK_REPLICA",
+        hide_env_values = true
+    )]
     replica: Option<String>,
 
     /// Serve the metrics in the Prometheus text format on HOST:PORT.
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        env = "DISTLOCK_METRICS_ADDR",
+        hide_env_values = true
+    )]
     metrics_addr: Option<String>,
 
     /// Test only: run the scheduler on a clock this far ahead (`+1s`) or behind (`-1s`) of
@@ -159,7 +176,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     let path = args.file.expect("clap requires FILE without a subcommand");
     // Everything that can be wrong with the file is found before connecting.
     let file = file::load(&path)?;
-    let target = Target::choose(args.url)?;
+    let target = Target::choose(args.url);
     if target.is_default() {
         return Err(CliError::new(
             USAGE,
@@ -169,7 +186,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
         ));
     }
     for warning in &file.warnings {
-        eprintln!("distlock: warning: {}: {warning}", path.display());
+        note!("distlock: warning: {}: {warning}", path.display());
     }
     let metrics_addr = args
         .metrics_addr
@@ -182,7 +199,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
         _ = signals.recv() => return Ok(Exit::Code(0)),
     };
     if let Some(addr) = metrics_addr {
-        crate::metrics::serve(addr)?;
+        crate::metrics::install(Some(addr), &[])?;
     }
 
     let replica_id = args.replica.unwrap_or_else(scheduler::default_replica);
@@ -217,7 +234,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
             .map_err(|e| file::add_error(&path, spec, e, &target))?;
     }
     if !locker.capabilities().cross_process {
-        eprintln!(
+        note!(
             "distlock: note: {} locks exclude only inside this distlock process; replicas in \
              other processes would run the same fire times (use --url or DISTLOCK_URL to name \
              a lock server)",
@@ -225,7 +242,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
         );
     }
     if locker.backend().run_records().is_none() {
-        eprintln!(
+        note!(
             "distlock: note: the {} backend keeps no run records: `distlock cron status` \
              shows no history; outcomes are in the metrics and on stderr",
             locker.capabilities().name
@@ -235,7 +252,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
         scheduler::Error::ClaimsNotKept { .. } => CliError::new(UNAVAILABLE, e.to_string()),
         e => CliError::new(INTERNAL, format!("cannot start the scheduler: {e}")),
     })?;
-    eprintln!(
+    note!(
         "distlock: cron: {} job(s) from {} on {} as replica {replica_id:?}",
         file.jobs.len(),
         path.display(),
@@ -243,7 +260,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     );
 
     let sig = signals.recv().await;
-    eprintln!(
+    note!(
         "distlock: {}: shutting down: no new runs; running commands get {} to finish \
          (a second signal kills them at once)",
         signal_name(sig),
@@ -256,7 +273,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
         report = &mut shutdown => {
             stops.wait().await;
             for run in &report.cut {
-                eprintln!(
+                note!(
                     "distlock: cut: {:?} scheduled at {}: still running after {}; stopped \
                      (recorded as cut)",
                     run.job,
@@ -265,7 +282,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
                 );
             }
             for run in &report.finished {
-                eprintln!(
+                note!(
                     "distlock: finished during shutdown: {:?} scheduled at {}: {}",
                     run.job,
                     rfc3339(run.scheduled_at),
@@ -274,7 +291,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
             }
         }
         sig = signals.recv() => {
-            eprintln!(
+            note!(
                 "distlock: {} again: killing the running commands now; their runs are not \
                  recorded",
                 signal_name(sig)
@@ -290,7 +307,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
         }
     }
     locker.shutdown().await;
-    eprintln!("distlock: cron: stopped; every lock released");
+    note!("distlock: cron: stopped; every lock released");
     Ok(Exit::Code(0))
 }
 

@@ -13,6 +13,7 @@ use super::file;
 use crate::common::{print_stdout, Target};
 use crate::exit::{CliError, Exit, INTERNAL, UNAVAILABLE};
 use crate::units::fmt_duration;
+use crate::verbosity::note;
 
 pub const AFTER_HELP: &str = "\
 Examples:
@@ -33,8 +34,14 @@ pub struct StatusArgs {
     #[arg(value_name = "FILE")]
     file: PathBuf,
 
-    /// Lock server URL [default: $DISTLOCK_URL, else memory://].
-    #[arg(long, value_name = "URL")]
+    /// Lock server URL (the forms are in `distlock --help`) [default: memory://].
+    #[arg(
+        short = 'u',
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_URL",
+        hide_env_values = true
+    )]
     url: Option<String>,
 
     /// How many of each job's last run records to show.
@@ -111,7 +118,7 @@ fn millis(end: SystemTime, start: SystemTime) -> u64 {
 /// A bad file, an unreachable server, a backend without run records.
 pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
     let file = file::load(&args.file)?;
-    let target = Target::choose(args.url)?;
+    let target = Target::choose(args.url);
     let locker = target.connect().await?;
     let backend = locker.capabilities().name;
     if locker.backend().run_records().is_none() {
@@ -164,7 +171,7 @@ pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
         print_stdout(&text(&report));
     }
     if !locker.capabilities().cross_process {
-        eprintln!(
+        note!(
             "distlock: note: {} keeps records inside one process; a new distlock process \
              sees none of the replicas' runs",
             report.url

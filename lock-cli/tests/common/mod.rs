@@ -10,15 +10,22 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
 /// A `distlock` command with the given arguments, not influenced by the caller's
-/// `DISTLOCK_URL`, with stdin closed and stdout/stderr captured.
+/// `DISTLOCK_*` variables (flags read them), `RUST_LOG` or `COLUMNS`, with stdin closed and
+/// stdout/stderr captured.
 pub fn distlock<I, S>(args: I) -> Command
 where
     I: IntoIterator<Item = S>,
     S: AsRef<std::ffi::OsStr>,
 {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_distlock"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("DISTLOCK_") {
+            cmd.env_remove(name);
+        }
+    }
     cmd.args(args)
-        .env_remove("DISTLOCK_URL")
+        .env_remove("RUST_LOG")
+        .env_remove("COLUMNS")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
