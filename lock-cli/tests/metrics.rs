@@ -145,6 +145,8 @@ async fn run_metrics_count_a_wait_and_a_loss_on_redis() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
+    let mut redis = server.client().await;
+    let before = script_calls(&mut redis).await;
     let child = distlock(run_args(
         &url,
         "nightly",
@@ -162,6 +164,17 @@ async fn run_metrics_count_a_wait_and_a_loss_on_redis() {
     ))
     .spawn()
     .unwrap();
+    // The holder is released only once the waiting run has tried the lock (a script call
+    // beyond the holder's: it renews only after 10 s): before that, on a loaded machine, the
+    // run could find the lock free at its first attempt and never wait.
+    let asked = std::time::Instant::now();
+    while script_calls(&mut redis).await <= before {
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "the waiting run never tried the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // Waiting: nothing answered yet, no error (refused attempts are not errors).
     let waiting = samples(&scrape_now(port).await);
     assert_eq!(
@@ -622,4 +635,29 @@ async fn run_pushes_to_a_pushgateway() {
     )
     .await;
     bad.expect_code(64).expect_stderr("https is not supported");
+}
+
+/// The scripts the server has run (`EVAL`, `EVALSHA`, `FCALL`), from `INFO commandstats`.
+#[cfg(feature = "redis")]
+async fn script_calls(redis: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(redis)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|line| {
+            ["cmdstat_eval:", "cmdstat_evalsha:", "cmdstat_fcall:"]
+                .iter()
+                .any(|cmd| line.starts_with(cmd))
+        })
+        .filter_map(|line| {
+            line.split_once("calls=")?
+                .1
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
 }
