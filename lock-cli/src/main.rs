@@ -14,6 +14,7 @@ mod progress;
 mod push;
 mod report;
 mod run;
+mod run_args;
 mod schedule;
 mod status;
 mod units;
