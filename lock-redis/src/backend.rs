@@ -1,4 +1,4 @@
-//! [`RedisBackend`]: the [`Backend`] over one [`RedisNode`], with release notices from one
+//! [`RedisBackend`]: the [`Backend`] over one `RedisNode`, with release notices from one
 //! pub/sub subscription.
 
 use std::sync::{Arc, OnceLock};
@@ -16,7 +16,7 @@ use crate::node::CAPABILITIES;
 use crate::ops::Queued;
 use crate::watch::ReleaseWatch;
 
-/// Locks on one Redis server: a [`Backend`] over one [`RedisNode`], with release notices
+/// Locks on one Redis server: a [`Backend`] over one `RedisNode`, with release notices
 /// from one pub/sub subscription.
 ///
 /// Build it with [`RedisBackend::connect`] from a URL or [`RedisBackend::builder`], then
@@ -24,7 +24,7 @@ use crate::watch::ReleaseWatch;
 ///
 #[doc = include_str!("design.md")]
 pub struct RedisBackend {
-    node: RedisNode,
+    pub(crate) node: RedisNode,
     notices: Arc<ReleaseNotices>,
     /// The release subscription, started by the first `listen`.
     watch: OnceLock<ReleaseWatch>,
@@ -78,9 +78,16 @@ impl RedisBackend {
     }
 
     /// A backend over an already connected node. It announces its releases under an origin
-    /// of its own ([`RedisNode::with_own_origin`]), so several backends over one node (or
+    /// of its own (`RedisNode::with_own_origin`), so several backends over one node (or
     /// its clones) wake each other's waiters.
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
     pub fn from_node(node: RedisNode) -> RedisBackend {
+        RedisBackend::over(node)
+    }
+
+    /// A backend over `node` (see [`from_node`](Self::from_node)).
+    pub(crate) fn over(node: RedisNode) -> RedisBackend {
         RedisBackend {
             node: node.with_own_origin(),
             notices: Arc::new(ReleaseNotices::new()),
@@ -89,6 +96,8 @@ impl RedisBackend {
     }
 
     /// The node this backend runs the protocol on.
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
     pub fn node(&self) -> &RedisNode {
         &self.node
     }
@@ -132,7 +141,7 @@ impl Backend for RedisBackend {
     }
 
     /// A tombstone refuses the attempt should it still arrive, and a grant it got already
-    /// is deleted and announced ([`RedisNode::abandon`]).
+    /// is deleted and announced (`RedisNode::abandon`).
     async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
         if self.node.abandon(key, owner).await? {
             self.notices.notify(key);
@@ -179,7 +188,7 @@ impl Backend for RedisBackend {
 #[async_trait]
 impl HandOver for RedisBackend {
     /// One script: the key passes from `from` to `to` with the next fence, never free in
-    /// between ([`RedisNode::hand_over`]).
+    /// between (`RedisNode::hand_over`).
     async fn hand_over(&self, from: &Lease, to: Owner, ttl: Ttl) -> Result<Attempt> {
         self.node.hand_over(from.key(), from.owner(), to, ttl).await
     }
@@ -207,6 +216,7 @@ impl RedisBuilder {
     /// [`Error::Backend`](lock_core::Error::Backend) when it refuses the credentials or the database, or does not speak
     /// the Redis protocol.
     pub async fn build(self) -> Result<RedisBackend> {
-        Ok(RedisBackend::from_node(self.build_node().await?))
+        self.check()?;
+        Ok(RedisBackend::over(RedisNode::connect(self).await?))
     }
 }

@@ -75,7 +75,7 @@ impl RedisNode {
     }
 }
 
-/// `SET NX PX` + `DEL` on the backend's node ([`RedisNode::raw_cycle`]).
+/// `SET NX PX` + `DEL` on the backend's node (`RedisNode::raw_cycle`).
 #[async_trait]
 impl Baseline for RedisBackend {
     fn description(&self) -> &'static str {
@@ -83,6 +83,6 @@ impl Baseline for RedisBackend {
     }
 
     async fn raw_cycle(&self, key: &str, ttl: Ttl) -> Result<()> {
-        self.node().raw_cycle(key, ttl).await
+        self.node.raw_cycle(key, ttl).await
     }
 }

@@ -1,5 +1,5 @@
 //! Fire-time claims on one Redis server: the node's operations
-//! ([`RedisNode::claim_fire_time`], [`RedisNode::fire_claim`]) and the backend's
+//! (`RedisNode::claim_fire_time`, `RedisNode::fire_claim`) and the backend's
 //! [`FireClaims`].
 
 use std::time::{Duration, SystemTime};
@@ -25,7 +25,7 @@ pub const CLAIM_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
 impl RedisNode {
     /// Claims `fire_time` of `job` for `replica`: if the fire time kept at the job's
     /// [`claim_key`](Self::claim_key) is older (or there is none), the key becomes this
-    /// claim with the server's `TIME`, kept for [`CLAIM_RETENTION`], and the answer is won;
+    /// claim with the server's `TIME`, kept for `CLAIM_RETENTION`, and the answer is won;
     /// otherwise nothing changes and the answer carries the kept claim. The answer's
     /// `server_time` is the server's `TIME`. One script: one round trip, one atomic step,
     /// within the node's [`timeout`](Self::timeout). Touches no lock key.
@@ -145,18 +145,18 @@ impl RedisNode {
 
 /// Fire-time claims on this server: one hash per job, `<prefix>claim:{<job>}` (fields
 /// `fire`, `replica`, `at`), written by one script that compares and sets in one atomic
-/// step and reads the server's `TIME`, kept for [`CLAIM_RETENTION`] after the last won
+/// step and reads the server's `TIME`, kept for `CLAIM_RETENTION` after the last won
 /// claim. Each call is one round trip bounded by the backend's operation timeout; none
 /// touches a lock, its fence counter, its waiters or the run records.
 #[async_trait]
 impl FireClaims for RedisBackend {
-    /// One script ([`RedisNode::claim_fire_time`]).
+    /// One script (`RedisNode::claim_fire_time`).
     async fn claim(&self, job: &str, fire_time: SystemTime, replica: &str) -> Result<ClaimAnswer> {
-        self.node().claim_fire_time(job, fire_time, replica).await
+        self.node.claim_fire_time(job, fire_time, replica).await
     }
 
-    /// One read-only script ([`RedisNode::fire_claim`]).
+    /// One read-only script (`RedisNode::fire_claim`).
     async fn current(&self, job: &str) -> Result<Option<FireClaim>> {
-        self.node().fire_claim(job).await
+        self.node.fire_claim(job).await
     }
 }

@@ -23,7 +23,7 @@ pub const URL_PARAMS: &[&str] = &["prefix", "timeout", "ca", "cert", "key"];
 ///
 /// Built from an address with [`RedisBackend::builder`](crate::RedisBackend::builder) (or [`RedisBuilder::new`]) and
 /// setters, or from a URL with [`RedisBuilder::from_url`]; nothing is checked or contacted
-/// until [`build`](Self::build) / [`build_node`](Self::build_node).
+/// until [`build`](Self::build).
 ///
 /// `Debug` shows the configuration as a URL with the password replaced by `***`.
 ///

@@ -81,6 +81,7 @@ pub(crate) fn is_readonly(message: &str) -> bool {
 
 /// What a TLS failure most likely means, for the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
 pub(crate) enum TlsProblem {
     /// The server's certificate does not chain to a trusted CA, or names another host.
     Untrusted,
@@ -109,7 +110,7 @@ pub(crate) fn tls_problem(_e: &RedisError) -> Option<TlsProblem> {
     None
 }
 
-/// The source of the errors a [`RedisNode`] returns: which server, which operation, what.
+/// The source of the errors a `RedisNode` returns: which server, which operation, what.
 #[derive(Debug)]
 pub(crate) struct NodeError {
     pub(crate) addr: String,

@@ -1,4 +1,4 @@
-//! [`RedisNode`], the handle on one Redis server: its connection and group commit, its key
+//! `RedisNode`, the handle on one Redis server: its connection and group commit, its key
 //! names and timeout, and how one request is sent and its failure reported. The lock
 //! operations on it are in `node.rs`.
 
@@ -34,7 +34,7 @@ use crate::watch::ReleaseWatch;
 /// password, not a Redis server, an unexpected reply) is [`Error::Backend`].
 ///
 /// All clones share one multiplexed connection, opened by
-/// [`RedisBuilder::build_node`] and reopened by the next operation after it broke (server
+/// `RedisBuilder::build_node` and reopened by the next operation after it broke (server
 /// restart, dropped connection, timeout). An operation that finds the shared connection
 /// closed before its request went out reconnects and sends it once more.
 ///
@@ -89,8 +89,7 @@ impl RedisNode {
     pub(crate) async fn connect(config: RedisBuilder) -> Result<RedisNode> {
         #[cfg(feature = "tls")]
         if config.is_tls() {
-            // rustls needs a process-wide crypto provider; keep one the application chose.
-            let _ = rustls::crypto::ring::default_provider().install_default();
+            check_crypto_provider()?;
         }
         let open = |info: ConnectionInfo| open_client(&config, info);
         let mut settings = RedisConnectionInfo::default().set_db(i64::from(config.get_database()));
@@ -286,7 +285,7 @@ impl RedisNode {
     ///
     /// The subscription reconnects by itself after a failure (backoff up to 1 s) and checks
     /// a silent connection with `PING` every few seconds. It stops when the returned
-    /// [`ReleaseWatch`] is dropped. `None` outside a tokio runtime.
+    /// `ReleaseWatch` is dropped. `None` outside a tokio runtime.
     pub fn watch_releases(&self, notices: Arc<ReleaseNotices>) -> Option<ReleaseWatch> {
         ReleaseWatch::start(
             self.shared.watch_endpoints.clone(),
@@ -422,6 +421,28 @@ fn open_client(config: &RedisBuilder, info: ConnectionInfo) -> Result<Client> {
 ///
 /// # Errors
 /// [`Error::InvalidUrl`] naming the file when one cannot be read.
+/// Rule: this crate installs no process-wide rustls crypto provider. rustls settles it on
+/// first use (the provider the application installed, else the only one compiled into the
+/// build); where neither settles it (no provider compiled in, or several), rustls would panic
+/// inside redis-rs, so this returns a non-transient [`Error::Backend`] naming the fix instead.
+/// rustls' own panic message is still printed by the panic hook in that case.
+#[cfg(feature = "tls")]
+fn check_crypto_provider() -> Result<()> {
+    if rustls::crypto::CryptoProvider::get_default().is_some() {
+        return Ok(());
+    }
+    // rustls' own resolution: it installs the provider its crate features name, if one.
+    match std::panic::catch_unwind(|| drop(rustls::ClientConfig::builder())) {
+        Ok(()) => Ok(()),
+        Err(_) => Err(Error::backend(
+            "redis",
+            "rediss:// needs a rustls crypto provider and this build names none or several: \
+             call rustls::crypto::ring::default_provider().install_default() (or the aws-lc-rs \
+             one) before connecting, or enable distlock's `tls-ring` feature alone",
+        )),
+    }
+}
+
 #[cfg(feature = "tls")]
 fn tls_certificates(config: &RedisBuilder) -> Result<Option<redis::TlsCertificates>> {
     let read = |what: &str, path: &std::path::Path| {
@@ -460,11 +481,13 @@ fn tls_certificates(_config: &RedisBuilder) -> Result<Option<std::convert::Infal
 }
 
 impl RedisBuilder {
-    /// Like [`build`](Self::build), but returns the bare [`RedisNode`] (for composing several
+    /// Like [`build`](Self::build), but returns the bare `RedisNode` (for composing several
     /// servers, as Redlock does).
     ///
     /// # Errors
     /// As [`build`](Self::build).
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
     pub async fn build_node(self) -> Result<RedisNode> {
         self.check()?;
         RedisNode::connect(self).await

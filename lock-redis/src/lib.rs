@@ -21,31 +21,54 @@
 // - scripts: the Lua scripts; watch: the release subscription; config: the builder;
 // - sentinel: `redis+sentinel://` and the master's discovery (`Endpoint`), under
 //   connection and watch.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 mod backend;
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 mod baseline;
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 mod claims;
 mod cluster;
 mod codec;
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 mod config;
 mod connection;
 mod error;
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 mod handle;
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 mod node;
 mod ops;
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 mod records;
 mod scripts;
 mod sentinel;
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 mod watch;
 
 pub use backend::RedisBackend;
-pub use baseline::BASELINE_CYCLE;
-pub use claims::CLAIM_RETENTION;
-pub use config::{database_path, url_database, DEFAULT_PORT};
+pub use config::DEFAULT_PORT;
 pub use config::{RedisBuilder, DEFAULT_PREFIX, DEFAULT_TIMEOUT, URL_PARAMS};
-pub use handle::RedisNode;
-pub use node::{
-    ABANDON_RETENTION, ABANDON_TIMEOUTS, CAPABILITIES, FENCE_RETENTION, MAX_FENCE,
-    MIN_ABANDON_RETENTION,
-};
+pub use node::CAPABILITIES;
 pub use sentinel::{DEFAULT_SENTINEL_PORT, SENTINEL_SCHEME, SENTINEL_URL_PARAMS};
+
+// Unstable internals for lock-redlock and the tests (feature `internals`, not semver).
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub use baseline::BASELINE_CYCLE;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub use claims::CLAIM_RETENTION;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub use config::{database_path, url_database};
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub use handle::RedisNode;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub use node::{
+    ABANDON_RETENTION, ABANDON_TIMEOUTS, FENCE_RETENTION, MAX_FENCE, MIN_ABANDON_RETENTION,
+};
+#[cfg(feature = "internals")]
+#[doc(hidden)]
 pub use watch::ReleaseWatch;

@@ -1,4 +1,4 @@
-//! One Redis server: the single-node lock protocol, [`RedisNode`]'s lock operations (the
+//! One Redis server: the single-node lock protocol, `RedisNode`'s lock operations (the
 //! handle itself, its connection and how a request is sent are in `handle.rs`).
 
 use std::time::{Duration, Instant};
@@ -31,7 +31,7 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(NAME)
 /// does; afterwards the server clock orders them (see the crate documentation).
 pub const FENCE_RETENTION: Duration = Duration::from_secs(600);
 
-/// The tombstone of an abandoned attempt ([`RedisNode::abandon`]) lives this many times
+/// The tombstone of an abandoned attempt (`RedisNode::abandon`) lives this many times
 /// the operation timeout of the handle that abandons it (see
 /// [`abandon_retention`](RedisNode::abandon_retention)): 30 s with the default 1 s timeout.
 pub const ABANDON_TIMEOUTS: u32 = 30;
@@ -235,9 +235,9 @@ impl RedisNode {
         self.flag("abandon", reply)
     }
 
-    /// How long a tombstone written through this handle lives: [`ABANDON_TIMEOUTS`] times
-    /// its [`timeout`](Self::timeout), between [`MIN_ABANDON_RETENTION`] and
-    /// [`ABANDON_RETENTION`] (30 s with the default 1 s timeout).
+    /// How long a tombstone written through this handle lives: `ABANDON_TIMEOUTS` times
+    /// its [`timeout`](Self::timeout), between `MIN_ABANDON_RETENTION` and
+    /// `ABANDON_RETENTION` (30 s with the default 1 s timeout).
     ///
     /// The rule: a tombstone is kept while the abandoned request can still arrive, and
     /// what a request arriving later can do is bounded anyway. The request was sent at
@@ -249,7 +249,7 @@ impl RedisNode {
     /// - on a connection discarded because a request on it timed out: its bytes arrive
     ///   only once the server or the path that stalled for a whole timeout resumes.
     ///
-    /// A server that stayed silent for [`ABANDON_TIMEOUTS`] timeouts has been down, by
+    /// A server that stayed silent for `ABANDON_TIMEOUTS` timeouts has been down, by
     /// the client's own measure, that many times over; a request of it arriving even
     /// later can grant, but only a lock that holds the key for the attempt's TTL and never
     /// counts for anyone (its owner gave up), the same as a crash of that owner. So the
@@ -309,12 +309,12 @@ impl RedisNode {
     }
 
     /// Raises the fence counter of lock `name` to at least `fence` (then keeping it for
-    /// `ttl` plus [`FENCE_RETENTION`]); `true` when raised, `false` when it was already at least
+    /// `ttl` plus `FENCE_RETENTION`); `true` when raised, `false` when it was already at least
     /// `fence`. Redlock writes a grant's winning fence back to a majority with it, so that
     /// every later majority issues a greater one.
     ///
     /// # Errors
-    /// [`Error::Backend`](lock_core::Error::Backend) for a fence above [`MAX_FENCE`];
+    /// [`Error::Backend`](lock_core::Error::Backend) for a fence above `MAX_FENCE`;
     /// otherwise as [`ping`](Self::ping).
     pub async fn raise_fence(&self, name: &str, fence: u64, ttl: Ttl) -> Result<bool> {
         if fence > MAX_FENCE {

@@ -1,5 +1,5 @@
-//! Run records on one Redis server: the node's operations ([`RedisNode::append_run`],
-//! [`RedisNode::recent_runs`], [`RedisNode::last_success`]) and the backend's
+//! Run records on one Redis server: the node's operations (`RedisNode::append_run`,
+//! `RedisNode::recent_runs`, `RedisNode::last_success`) and the backend's
 //! [`RunRecords`].
 
 use async_trait::async_trait;
@@ -103,24 +103,24 @@ impl RedisNode {
 
 /// The history of scheduled runs on this server: a list per job,
 /// `<prefix>runs:{<job>}` (newest first), trimmed to `keep` by every append, and the job's
-/// last success at `<prefix>runs:{<job>}:ok` (see [`RedisNode`] for the key layout). Each
+/// last success at `<prefix>runs:{<job>}:ok` (see `RedisNode` for the key layout). Each
 /// call is one round trip bounded by the backend's operation timeout; none touches a lock,
 /// its fence counter or its waiters.
 #[async_trait]
 impl RunRecords for RedisBackend {
     /// One script: `LPUSH`, `LTRIM`, and `SET` of the last success for an `Ok` record
-    /// ([`RedisNode::append_run`]).
+    /// (`RedisNode::append_run`).
     async fn append(&self, record: &RunRecord, keep: usize) -> Result<()> {
-        self.node().append_run(record, keep).await
+        self.node.append_run(record, keep).await
     }
 
-    /// One `LRANGE` ([`RedisNode::recent_runs`]).
+    /// One `LRANGE` (`RedisNode::recent_runs`).
     async fn recent(&self, job: &str, limit: usize) -> Result<Vec<RunRecord>> {
-        self.node().recent_runs(job, limit).await
+        self.node.recent_runs(job, limit).await
     }
 
-    /// One `GET` ([`RedisNode::last_success`]).
+    /// One `GET` (`RedisNode::last_success`).
     async fn last_success(&self, job: &str) -> Result<Option<RunRecord>> {
-        self.node().last_success(job).await
+        self.node.last_success(job).await
     }
 }

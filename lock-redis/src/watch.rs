@@ -19,7 +19,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 const KEEPALIVE: Duration = Duration::from_secs(5);
 
 /// A running release subscription (see
-/// [`RedisNode::watch_releases`](crate::RedisNode::watch_releases)); dropping it stops the
+/// `RedisNode::watch_releases`); dropping it stops the
 /// subscription and closes its connection.
 #[derive(Debug)]
 pub struct ReleaseWatch {

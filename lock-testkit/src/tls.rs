@@ -50,8 +50,6 @@ impl ServerTls {
     /// What a redis-rs TLS client needs to trust the server (and to present the client
     /// certificate when the server demands one).
     pub(crate) fn redis_certificates(&self) -> redis::TlsCertificates {
-        // rustls needs a process-wide crypto provider; keep one already chosen.
-        let _ = rustls::crypto::ring::default_provider().install_default();
         redis::TlsCertificates {
             client_tls: self.client_certs.then(|| redis::ClientTlsConfig {
                 client_cert: read(&self.client_cert),
