@@ -138,7 +138,7 @@ impl Shared {
             let response = self.send_or_revoke(full, txn, slot.id).await?;
             return Ok(Some((slot, response)));
         }
-        let (renewal, txn) = tokio::join!(
+        let (renewal, txn) = futures::join!(
             slot.keep_alive(&client),
             self.batch.send(GroupKey::of(full), txn, self.timeout)
         );

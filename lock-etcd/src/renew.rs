@@ -149,7 +149,7 @@ impl Shared {
         let full = self.full_key(lease.key());
         let client = self.client();
         let mut kv = client.kv_client();
-        let (renewal, current) = tokio::join!(slot.keep_alive(&client), kv.get(full, None));
+        let (renewal, current) = futures::join!(slot.keep_alive(&client), kv.get(full, None));
         let renewal = renewal.map_err(failed("renewing the lock's lease"))?;
         let current = current.map_err(failed("checking the lock"))?;
         let ours = current

@@ -294,8 +294,8 @@ async fn follow(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.reset();
     loop {
-        tokio::select! {
-            message = responses.message() => {
+        futures::select! {
+            message = responses.message().fuse() => {
                 let Ok(Some(response)) = message else { return false };
                 heard = Instant::now();
                 if response.canceled() {
@@ -312,7 +312,7 @@ async fn follow(
                     }
                 }
             }
-            _ = tick.tick() => {
+            _ = tick.tick().fuse() => {
                 if demand.idle() {
                     let _ = tokio::time::timeout(timeout, requests.cancel(id)).await;
                     return true;

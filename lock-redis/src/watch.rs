@@ -1,6 +1,7 @@
 //! The release subscription: one pub/sub connection feeding a [`ReleaseNotices`] hub,
 //! opened through the node's `Endpoint` (so through sentinels it follows the master).
 
+use futures::FutureExt as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,12 +85,12 @@ async fn run(
                 let mut keepalive = tokio::time::interval(KEEPALIVE);
                 keepalive.reset();
                 loop {
-                    tokio::select! {
-                        msg = stream.next() => match msg {
+                    futures::select! {
+                        msg = stream.next().fuse() => match msg {
                             Some(msg) => dispatch(&notices, &origin, msg.get_payload_bytes()),
                             None => break,
                         },
-                        _ = keepalive.tick() => {
+                        _ = keepalive.tick().fuse() => {
                             let pong = tokio::time::timeout(timeout, sink.ping::<redis::Value>());
                             if !matches!(pong.await, Ok(Ok(_))) {
                                 break;

@@ -144,10 +144,9 @@ impl FireTime {
             return Ok(());
         };
         let mut stop = self.control.state.stop.subscribe();
-        let stopped = tokio::select! {
-            biased;
-            _ = stop.wait_for(|stopping| *stopping) => true,
-            _ = tokio::time::sleep_until(start.into()) => false,
+        let stopped = futures::select_biased! {
+            _ = stop.wait_for(|stopping| *stopping).fuse() => true,
+            _ = tokio::time::sleep_until(start.into()).fuse() => false,
         };
         if stopped {
             return Err(self
@@ -176,10 +175,9 @@ impl FireTime {
             .watchdog(true)
             .wait(wait);
         let mut stop = self.control.state.stop.subscribe();
-        let acquired = tokio::select! {
-            biased;
-            _ = stop.wait_for(|stopping| *stopping) => None,
-            acquired = self.inner.locker.acquire(self.job.name.as_str(), &opts) => Some(acquired),
+        let acquired = futures::select_biased! {
+            _ = stop.wait_for(|stopping| *stopping).fuse() => None,
+            acquired = self.inner.locker.acquire(self.job.name.as_str(), &opts).fuse() => Some(acquired),
         };
         let guard = match acquired {
             None => {
@@ -253,16 +251,15 @@ impl FireTime {
         };
         // The run's future lives only inside this select: it is dropped, cancelled where it
         // is suspended, as soon as one branch wins. A loss found with the end wins.
-        let (outcome, detail) = tokio::select! {
-            biased;
-            _ = lost => (RunOutcome::LockLost, LOST.to_owned()),
-            _ = cut.wait_for(|cut| *cut) => (RunOutcome::Cut, CUT.to_owned()),
-            ended = run => match ended {
+        let (outcome, detail) = futures::select_biased! {
+            _ = lost.fuse() => (RunOutcome::LockLost, LOST.to_owned()),
+            _ = cut.wait_for(|cut| *cut).fuse() => (RunOutcome::Cut, CUT.to_owned()),
+            ended = run.fuse() => match ended {
                 Ok(Ok(())) => (RunOutcome::Ok, String::new()),
                 Ok(Err(e)) => (RunOutcome::Failed, e.to_string()),
                 Err(panic) => (RunOutcome::Failed, panic_text(&*panic)),
             },
-            _ = hard_timeout => (RunOutcome::TimedOut, timed_out(self.job.timeout)),
+            _ = hard_timeout.fuse() => (RunOutcome::TimedOut, timed_out(self.job.timeout)),
         };
         (outcome, detail, started_at)
     }
@@ -278,12 +275,11 @@ impl FireTime {
             .unwrap_or_default();
         if !left.is_zero() {
             let mut stop = self.control.state.stop.subscribe();
-            tokio::select! {
-                biased;
+            futures::select_biased! {
                 // A shutdown ends the hold at once (see `Running::shutdown`).
-                _ = stop.wait_for(|stopping| *stopping) => {}
-                _ = guard.lost() => {}
-                _ = self.inner.clock.sleep_for(left) => {}
+                _ = stop.wait_for(|stopping| *stopping).fuse() => {}
+                _ = guard.lost().fuse() => {}
+                _ = self.inner.clock.sleep_for(left).fuse() => {}
             }
         }
         release(guard, &self.job.name).await;

@@ -2,6 +2,7 @@
 //! starts, so a run still going never delays the next fire time (that one finds the lock
 //! taken and is skipped).
 
+use futures::FutureExt as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -201,10 +202,9 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
         // forward, so those would then run nowhere).
         loop {
             let ours = inner.ours(at);
-            tokio::select! {
-                biased;
-                _ = stop.wait_for(|stopping| *stopping) => return,
-                _ = inner.clock.sleep_until(ours) => {}
+            futures::select_biased! {
+                _ = stop.wait_for(|stopping| *stopping).fuse() => return,
+                _ = inner.clock.sleep_until(ours).fuse() => {}
             }
             // The offset may have moved while we slept (another job's claim measured it).
             if inner.server_now() >= at {

@@ -75,7 +75,7 @@ pub async fn renewals_while_a_waiter_is_queued_keep_the_holder(t: &Target) {
     for round in 0..8 {
         // The waiter arrives while the holder's renewal is on its way.
         let waiter = spawn_acquire(&a, &key, &wait);
-        let (renewed, ()) = tokio::join!(holder.extend(ttl), tokio::task::yield_now());
+        let (renewed, ()) = futures::join!(holder.extend(ttl), tokio::task::yield_now());
         renewed.unwrap_or_else(|e| panic!("round {round}: extend refused: {e}"));
         tokio::time::sleep(slack(t)).await;
         holder
@@ -211,9 +211,9 @@ pub async fn extensions_apply_in_order(t: &Target) {
     for round in 0..10 {
         let guard = a.acquire(&key, &opts(long).watchdog(false)).await.unwrap();
         let (x, y) = if round % 2 == 0 {
-            tokio::join!(guard.extend(long), guard.extend(short))
+            futures::join!(guard.extend(long), guard.extend(short))
         } else {
-            let (y, x) = tokio::join!(guard.extend(short), guard.extend(long));
+            let (y, x) = futures::join!(guard.extend(short), guard.extend(long));
             (x, y)
         };
         x.unwrap();

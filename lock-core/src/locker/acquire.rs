@@ -1,5 +1,6 @@
 //! One acquisition: the attempts on the backend and the waiting loop between them.
 
+use futures::FutureExt as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -228,9 +229,9 @@ impl Pause {
         };
         match self.listener.as_mut() {
             Some(listener) => {
-                tokio::select! {
-                    _ = listener.released() => {}
-                    _ = tokio::time::sleep(timer) => {}
+                futures::select! {
+                    _ = listener.released().fuse() => {}
+                    _ = tokio::time::sleep(timer).fuse() => {}
                 }
             }
             None => tokio::time::sleep(timer).await,

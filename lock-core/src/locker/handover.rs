@@ -12,6 +12,7 @@
 //! Nothing changes hands while the holder still holds, and a key is handed over at most
 //! [`MAX_HAND_OVERS`] times in a row.
 
+use futures::FutureExt as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -70,12 +71,11 @@ pub(crate) async fn wait_behind(
             None => std::future::pending().await,
         }
     };
-    let woken = tokio::select! {
-        biased;
-        lease = handed => Woken::HandedOver(lease),
-        _ = holder.ended() => Woken::Ended,
-        _ = released => Woken::Notice,
-        _ = sleep_until_deadline(deadline) => Woken::Deadline,
+    let woken = futures::select_biased! {
+        lease = handed.fuse() => Woken::HandedOver(lease),
+        _ = holder.ended().fuse() => Woken::Ended,
+        _ = released.fuse() => Woken::Notice,
+        _ = sleep_until_deadline(deadline).fuse() => Woken::Deadline,
     };
     match (woken, request) {
         // The holder took the request: its answer (a lease, or none when the hand-over did

@@ -13,6 +13,7 @@
 //! - **lost**: the lock is known gone (renewal refused, validity passed); a lost lease is
 //!   never renewed again.
 
+use futures::FutureExt as _;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -179,9 +180,9 @@ impl GuardShared {
                     return;
                 }
                 let valid_until = shared.valid_until();
-                tokio::select! {
-                    _ = changed => {}
-                    _ = tokio::time::sleep_until(valid_until.into()) => {
+                futures::select! {
+                    _ = changed.fuse() => {}
+                    _ = tokio::time::sleep_until(valid_until.into()).fuse() => {
                         if shared.valid_until() <= valid_until {
                             return;
                         }

@@ -2,6 +2,7 @@
 //! [`Locker::claim_fire_time`] for their fire times, and [`Locker::acquire_many`] for sets
 //! of keys.
 
+use futures::FutureExt as _;
 use std::future::Future;
 use std::time::{Instant, SystemTime};
 
@@ -200,23 +201,22 @@ impl Locker {
                 None => std::future::pending().await,
             }
         };
-        let outcome = tokio::select! {
-            biased;
-            _ = lost => {
+        let outcome = futures::select_biased! {
+            _ = lost.fuse() => {
                 tracing::warn!(key, "lock lost while the job ran; job cancelled");
                 return Ok(Outcome::LockLost);
             }
-            value = job => Outcome::Ran(value),
-            _ = hard_timeout => {
+            value = job.fuse() => Outcome::Ran(value),
+            _ = hard_timeout.fuse() => {
                 tracing::warn!(key, "job passed its hard timeout; job cancelled");
                 Outcome::TimedOut
             }
         };
         if let Some(until) = hold_until {
             // A loss ends the hold: nothing is left to keep.
-            tokio::select! {
-                _ = guard.lost() => {}
-                _ = tokio::time::sleep_until(until.into()) => {}
+            futures::select! {
+                _ = guard.lost().fuse() => {}
+                _ = tokio::time::sleep_until(until.into()).fuse() => {}
             }
         }
         if let Err(e) = guard.release().await {

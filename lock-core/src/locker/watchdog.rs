@@ -15,6 +15,7 @@
 //! guard while one of them idles or after it was dropped, and a renewal in flight never
 //! holds a guard's operation lock on a runtime that nobody drives.
 
+use futures::FutureExt as _;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -163,9 +164,9 @@ impl Watchdog {
                 }
             }
             let Some(next) = next else { continue };
-            tokio::select! {
-                _ = tokio::time::sleep_until(next.into()) => {}
-                _ = self.wake.notified() => {}
+            futures::select! {
+                _ = tokio::time::sleep_until(next.into()).fuse() => {}
+                _ = self.wake.notified().fuse() => {}
             }
         }
     }
