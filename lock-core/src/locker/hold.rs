@@ -211,8 +211,25 @@ impl GuardShared {
 
     /// Marks the hold ended (released, dropped) so `lost()` futures resolve.
     pub(super) fn set_gone(&self) -> bool {
+        self.end(None)
+    }
+
+    /// Ends the hold once; `true` when it had ended already. A loss (`lost`: why) is
+    /// counted and logged before any `lost()` future is woken, so a holder that drops its
+    /// guard the moment it hears of the loss finds it counted.
+    fn end(&self, lost: Option<&str>) -> bool {
         let was_lost = self.lost.swap(true, Ordering::SeqCst);
         if !was_lost {
+            if let Some(why) = lost.filter(|_| !self.done.load(Ordering::SeqCst)) {
+                self.metrics(Series::lost);
+                tracing::warn!(
+                    key = self.key(),
+                    fence = self.granted.fence(),
+                    backend = self.locker.caps.name,
+                    why,
+                    "lock lost"
+                );
+            }
             self.metrics(|s| s.held(self.granted_at));
             self.wake_watchers();
             self.unschedule();
@@ -221,18 +238,8 @@ impl GuardShared {
     }
 
     fn mark_lost(&self, why: &str) {
-        let was_lost = self.set_gone();
+        self.end(Some(why));
         self.settle();
-        if !was_lost && !self.done.load(Ordering::SeqCst) {
-            self.metrics(Series::lost);
-            tracing::warn!(
-                key = self.key(),
-                fence = self.granted.fence(),
-                backend = self.locker.caps.name,
-                why,
-                "lock lost"
-            );
-        }
     }
 
     /// Claims the end of the hold; false when someone else already ended it. The watchdog
