@@ -483,9 +483,12 @@ pub trait Baseline: Send + Sync {
     async fn raw_cycle(&self, key: &str, ttl: Ttl) -> Result<()>;
 }
 
+// A forwarding impl that left out a provided method would silently fall back to its
+// default (`abandon` a no-op, an ability `None`): the lint makes every one explicit.
 macro_rules! forward_backend {
     ($ty:ty) => {
         #[async_trait]
+        #[deny(clippy::missing_trait_methods)]
         impl<B: Backend + ?Sized> Backend for $ty {
             fn capabilities(&self) -> &Capabilities {
                 (**self).capabilities()

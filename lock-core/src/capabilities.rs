@@ -87,6 +87,7 @@ impl From<Ttl> for Duration {
 /// fixed`. A grant or renewal of `ttl` sent at `t` is valid until at least
 /// `t + ttl − allowance(ttl)` once the server applied it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ClockDrift {
     /// The drift factor in parts per million of the TTL (rounded up).
     pub per_million: u32,
@@ -100,6 +101,11 @@ impl ClockDrift {
         per_million: 0,
         fixed: Duration::ZERO,
     };
+
+    /// The allowance `ttl × per_million / 10⁶ + fixed`.
+    pub const fn new(per_million: u32, fixed: Duration) -> Self {
+        ClockDrift { per_million, fixed }
+    }
 
     /// The allowance for `ttl`.
     pub fn allowance(&self, ttl: Duration) -> Duration {

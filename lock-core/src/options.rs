@@ -14,8 +14,11 @@ pub enum WaitStrategy {
     WaitForever,
 }
 
-/// Options of one acquisition. Build with [`LockOptions::new`] and the setters.
+/// Options of one acquisition. Build with [`LockOptions::new`] and the setters; the fields
+/// can be read, and new ones may come (`#[non_exhaustive]`), so a struct literal cannot be
+/// written outside this crate.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 #[must_use = "setters return the changed value; it does nothing until used"]
 pub struct LockOptions {
     /// Time to live of the lock on the server (default 30 s); rounded up to the backend's

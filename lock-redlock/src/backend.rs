@@ -10,6 +10,7 @@ use lock_core::{
     Admin, Attempt, Backend, Capabilities, Error, Holder, Lease, LockUrl, Owner, ReleaseListener,
     ReleaseNotices, Result, Ttl,
 };
+#[cfg(feature = "internals")]
 use lock_redis::RedisNode;
 
 use crate::config::RedlockBuilder;
@@ -111,10 +112,10 @@ impl RedlockBackend {
                 .monotonic_fencing(fencing)
                 .release_notices(true)
                 .cross_process(true)
-                .clock_drift(lock_core::ClockDrift {
-                    per_million: (config.get_drift_factor() * 1e6).ceil() as u32,
-                    fixed: EXPIRY_PRECISION,
-                }),
+                .clock_drift(lock_core::ClockDrift::new(
+                    (config.get_drift_factor() * 1e6).ceil() as u32,
+                    EXPIRY_PRECISION,
+                )),
             nodes: Nodes {
                 members,
                 quorum,
@@ -142,7 +143,9 @@ impl RedlockBackend {
     }
 
     /// Node `i` (in configuration order) when it is connected; `None` while it is down
-    /// since the start, or when `i` is out of range.
+    /// since the start, or when `i` is out of range. Unstable (feature `internals`).
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
     pub fn node(&self, i: usize) -> Option<RedisNode> {
         let member = self.nodes.members.get(i)?;
         member.node(self.timeout_for(None)).ok()
@@ -200,7 +203,7 @@ impl Backend for RedlockBackend {
         release::release(&self.nodes, &self.notices, lease).await
     }
 
-    /// Abandons the attempt on every node ([`RedisNode::abandon`]: a tombstone refuses it
+    /// Abandons the attempt on every node (lock-redis's abandon: a tombstone refuses it
     /// should it still arrive, a grant it got already is deleted), waiting for every answer
     /// within the untimed per-node timeout. `Ok` when a majority answered: the leftover of
     /// the attempt on a minority never counts for anyone and expires at its TTL. Otherwise

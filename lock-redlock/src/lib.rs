@@ -31,6 +31,9 @@ mod release;
 pub use backend::{RedlockBackend, EXPIRY_PRECISION, MIN_TTL};
 pub use baseline::BASELINE_CYCLE;
 pub use config::{RedlockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, URL_PARAMS};
+// Unstable internals for the tests (feature `internals`, not semver).
+#[cfg(feature = "internals")]
+#[doc(hidden)]
 pub use lock_redis::RedisNode;
 pub use nodes::{MAX_NODE_TIMEOUT, MIN_NODE_TIMEOUT, UNTIMED_NODE_TIMEOUT};
 pub use quorum::quorum;

@@ -99,6 +99,7 @@ impl Control {
 
 /// What a graceful [`shutdown`](crate::Running::shutdown) did with the runs under way.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ShutdownReport {
     /// Runs under way when the shutdown began that ended within the grace period, as
     /// recorded (any outcome but `Cut`).

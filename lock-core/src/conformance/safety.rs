@@ -278,7 +278,10 @@ pub(crate) struct Counting {
     pub(crate) refused: AtomicUsize,
 }
 
+// Every provided method forwarded (a default would drop the inner backend's abandon or
+// one of its abilities, and the rules would test a different backend).
 #[async_trait::async_trait]
+#[deny(clippy::missing_trait_methods)]
 impl Backend for Counting {
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
@@ -305,5 +308,22 @@ impl Backend for Counting {
     }
     fn admin(&self) -> Option<&dyn crate::Admin> {
         self.inner.admin()
+    }
+    async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
+        self.inner.abandon(key, owner).await
+    }
+    // Deliberately not forwarded: in-process answers would bypass the counts, so the rules
+    // using this wrapper take the async path on every backend.
+    fn immediate(&self) -> Option<&dyn crate::Immediate> {
+        None
+    }
+    fn baseline(&self) -> Option<&dyn crate::Baseline> {
+        self.inner.baseline()
+    }
+    fn run_records(&self) -> Option<&dyn crate::records::RunRecords> {
+        self.inner.run_records()
+    }
+    fn fire_claims(&self) -> Option<&dyn crate::claims::FireClaims> {
+        self.inner.fire_claims()
     }
 }
