@@ -1,10 +1,15 @@
-//! A Locker whose last clone is dropped with locks still held says so (a `tracing`
-//! warning naming how many); one dropped with nothing outstanding says nothing.
+//! A Locker whose last clone is dropped with locks still held, or with background releases
+//! still on their way, says so (a `tracing` warning naming how many of each); one dropped
+//! with nothing outstanding says nothing.
 
 use std::fmt::Write;
 use std::sync::{Arc, Mutex};
 
-use lock_core::{LockOptions, Locker};
+use std::time::{Duration, Instant};
+
+use lock_core::{
+    Attempt, Backend, Capabilities, Lease, LockOptions, Locker, Owner, ReleaseListener, Result, Ttl,
+};
 use lock_memory::MemoryBackend;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -75,4 +80,55 @@ async fn a_locker_dropped_with_locks_held_warns() {
     assert!(!one.is_lost());
     one.release().await.unwrap();
     two.release().await.unwrap();
+}
+
+/// A memory backend whose release answers only after `delay`, and that offers no in-process
+/// answer: a dropped guard's release then runs as a background task for that long.
+struct SlowRelease {
+    inner: MemoryBackend,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl Backend for SlowRelease {
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
+        self.inner.try_acquire(key, owner, ttl).await
+    }
+    async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
+        self.inner.extend(lease, ttl).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.release(lease).await
+    }
+    fn listen(&self, key: &str) -> Option<ReleaseListener> {
+        self.inner.listen(key)
+    }
+}
+
+#[tokio::test]
+async fn a_locker_dropped_with_a_background_release_warns() {
+    let warnings = Warnings::default();
+    let _default = tracing::subscriber::set_default(warnings.clone());
+    let locker = Locker::new(SlowRelease {
+        inner: MemoryBackend::new(),
+        delay: Duration::from_secs(1),
+    });
+    let guard = locker
+        .acquire("drop/background", &LockOptions::new().skip())
+        .await
+        .unwrap();
+    // The release goes on in the background (one second), while the Locker is dropped.
+    drop(guard);
+    assert_eq!(locker.stats().background_tasks, 1, "{:?}", locker.stats());
+    drop(locker);
+    let seen = warnings.0.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(
+        seen[0].contains("held=0") && seen[0].contains("background=1"),
+        "{seen:?}"
+    );
 }
