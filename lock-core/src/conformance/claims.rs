@@ -121,7 +121,7 @@ pub async fn fire_time_claims_are_won_once(t: &Target) {
 pub async fn run_scheduled_runs_a_fire_time_once(t: &Target) {
     let job = t.key("claims/run-scheduled");
     let fire = SystemTime::now() + Duration::from_millis(300);
-    let hold = t.short_ttl() * 2;
+    let hold = (t.short_ttl() * 2).max(Duration::from_secs(2));
     let lockers: Vec<_> = (0..4).map(|_| t.locker()).collect();
     if t.backend.fire_claims().is_none() {
         let refused = lockers[0]
@@ -133,17 +133,33 @@ pub async fn run_scheduled_runs_a_fire_time_once(t: &Target) {
         );
         return;
     }
-    let runs = lockers.iter().enumerate().map(|(i, locker)| {
-        let (locker, job) = (locker.clone(), job.clone());
-        let o = opts(Duration::from_secs(10)).at_least(hold);
-        tokio::spawn(async move {
-            locker
-                .run_scheduled(&job, fire, &format!("r{i}"), &o, async {
-                    SystemTime::now()
-                })
-                .await
+    let (ran, mut job_ran) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let runs: Vec<_> = lockers
+        .iter()
+        .enumerate()
+        .map(|(i, locker)| {
+            let (locker, job, ran) = (locker.clone(), job.clone(), ran.clone());
+            let o = opts(Duration::from_secs(10)).at_least(hold);
+            tokio::spawn(async move {
+                locker
+                    .run_scheduled(&job, fire, &format!("r{i}"), &o, async move {
+                        let at = SystemTime::now();
+                        let _ = ran.send(());
+                        at
+                    })
+                    .await
+            })
         })
-    });
+        .collect();
+    drop(ran);
+    // The winner's job ends at once; its lock stays within the at-least hold.
+    if job_ran.recv().await.is_some() {
+        let probe = t.locker().try_acquire(&job).await.unwrap();
+        assert!(
+            probe.is_none(),
+            "the job's lock is kept after a quick run, within its at-least hold"
+        );
+    }
     let outcomes: Vec<_> = futures::future::join_all(runs)
         .await
         .into_iter()

@@ -99,6 +99,43 @@ pub async fn run_reports_outcomes_and_cancels_the_job(t: &Target) {
     revoker.await.unwrap();
 }
 
+/// `run` with `at_least` keeps the lock until that long after the grant although the job
+/// ended at once (another Locker is refused meanwhile, the watchdog renewing a TTL shorter
+/// than the hold), then releases it.
+pub async fn run_keeps_the_lock_for_its_at_least_hold(t: &Target) {
+    let (a, b) = (t.locker(), t.locker());
+    let key = t.key("run-at-least");
+    let ttl = t.short_ttl();
+    let hold = (ttl * 3).max(Duration::from_secs(2));
+    let (ended, job_ended) = tokio::sync::oneshot::channel::<()>();
+    let started = Instant::now();
+    let run = {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move {
+            let job = async move {
+                let _ = ended.send(());
+            };
+            a.run(&key, &opts(ttl).at_least(hold), job).await
+        })
+    };
+    job_ended.await.expect("the job ran");
+    assert!(
+        b.try_acquire(&key).await.unwrap().is_none(),
+        "the lock is kept after a quick job, within its at-least hold"
+    );
+    let outcome = run.await.expect("the run task").unwrap();
+    assert_eq!(outcome, Outcome::Ran(()));
+    assert!(
+        started.elapsed() >= hold,
+        "run returned {:?} after it started, before its at-least hold of {hold:?}",
+        started.elapsed()
+    );
+    let after = b.try_acquire(&key).await.unwrap();
+    assert!(after.is_some(), "the lock is released after the hold");
+    drop(after);
+    b.settle().await;
+}
+
 /// `acquire_many` is all-or-nothing and never deadlocks against a reversed order.
 pub async fn acquire_many_never_deadlocks(t: &Target) {
     let keys: Vec<String> = (0..3).map(|i| t.key(&format!("many{i}"))).collect();

@@ -71,6 +71,7 @@ pub async fn run_all(t: &Target) {
         cancelled_acquires_leave_nothing_behind,
         a_dropped_guards_key_is_taken_again_without_a_refusal,
         run_reports_outcomes_and_cancels_the_job,
+        run_keeps_the_lock_for_its_at_least_hold,
         acquire_many_never_deadlocks,
         tasks_never_overlap,
         shutdown_releases_every_held_lock,
