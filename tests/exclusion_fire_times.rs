@@ -1,8 +1,8 @@
 //! The exclusion checker's fire-time mode: K schedulers (lock-scheduler), each over its own
 //! Locker and its own backend instance (memory: one shared in-process backend), each with a
-//! seeded random clock offset in −3 s..+3 s, all firing one `every 1s` or `every 2s` job
-//! whose runs last a seeded random time around the period (most shorter, some longer, so
-//! runs would overlap without the lock). A judge in the test process sees every run start
+//! seeded random clock offset in −3 s..+3 s, all firing one `every 1s` job whose runs
+//! last a seeded random time around the period (most shorter, some longer, so runs would
+//! overlap without the lock). A judge in the test process sees every run start
 //! and end, with its fire time, replica and fence, and fails the run on:
 //!
 //! - **duplicate**: two runs of one fire time;
@@ -22,14 +22,16 @@
 //!   the server, a Locker's stats not all zeros after its shutdown.
 //!
 //! The fault: the replica whose clock is furthest ahead is shut down (`Running::shutdown`)
-//! at 40 % of the run and started again, fresh, at 60 %. That replica reaches every fire
-//! time first and so wins every claim: stopping any other replica would change nothing
-//! observable. Stopping it hands the fire times over to the next replica, exercises the
-//! shutdown's early release of the at-least hold in front of replicas whose clocks are up
-//! to 6 s behind (a slow replica then finds the lock free: only the claim stops it from
-//! running the fire time again), and the restarted replica must not run a fire time twice.
-//! A SIGSTOP of the test process is impossible (the judge lives in it); pausing the server
-//! for less than the lateness bound would only delay claims made up to 3 s ahead.
+//! at 30 % of the run (`STOP_AT`) and started again at 45 % (`RESTART_AT`), as a new
+//! scheduler over the same Locker. That replica reaches every fire time first and so wins
+//! every claim: stopping any other replica would change nothing observable. Stopping it
+//! hands the fire times over to the next replica, exercises the shutdown's early release of
+//! the at-least hold in front of replicas whose clocks are up to 6 s behind (a slow replica
+//! then finds the lock free: only the claim stops it from running the fire time again), and
+//! the restarted replica must not run a fire time twice.
+//! It is a shutdown and restart, not a pause: every replica and the judge live in the test
+//! process, so no single replica can be stopped with SIGSTOP, and pausing the server for
+//! less than the lateness bound would only delay claims made up to 3 s ahead.
 //!
 //! `DISTLOCK_CHECK_SEED` replays a seed (the same offsets, period and run lengths, in the
 //! order the runs start; not the same interleaving), `DISTLOCK_SOAK_SECS` sets the run's

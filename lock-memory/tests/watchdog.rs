@@ -1,6 +1,7 @@
-//! The Locker's watchdog across runtimes: its one renewal task runs on the runtime that
-//! scheduled first, and when that runtime ends, guards granted on another runtime are still
-//! renewed.
+//! The Locker's watchdog across runtimes: renewals run on the process-wide renewal thread
+//! (`distlock-renewal`, with a current-thread runtime of its own), not on a runtime that
+//! granted, so when the runtime that granted first ends, its guard and guards granted on
+//! another runtime are still renewed.
 
 use std::time::{Duration, Instant};
 
@@ -33,7 +34,10 @@ fn renewals_go_on_after_the_runtime_that_ran_them_ended() {
         let end = Instant::now() + ttl * 5;
         while Instant::now() < end {
             tokio::time::sleep(ttl / 2).await;
-            assert!(!guard.is_lost(), "renewed on runtime B");
+            assert!(
+                !guard.is_lost(),
+                "renewed by the renewal thread while runtime B waits"
+            );
             assert!(
                 other.try_acquire("watchdog/b").await.unwrap().is_none(),
                 "the renewed lock stays held"
@@ -42,7 +46,9 @@ fn renewals_go_on_after_the_runtime_that_ran_them_ended() {
         guard.release().await.expect("still held after five TTLs");
         // The guard of runtime A was renewed too, once B's task ran the schedule.
         assert!(!kept.is_lost());
-        kept.release().await.expect("A's guard renewed by B's task");
+        kept.release()
+            .await
+            .expect("A's guard renewed after runtime A ended");
         assert_eq!(locker.stats().renewals_scheduled, 0, "{:?}", locker.stats());
     });
 }
