@@ -66,6 +66,10 @@ for feature in "" memory redis redlock etcd postgres scheduler tls "redis,tls" "
   msrv_check -p distlock --no-default-features ${feature:+--features "$feature"}
 done
 msrv_check -p lock-cli --no-default-features
+# The dependency floors of the crates whose floors are ours alone, at their lowest versions
+# (scripts/minimal-versions.py says why those crates).
+step "Rust $msrv: the dependency floors (direct minimal versions)"
+python3 scripts/minimal-versions.py "$msrv"
 
 # Licenses, duplicate versions (warnings) and sources of the dependency tree (deny.toml).
 # Advisories need the RustSec database from GitHub, which CI cannot reach: see deny.toml.
