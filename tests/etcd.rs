@@ -480,7 +480,12 @@ async fn a_cut_off_extension_strands_nothing(cut: CutOff) {
                 "the watchdog renewed the guard"
             );
             assert_eq!(guard.fence(), fence, "the grant's fence never changes");
-            let seen = backend.inspect(&k).await.unwrap().expect("still held");
+            let seen = backend
+                .inspect(&k)
+                .await
+                .unwrap()
+                .pop()
+                .expect("still held");
             assert_eq!(seen.owner, Some(owner));
             assert_eq!(seen.fence, Some(fence), "the key's fence is the grant's");
             guard
@@ -548,6 +553,7 @@ async fn fences_strictly_increase_across_holders_and_processes() {
             .inspect(&k)
             .await
             .unwrap()
+            .pop()
             .unwrap();
         assert_eq!(holder.fence, Some(g.fence()));
         fences.push(g.fence());
@@ -931,17 +937,17 @@ async fn a_local_waiter_is_handed_the_key_without_a_delete() {
         deleted_before,
         "handed over without deleting the key"
     );
-    let holder = backend.inspect(&k).await.unwrap().expect("held");
+    let holder = backend.inspect(&k).await.unwrap().pop().expect("held");
     assert_eq!(holder.owner, Some(third.lease().owner()));
     assert_eq!(holder.fence, Some(third.fence()));
     // Another TTL moves the key to a new lease: the fence it reports stays the holder's.
     third.extend(Duration::from_secs(8)).await.unwrap();
-    let holder = backend.inspect(&k).await.unwrap().expect("held");
+    let holder = backend.inspect(&k).await.unwrap().pop().expect("held");
     assert_eq!(holder.fence, Some(third.fence()));
     third.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(deletes.load(Ordering::SeqCst), deleted_before + 1);
-    assert_eq!(backend.inspect(&k).await.unwrap(), None);
+    assert_eq!(backend.inspect(&k).await.unwrap(), vec![]);
     assert_eq!(backend.held_leases(), 0);
 }
 
@@ -1052,7 +1058,7 @@ async fn a_waiter_that_gave_up_is_not_handed_the_key() {
     holder.release().await.unwrap();
     assert_eq!(
         backend.inspect(&k).await.unwrap(),
-        None,
+        vec![],
         "released, not handed"
     );
     assert_eq!(backend.held_leases(), 0);
@@ -1061,7 +1067,7 @@ async fn a_waiter_that_gave_up_is_not_handed_the_key() {
     let fence = holder.fence();
     holder.release().await.unwrap();
     let next = waiter.await.unwrap().unwrap();
-    let seen = backend.inspect(&k).await.unwrap().expect("held");
+    let seen = backend.inspect(&k).await.unwrap().pop().expect("held");
     assert_eq!(
         (seen.owner, seen.fence),
         (Some(next.lease().owner()), Some(next.fence()))
@@ -1137,7 +1143,7 @@ async fn the_raw_baseline_leaves_locks_alone_and_nothing_behind() {
         .acquire(&k, &opts(Duration::from_secs(10)))
         .await
         .unwrap();
-    let held = b.inspect(&k).await.unwrap().expect("held");
+    let held = b.inspect(&k).await.unwrap().pop().expect("held");
 
     // Every event in the store from now on.
     let mut client = etcd_client::Client::connect([server.endpoint()], None)
@@ -1174,7 +1180,7 @@ async fn the_raw_baseline_leaves_locks_alone_and_nothing_behind() {
         );
     }
 
-    let after = b.inspect(&k).await.unwrap().expect("still held");
+    let after = b.inspect(&k).await.unwrap().pop().expect("still held");
     assert_eq!(after.owner, held.owner);
     assert_eq!(after.fence, held.fence);
     assert!(!guard.is_lost());

@@ -563,10 +563,10 @@ async fn check(target: Target) {
     let left = admin.inspect(&job).await;
     let mut leaks = Vec::new();
     match left {
-        Ok(None) => {}
-        Ok(Some(holder)) => leaks.push(format!(
+        Ok(holders) if holders.is_empty() => {}
+        Ok(holders) => leaks.push(format!(
             "the job's lock is still held on the server after every scheduler shut down: \
-             {holder:?}"
+             {holders:?}"
         )),
         Err(e) => leaks.push(format!("inspecting the job's lock failed: {e}")),
     }

@@ -1,10 +1,11 @@
 //! The randomized exclusion checker on the memory backend: Lockers over one shared
-//! in-process backend (it has no server for separate instances to share), no faults.
+//! in-process backend (it has no server for separate instances to share), no faults; in
+//! each mode: locks, semaphores (permits) and reader-writer keys.
 //! `DISTLOCK_SOAK_SECS` runs it longer, `DISTLOCK_CHECK_SEED` replays a seed.
 
 use std::sync::Arc;
 
-use distlock::conformance::exclusion::{Exclusion, ExclusionConfig};
+use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Grants};
 use distlock::{Backend, Locker, MemoryBackend};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -15,6 +16,34 @@ async fn exclusion_memory() {
         .collect();
     let report = Exclusion::new(lockers)
         .config(ExclusionConfig::from_env())
+        .run()
+        .await;
+    report.assert_clean();
+}
+
+/// The checker in its permits mode: semaphores of 3 permits, claims of 1 or 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_memory_permits() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let lockers: Vec<Locker> = (0..3)
+        .map(|_| Locker::with_backend(backend.clone()))
+        .collect();
+    let report = Exclusion::new(lockers)
+        .config(ExclusionConfig::from_env().grants(Grants::Permits(3)))
+        .run()
+        .await;
+    report.assert_clean();
+}
+
+/// The checker in its reader-writer mode: readers share a key, writers hold it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_memory_reader_writer() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let lockers: Vec<Locker> = (0..3)
+        .map(|_| Locker::with_backend(backend.clone()))
+        .collect();
+    let report = Exclusion::new(lockers)
+        .config(ExclusionConfig::from_env().grants(Grants::ReaderWriter))
         .run()
         .await;
     report.assert_clean();

@@ -102,8 +102,8 @@ async fn check(tasks_per_locker: usize, keys: usize) {
                 let mut left = Vec::new();
                 for name in names {
                     match backend.inspect(&name).await {
-                        Ok(None) => {}
-                        Ok(Some(holder)) => left.push(format!("{name} ({holder:?})")),
+                        Ok(holders) if holders.is_empty() => {}
+                        Ok(holders) => left.push(format!("{name} ({holders:?})")),
                         Err(e) => left.push(format!("{name} (inspect failed: {e})")),
                     }
                 }

@@ -171,7 +171,10 @@ async fn expiry_is_measured_on_the_database_clock() {
         .await
         .unwrap()
         .get(0);
-    let Attempt::Granted { .. } = backend.try_acquire(&k, Owner::random(), ttl).await.unwrap()
+    let Attempt::Granted { .. } = backend
+        .try_acquire(&k, Owner::random(), distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap()
     else {
         panic!("a free key is granted")
     };
@@ -193,7 +196,11 @@ async fn expiry_is_measured_on_the_database_clock() {
         "expiry {expires} is the database's grant time + 2 s ({before}..{after})"
     );
     // A second owner is told the holder's time left by the database.
-    match backend.try_acquire(&k, Owner::random(), ttl).await.unwrap() {
+    match backend
+        .try_acquire(&k, Owner::random(), distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap()
+    {
         Attempt::Taken {
             expires_in: Some(left),
         } => assert!(
@@ -237,7 +244,10 @@ async fn a_fence_drawn_before_a_later_grant_is_never_granted_after_it() {
     // The first acquirer draws its fence and is held up in the trigger.
     let first = {
         let (one, k) = (one.clone(), k.clone());
-        tokio::spawn(async move { one.try_acquire(&k, held_owner, ttl).await })
+        tokio::spawn(async move {
+            one.try_acquire(&k, held_owner, distlock::Permits::LOCK, ttl)
+                .await
+        })
     };
     let held_up = Instant::now();
     loop {
@@ -264,8 +274,10 @@ async fn a_fence_drawn_before_a_later_grant_is_never_granted_after_it() {
     let second = backend(&postgres_url(server.addr(), "table=ordered&timeout=10s")).await;
     let mut fences = Vec::new();
     let owner = Owner::random();
-    if let Attempt::Granted { fence, valid_until } =
-        second.try_acquire(&k, owner, ttl).await.unwrap()
+    if let Attempt::Granted { fence, valid_until } = second
+        .try_acquire(&k, owner, distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap()
     {
         fences.push(fence);
         second
@@ -335,7 +347,11 @@ async fn grouped_statements_answer_each_request_as_alone() {
     };
 
     let before = xid().await;
-    let answers = futures::future::join_all(keys.iter().map(|k| one.try_acquire(k, me, ttl))).await;
+    let answers = futures::future::join_all(
+        keys.iter()
+            .map(|k| one.try_acquire(k, me, distlock::Permits::LOCK, ttl)),
+    )
+    .await;
     let writes = xid().await - before - 1;
     assert!(
         writes <= 12,
@@ -519,12 +535,19 @@ async fn asking_again_as_the_holder_renews_the_expiry() {
             .unwrap();
         row.get::<_, f64>(0)
     };
-    let Attempt::Granted { fence, .. } = backend.try_acquire(&k, owner, ttl).await.unwrap() else {
+    let Attempt::Granted { fence, .. } = backend
+        .try_acquire(&k, owner, distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap()
+    else {
         panic!("a free key is granted")
     };
     let first = expiry().await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let Attempt::Granted { fence: again, .. } = backend.try_acquire(&k, owner, ttl).await.unwrap()
+    let Attempt::Granted { fence: again, .. } = backend
+        .try_acquire(&k, owner, distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap()
     else {
         panic!("the holder asking again is granted")
     };
@@ -667,6 +690,7 @@ async fn keys_with_any_bytes_are_locked_as_given() {
             .inspect(k)
             .await
             .unwrap()
+            .pop()
             .unwrap();
         assert_eq!(holder.fence, Some(guard.fence()));
         guard.release().await.unwrap();

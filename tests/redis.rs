@@ -156,7 +156,7 @@ async fn only_an_awaited_release_is_announced() {
         assert!(Instant::now() < until, "the refusal marks the lock awaited");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let seen = a.inspect("awaited").await.unwrap().expect("held");
+    let seen = a.inspect("awaited").await.unwrap().pop().expect("held");
     assert_eq!(
         seen.owner,
         Some(holder.lease().owner()),
@@ -224,18 +224,23 @@ async fn inspect_reports_the_holder() {
     let locker = Locker::new(backend(&server.url()).await);
     let backend = locker.backend().clone();
     let backend = backend.admin().expect("admin");
-    assert_eq!(backend.inspect("inspect/x").await.unwrap(), None);
+    assert_eq!(backend.inspect("inspect/x").await.unwrap(), vec![]);
     let guard = locker
         .acquire("inspect/x", &skip(Duration::from_secs(10)))
         .await
         .unwrap();
-    let holder = backend.inspect("inspect/x").await.unwrap().expect("held");
+    let holder = backend
+        .inspect("inspect/x")
+        .await
+        .unwrap()
+        .pop()
+        .expect("held");
     assert_eq!(holder.owner, Some(guard.lease().owner()));
     assert_eq!(holder.fence, Some(guard.fence()));
     let left = holder.expires_in.expect("the lock has a TTL");
     assert!(left <= Duration::from_secs(10) && left > Duration::from_secs(9));
     guard.release().await.unwrap();
-    assert_eq!(backend.inspect("inspect/x").await.unwrap(), None);
+    assert_eq!(backend.inspect("inspect/x").await.unwrap(), vec![]);
 }
 
 /// The raw baseline (`SET NX PX` + `DEL`) never touches a lock: raw cycles on a held
@@ -265,7 +270,12 @@ async fn the_raw_baseline_leaves_locks_alone_and_nothing_behind() {
         keys
     };
     let before = keys(redis.clone()).await;
-    let held = backend.inspect("raw/held").await.unwrap().expect("held");
+    let held = backend
+        .inspect("raw/held")
+        .await
+        .unwrap()
+        .pop()
+        .expect("held");
     for _ in 0..10 {
         raw.raw_cycle("raw/held", ttl).await.unwrap();
         raw.raw_cycle("raw/free", ttl).await.unwrap();
@@ -275,6 +285,7 @@ async fn the_raw_baseline_leaves_locks_alone_and_nothing_behind() {
         .inspect("raw/held")
         .await
         .unwrap()
+        .pop()
         .expect("still held");
     assert_eq!(after.owner, held.owner);
     assert_eq!(after.fence, held.fence);
@@ -659,13 +670,23 @@ async fn an_abandoned_acquire_arriving_after_its_abandon_grants_nothing() {
     // Load the acquire script, so that the late EVALSHA runs rather than meet NOSCRIPT.
     let warm = Owner::random();
     direct
-        .try_acquire("abandon/warm", warm, valid_ttl(Duration::from_secs(5)))
+        .try_acquire(
+            "abandon/warm",
+            warm,
+            distlock::Permits::LOCK,
+            valid_ttl(Duration::from_secs(5)),
+        )
         .await
         .unwrap();
     let owner = Owner::random();
     proxy.set_mode(ProxyMode::Blackhole);
     let e = late
-        .try_acquire("abandon/late", owner, valid_ttl(Duration::from_secs(30)))
+        .try_acquire(
+            "abandon/late",
+            owner,
+            distlock::Permits::LOCK,
+            valid_ttl(Duration::from_secs(30)),
+        )
         .await
         .expect_err("no answer through the blackhole");
     assert!(e.is_transient(), "{e}");
@@ -689,7 +710,12 @@ async fn an_abandoned_acquire_arriving_after_its_abandon_grants_nothing() {
     let other = Owner::random();
     assert!(matches!(
         direct
-            .try_acquire("abandon/late", other, valid_ttl(Duration::from_secs(5)))
+            .try_acquire(
+                "abandon/late",
+                other,
+                distlock::Permits::LOCK,
+                valid_ttl(Duration::from_secs(5))
+            )
             .await
             .unwrap(),
         distlock::Attempt::Granted { .. }
@@ -711,13 +737,23 @@ async fn an_acquire_abandoned_on_a_paused_server_leaves_no_lock() {
     let patient = RedisBackend::from_node(backend.node().with_timeout(Duration::from_secs(5)));
     let warm = Owner::random();
     backend
-        .try_acquire("abandon/warm", warm, valid_ttl(Duration::from_secs(5)))
+        .try_acquire(
+            "abandon/warm",
+            warm,
+            distlock::Permits::LOCK,
+            valid_ttl(Duration::from_secs(5)),
+        )
         .await
         .unwrap();
     let owner = Owner::random();
     server.pause();
     let e = backend
-        .try_acquire("abandon/paused", owner, valid_ttl(Duration::from_secs(30)))
+        .try_acquire(
+            "abandon/paused",
+            owner,
+            distlock::Permits::LOCK,
+            valid_ttl(Duration::from_secs(30)),
+        )
         .await
         .expect_err("a paused server does not answer");
     assert!(e.is_transient(), "{e}");
@@ -808,7 +844,7 @@ async fn a_local_waiter_is_handed_the_key_in_one_script() {
         notices,
         "never announced free"
     );
-    let seen = backend.inspect("hand").await.unwrap().expect("held");
+    let seen = backend.inspect("hand").await.unwrap().pop().expect("held");
     assert_eq!(seen.owner, Some(next.lease().owner()));
     next.release().await.unwrap();
     assert_eq!(calls(&server, "del").await, deletes + 1);

@@ -90,7 +90,10 @@ async fn a_replica_or_a_demoted_master_is_never_written() {
     let owner = distlock::Owner::random();
     // Held on the master (and replicated), so the replica's copy names the owner.
     assert!(matches!(
-        master.try_acquire("k", owner, ttl).await.unwrap(),
+        master
+            .try_acquire("k", owner, distlock::Permits::LOCK, ttl)
+            .await
+            .unwrap(),
         Attempt::Granted { .. }
     ));
     let lock_key = master.node().lock_key("k");
@@ -110,13 +113,21 @@ async fn a_replica_or_a_demoted_master_is_never_written() {
         (
             "a new lock",
             on_replica
-                .try_acquire("free", distlock::Owner::random(), ttl)
+                .try_acquire(
+                    "free",
+                    distlock::Owner::random(),
+                    distlock::Permits::LOCK,
+                    ttl,
+                )
                 .await
                 .map(|_| ()),
         ),
         (
             "the holder asking again",
-            on_replica.try_acquire("k", owner, ttl).await.map(|_| ()),
+            on_replica
+                .try_acquire("k", owner, distlock::Permits::LOCK, ttl)
+                .await
+                .map(|_| ()),
         ),
         (
             "the release",

@@ -41,7 +41,11 @@ async fn preset_foreign(server: &RedisServer, name: &str, px: u64) {
 async fn attempt(b: &RedlockBackend, key: &str, ttl: Duration) -> (Owner, Result<Attempt, Error>) {
     let owner = Owner::random();
     let ttl = b.capabilities().effective_ttl(ttl).expect("a valid TTL");
-    (owner, b.try_acquire(key, owner, ttl).await)
+    (
+        owner,
+        b.try_acquire(key, owner, distlock::Permits::LOCK, ttl)
+            .await,
+    )
 }
 
 /// `ttl` as the Locker's backend accepts it.
@@ -338,7 +342,12 @@ async fn minority_and_majority_presets() {
     }
     let result = locker
         .backend()
-        .try_acquire("preset/all", Owner::random(), valid(&locker, ttl))
+        .try_acquire(
+            "preset/all",
+            Owner::random(),
+            distlock::Permits::LOCK,
+            valid(&locker, ttl),
+        )
         .await;
     match result.unwrap() {
         Attempt::Taken {
@@ -352,7 +361,12 @@ async fn minority_and_majority_presets() {
     }
     let result = locker
         .backend()
-        .try_acquire("preset/forever", Owner::random(), valid(&locker, ttl))
+        .try_acquire(
+            "preset/forever",
+            Owner::random(),
+            distlock::Permits::LOCK,
+            valid(&locker, ttl),
+        )
         .await;
     assert_eq!(result.unwrap(), Attempt::Taken { expires_in: None });
 }
@@ -1054,21 +1068,26 @@ async fn inspect_and_force_release_over_the_quorum() {
     let locker = Locker::new(backend(&nodes.addrs(), "").await);
     let backend = locker.backend().clone();
     let b = backend.admin().expect("admin");
-    assert_eq!(b.inspect("admin/x").await.unwrap(), None);
+    assert_eq!(b.inspect("admin/x").await.unwrap(), vec![]);
     let guard = locker
         .acquire("admin/x", &skip(Duration::from_secs(10)))
         .await
         .unwrap();
-    let holder = b.inspect("admin/x").await.unwrap().expect("held");
+    let holder = b.inspect("admin/x").await.unwrap().pop().expect("held");
     assert_eq!(holder.owner, Some(guard.lease().owner()));
     assert_eq!(holder.fence, Some(guard.fence()));
     let left = holder.expires_in.expect("the lock has a TTL");
     assert!(left <= Duration::from_secs(10) && left > Duration::from_secs(9));
     // A foreign leftover on one node of three that all answer is not a holder.
     preset_foreign(&nodes.nodes()[1], "admin/leftover", 10_000).await;
-    assert_eq!(b.inspect("admin/leftover").await.unwrap(), None);
+    assert_eq!(b.inspect("admin/leftover").await.unwrap(), vec![]);
     nodes.node_mut(0).kill();
-    let holder = b.inspect("admin/x").await.unwrap().expect("still held");
+    let holder = b
+        .inspect("admin/x")
+        .await
+        .unwrap()
+        .pop()
+        .expect("still held");
     assert_eq!(holder.owner, Some(guard.lease().owner()));
     // Two answers may not pin the token down (one may be a late grant): known or unknown,
     // never wrong.
@@ -1082,6 +1101,7 @@ async fn inspect_and_force_release_over_the_quorum() {
         .inspect("admin/leftover")
         .await
         .unwrap()
+        .pop()
         .expect("may be held");
     assert_eq!(leftover.owner, None, "not an owner token of this protocol");
 
@@ -1226,7 +1246,12 @@ async fn the_raw_baseline_needs_a_majority_and_leaves_locks_alone() {
         .await
         .unwrap();
     let raw_key = "distlock:{raw/held}:baseline";
-    let held = backend.inspect("raw/held").await.unwrap().expect("held");
+    let held = backend
+        .inspect("raw/held")
+        .await
+        .unwrap()
+        .pop()
+        .expect("held");
     let mut lock_keys = Vec::new();
     for node in nodes.nodes() {
         lock_keys.push(raw_exists(node, &lock_key("raw/held")).await);
@@ -1238,6 +1263,7 @@ async fn the_raw_baseline_needs_a_majority_and_leaves_locks_alone() {
         .inspect("raw/held")
         .await
         .unwrap()
+        .pop()
         .expect("still held");
     assert_eq!((after.owner, after.fence), (held.owner, held.fence));
     for (node, had_lock) in nodes.nodes().iter().zip(lock_keys) {

@@ -54,6 +54,19 @@ struct Report<'a> {
     expires_in_ms: Option<u64>,
     /// Whether the lock server is shared between processes (false for memory://).
     cross_process: bool,
+    /// Every grant on the key (one for a lock; each holder of permits of a semaphore or a
+    /// reader-writer key); `fence`, `owner` and `expires_in_ms` above are the first's.
+    holders: Vec<HolderReport>,
+}
+
+/// One grant on the key, in the JSON form.
+#[derive(Serialize)]
+struct HolderReport {
+    fence: Option<u64>,
+    owner: Option<String>,
+    expires_in_ms: Option<u64>,
+    /// `lock`, `read`, `write`, or `k of N permits`.
+    permits: String,
 }
 
 /// Runs `distlock status`.
@@ -71,10 +84,12 @@ pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
             operation: "inspect",
         })
     })?;
-    let holder = admin
+    let holders = admin
         .inspect(&args.key)
         .await
         .map_err(|e| target.error(e))?;
+    let holder = holders.first().cloned();
+    let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
     let report = Report {
         key: &args.key,
         backend: caps.name,
@@ -82,18 +97,24 @@ pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
         held: holder.is_some(),
         fence: holder.as_ref().and_then(|h| h.fence),
         owner: holder.as_ref().and_then(|h| h.owner).map(|o| o.to_string()),
-        expires_in_ms: holder
-            .as_ref()
-            .and_then(|h| h.expires_in)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        expires_in_ms: holder.as_ref().and_then(|h| h.expires_in).map(millis),
         cross_process: caps.cross_process,
+        holders: holders
+            .iter()
+            .map(|h| HolderReport {
+                fence: h.fence,
+                owner: h.owner.map(|o| o.to_string()),
+                expires_in_ms: h.expires_in.map(millis),
+                permits: h.permits.to_string(),
+            })
+            .collect(),
     };
     if args.json {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| CliError::new(crate::exit::INTERNAL, format!("cannot write JSON: {e}")))?;
         print_stdout(&format!("{text}\n"));
     } else {
-        print_stdout(&text(&report, &holder));
+        print_stdout(&text(&report, &holders));
     }
     if !caps.cross_process {
         note!(
@@ -105,22 +126,30 @@ pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
     Ok(Exit::Code(0))
 }
 
-fn text(report: &Report<'_>, holder: &Option<distlock::Holder>) -> String {
+fn text(report: &Report<'_>, holders: &[distlock::Holder]) -> String {
     let unknown = || "unknown (the backend does not tell)".to_owned();
     let mut out = format!(
         "key:        {}\nserver:     {} ({})\n",
         report.key, report.url, report.backend
     );
-    match holder {
-        None => out.push_str("state:      free\n"),
-        Some(h) => {
-            let fence = h.fence.map_or_else(unknown, |f| f.to_string());
-            let expires = h.expires_in.map_or_else(unknown, fmt_duration);
-            let owner = h.owner.map_or_else(unknown, |o| o.to_string());
-            out.push_str(&format!(
-                "state:      held\nfence:      {fence}\nexpires in: {expires}\nowner:      {owner}\n"
-            ));
+    if holders.is_empty() {
+        out.push_str("state:      free\n");
+    }
+    for (i, h) in holders.iter().enumerate() {
+        let fence = h.fence.map_or_else(unknown, |f| f.to_string());
+        let expires = h.expires_in.map_or_else(unknown, fmt_duration);
+        let owner = h.owner.map_or_else(unknown, |o| o.to_string());
+        if i == 0 {
+            out.push_str("state:      held\n");
+        } else {
+            out.push('\n');
         }
+        if h.permits != distlock::Permits::LOCK {
+            out.push_str(&format!("permits:    {}\n", h.permits));
+        }
+        out.push_str(&format!(
+            "fence:      {fence}\nexpires in: {expires}\nowner:      {owner}\n"
+        ));
     }
     out
 }

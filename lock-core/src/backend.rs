@@ -10,6 +10,7 @@ use crate::capabilities::{Capabilities, Ttl};
 use crate::error::Result;
 use crate::lease::{Lease, Owner};
 use crate::notices::ReleaseListener;
+use crate::permits::Permits;
 
 /// The outcome of one acquisition attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,16 +42,26 @@ pub struct Holder {
     pub fence: Option<u64>,
     /// Time left before the lock expires, when the server tells.
     pub expires_in: Option<Duration>,
+    /// The permits the holder claims ([`Permits::LOCK`] for a lock).
+    pub permits: Permits,
 }
 
 impl Holder {
-    /// A holder with these owner token, fencing token and time left (each when known).
+    /// A lock's holder with these owner token, fencing token and time left (each when
+    /// known).
     pub fn new(owner: Option<Owner>, fence: Option<u64>, expires_in: Option<Duration>) -> Self {
         Holder {
             owner,
             fence,
             expires_in,
+            permits: Permits::LOCK,
         }
+    }
+
+    /// The same holder, claiming `permits`.
+    pub fn permits(mut self, permits: Permits) -> Self {
+        self.permits = permits;
+        self
     }
 }
 
@@ -58,8 +69,8 @@ impl Holder {
 /// policy (that lives once in [`Locker`](crate::Locker) and [`LockGuard`](crate::LockGuard)).
 ///
 /// Implementations must keep these rules, which the conformance suite checks:
-/// - `try_acquire` grants only when nobody else holds an unexpired lock on the key, and
-///   stores `owner` as the lock's value;
+/// - `try_acquire` grants only when the unexpired grants on the key leave the claimed
+///   permits free (a lock: nobody else holds it), and stores `owner` as the grant's value;
 /// - `extend` and `release` act only when the stored value is the lease's owner, and
 ///   return [`Error::NotHeld`](crate::Error::NotHeld) otherwise; they never touch another
 ///   owner's lock;
@@ -70,16 +81,21 @@ pub trait Backend: Send + Sync + 'static {
     /// What this backend can promise.
     fn capabilities(&self) -> &Capabilities;
 
-    /// One attempt to take `key` for `owner` for `ttl`.
+    /// One attempt to take `permits` of `key` for `owner` for `ttl`.
     ///
-    /// Grants only when nobody else holds an unexpired lock on `key`, storing `owner` as the
-    /// lock's value: [`Attempt::Granted`] with the grant's fencing token (ordered as
+    /// Grants only when the unexpired grants on `key` leave `permits.take()` of its
+    /// `permits.of()` free (for a lock, [`Permits::LOCK`]: when nobody else holds it),
+    /// storing `owner` as the grant's value: [`Attempt::Granted`] with the grant's fencing token (ordered as
     /// [`Capabilities::monotonic_fencing`] says) and its `valid_until`, counted from before
     /// the request was sent, less the [`clock_drift`](Capabilities::clock_drift) allowance
     /// ([`Capabilities::validity`]). Otherwise [`Attempt::Taken`], with the
     /// holder's time left when the server tells. `ttl` has passed
-    /// [`Capabilities::effective_ttl`]: the backend needs no checks of its own. No retry,
-    /// no wait: the [`Locker`](crate::Locker) does those.
+    /// [`Capabilities::effective_ttl`], and `permits` [`Capabilities::check_permits`]: the
+    /// backend needs no checks of its own (a backend whose
+    /// [`max_permits`](Capabilities::max_permits) is 1 only ever sees [`Permits::LOCK`]),
+    /// except that a claim naming another `of` than the key's holders is refused with
+    /// [`Error::InvalidPermits`](crate::Error::InvalidPermits). No retry, no wait: the
+    /// [`Locker`](crate::Locker) does those.
     ///
     /// # Errors
     /// [`Error::Unavailable`](crate::Error::Unavailable) (transient) when the server could
@@ -101,11 +117,11 @@ pub trait Backend: Send + Sync + 'static {
     /// ```no_run
     /// # async fn demo(backend: &dyn lock_core::Backend) -> lock_core::Result<()> {
     /// use std::time::Duration;
-    /// use lock_core::{Attempt, Lease, Owner};
+    /// use lock_core::{Attempt, Lease, Owner, Permits};
     ///
     /// let ttl = backend.capabilities().effective_ttl(Duration::from_secs(10))?;
     /// let owner = Owner::random();
-    /// match backend.try_acquire("jobs/nightly", owner, ttl).await? {
+    /// match backend.try_acquire("jobs/nightly", owner, Permits::LOCK, ttl).await? {
     ///     Attempt::Granted { fence, valid_until } => {
     ///         let lease = Lease::new("jobs/nightly", owner, fence, valid_until);
     ///         backend.release(&lease).await?;
@@ -114,7 +130,13 @@ pub trait Backend: Send + Sync + 'static {
     /// }
     /// # Ok(()) }
     /// ```
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt>;
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: Owner,
+        permits: Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt>;
 
     /// Pushes the lease's expiry to `ttl` from now if it is still ours; returns the new
     /// `valid_until`, counted from before the request was sent.
@@ -292,7 +314,8 @@ pub trait Backend: Send + Sync + 'static {
 #[async_trait]
 pub trait HandOver: Send + Sync {
     /// Passes the lock `from` holds straight to `to` for `ttl`, in one step on the server,
-    /// for a Locker whose next waiter on the key is queued behind `from`'s holder.
+    /// for a Locker whose next waiter on the key is queued behind `from`'s holder; `to`
+    /// claims the same [`permits`](Lease::permits) as `from`.
     ///
     /// Rules: the lock changes hands only while the server still holds it for `from`, so no
     /// other owner is ever displaced, and `to`'s grant obeys `try_acquire`'s rules (its
@@ -347,9 +370,10 @@ pub trait HandOver: Send + Sync {
 /// conformance suite's "taken away behind the holder's back").
 #[async_trait]
 pub trait Admin: Send + Sync {
-    /// Who holds `key` now; `None` when it is free.
+    /// Who holds `key` now: every unexpired grant on it (one for a held lock, as many as
+    /// hold permits of a semaphore or a reader-writer key); empty when it is free.
     ///
-    /// A read: it changes nothing. An expired lock counts as free. What the server does not
+    /// A read: it changes nothing. An expired grant counts as gone. What the server does not
     /// store readably is `None` in the [`Holder`]; each backend documents what it knows.
     ///
     /// # Errors
@@ -367,16 +391,15 @@ pub trait Admin: Send + Sync {
     /// let Some(admin) = locker.backend().admin() else {
     ///     return Ok(()); // this backend cannot tell
     /// };
-    /// match admin.inspect("jobs/nightly").await? {
-    ///     Some(holder) => println!("fence {:?}, {:?} left", holder.fence, holder.expires_in),
-    ///     None => println!("free"),
+    /// for holder in admin.inspect("jobs/nightly").await? {
+    ///     println!("fence {:?}, {:?} left", holder.fence, holder.expires_in);
     /// }
     /// # Ok(()) }
     /// ```
-    async fn inspect(&self, key: &str) -> Result<Option<Holder>>;
+    async fn inspect(&self, key: &str) -> Result<Vec<Holder>>;
 
-    /// Deletes `key`'s lock whoever holds it (the holder finds its lock lost at its next
-    /// renewal) and announces the release; true if a lock was there.
+    /// Deletes `key`'s grants whoever holds them (each holder finds its grant lost at its
+    /// next renewal) and announces the release; true if a grant was there.
     ///
     /// For tools and tests, not for normal locking: until its next renewal the holder
     /// believes it holds the lock while a waiter may be granted it; fencing tokens keep the
@@ -410,7 +433,13 @@ pub trait Admin: Send + Sync {
 pub trait Immediate: Send + Sync {
     /// [`Backend::try_acquire`], answered at once. The key comes as the shared string the
     /// lease will hold, so the backend may keep it without copying.
-    fn try_acquire(&self, key: &Arc<str>, owner: Owner, ttl: Ttl) -> Result<Attempt>;
+    fn try_acquire(
+        &self,
+        key: &Arc<str>,
+        owner: Owner,
+        permits: Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt>;
 
     /// [`Backend::release`], answered at once.
     fn release(&self, lease: &Lease) -> Result<()>;
@@ -493,8 +522,14 @@ macro_rules! forward_backend {
             fn capabilities(&self) -> &Capabilities {
                 (**self).capabilities()
             }
-            async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
-                (**self).try_acquire(key, owner, ttl).await
+            async fn try_acquire(
+                &self,
+                key: &str,
+                owner: Owner,
+                permits: Permits,
+                ttl: Ttl,
+            ) -> Result<Attempt> {
+                (**self).try_acquire(key, owner, permits, ttl).await
             }
             async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
                 (**self).extend(lease, ttl).await

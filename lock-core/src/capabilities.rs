@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::error::Result;
+use crate::permits::Permits;
 
 /// What a backend can promise; the [`Locker`](crate::Locker) and the conformance suite
 /// decide behaviour from these, never from the backend's name.
@@ -52,6 +53,15 @@ pub struct Capabilities {
     /// allowance; none elsewhere). The guard uses it to bound its validity while an
     /// extension's outcome is unknown.
     pub clock_drift: ClockDrift,
+    /// The most permits a key of this backend can have ([`Permits::of`]): 1 when it keeps
+    /// locks only, [`MAX_PERMITS`](crate::MAX_PERMITS) when it keeps semaphores and
+    /// reader-writer locks too. The [`Locker`](crate::Locker) refuses a larger claim before
+    /// any I/O, with [`permits_refusal`](Self::permits_refusal) as the reason.
+    pub max_permits: u32,
+    /// Why a claim of more than [`max_permits`](Self::max_permits) is refused (Redlock: the
+    /// nodes' majorities overlap, so N independent nodes cannot bound the holders of k of
+    /// N permits).
+    pub permits_refusal: &'static str,
 }
 
 /// A lock TTL that passed a backend's rules: not zero, within its maximum, rounded up to
@@ -128,7 +138,36 @@ impl Capabilities {
             release_notices: false,
             cross_process: false,
             clock_drift: ClockDrift::NONE,
+            max_permits: 1,
+            permits_refusal: "claims of several permits on a key (semaphores, reader-writer locks)",
         }
+    }
+
+    /// Sets [`max_permits`](Self::max_permits).
+    pub const fn max_permits(mut self, max: u32) -> Self {
+        self.max_permits = max;
+        self
+    }
+
+    /// Sets [`permits_refusal`](Self::permits_refusal).
+    pub const fn permits_refusal(mut self, why: &'static str) -> Self {
+        self.permits_refusal = why;
+        self
+    }
+
+    /// Checks a claim against [`max_permits`](Self::max_permits).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) naming the backend, with
+    /// [`permits_refusal`](Self::permits_refusal) as the operation's description.
+    pub fn check_permits(&self, permits: Permits) -> Result<()> {
+        if permits.of() <= self.max_permits {
+            return Ok(());
+        }
+        Err(crate::Error::Unsupported {
+            backend: self.name,
+            operation: self.permits_refusal,
+        })
     }
 
     /// Sets [`min_ttl`](Self::min_ttl).
@@ -247,6 +286,8 @@ mod tests {
             release_notices: false,
             cross_process: false,
             clock_drift: ClockDrift::NONE,
+            max_permits: 1,
+            permits_refusal: "",
         }
     }
 

@@ -38,6 +38,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// A claim of permits that cannot be granted: zero permits, more than the key's, a key
+    /// of more than [`MAX_PERMITS`](crate::MAX_PERMITS), or a number of permits on the key
+    /// other than its holders' (see [`Permits`](crate::Permits)).
+    #[error("invalid claim of permits: {reason}")]
+    InvalidPermits {
+        /// Why it was refused.
+        reason: String,
+    },
+
     /// The connection URL could not be parsed or names options the backend does not know.
     #[error("invalid lock URL {url:?}: {reason}")]
     InvalidUrl {
@@ -234,7 +243,7 @@ impl Error {
     }
 
     /// The variant's name in snake case, stable and without any data (no key, no URL):
-    /// `invalid_key`, `invalid_ttl`, `invalid_url`, `feature_disabled`, `locked`,
+    /// `invalid_key`, `invalid_ttl`, `invalid_permits`, `invalid_url`, `feature_disabled`, `locked`,
     /// `timeout`, `not_held`, `quorum_not_reached`, `unavailable`, `backend`,
     /// `unsupported`, `shutdown`. It is the `kind` label of
     /// [`ERRORS`](crate::metrics::names::ERRORS); one of [`Error::KINDS`].
@@ -242,6 +251,7 @@ impl Error {
         match self {
             Error::InvalidKey { .. } => "invalid_key",
             Error::InvalidTtl { .. } => "invalid_ttl",
+            Error::InvalidPermits { .. } => "invalid_permits",
             Error::InvalidUrl { .. } => "invalid_url",
             Error::FeatureDisabled { .. } => "feature_disabled",
             Error::Locked { .. } => "locked",
@@ -256,9 +266,10 @@ impl Error {
     }
 
     /// Every value [`kind`](Self::kind) returns.
-    pub const KINDS: [&'static str; 12] = [
+    pub const KINDS: [&'static str; 13] = [
         "invalid_key",
         "invalid_ttl",
+        "invalid_permits",
         "invalid_url",
         "feature_disabled",
         "locked",

@@ -4,6 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::permits::Permits;
+
 /// A random 128-bit owner token, fresh for every acquisition attempt.
 ///
 /// Backends store it as the lock's value and only extend or release a lock whose stored
@@ -49,7 +51,8 @@ impl fmt::Debug for Owner {
     }
 }
 
-/// A granted lock as the backend knows it: key, owner token, fencing token and validity.
+/// A grant as the backend knows it: key, owner token, the permits it claims (a lock: 1 of
+/// 1), fencing token and validity.
 ///
 /// `valid_until` is measured on the monotonic clock of this process and is conservative:
 /// the backend computed it from the moment *before* its request was sent.
@@ -57,6 +60,7 @@ impl fmt::Debug for Owner {
 pub struct Lease {
     key: Arc<str>,
     owner: Owner,
+    permits: Permits,
     fence: u64,
     valid_until: Instant,
 }
@@ -70,14 +74,22 @@ impl Lease {
         }
     }
 
-    /// Builds a lease (used by the [`Locker`](crate::Locker) and by backend tests).
+    /// Builds the lease of a lock, 1 of 1 permit (used by the [`Locker`](crate::Locker) and
+    /// by backend tests).
     pub fn new(key: impl Into<Arc<str>>, owner: Owner, fence: u64, valid_until: Instant) -> Self {
         Lease {
             key: key.into(),
             owner,
+            permits: Permits::LOCK,
             fence,
             valid_until,
         }
+    }
+
+    /// The same lease claiming `permits` instead.
+    pub fn with_permits(mut self, permits: Permits) -> Self {
+        self.permits = permits;
+        self
     }
 
     /// The lock's key.
@@ -93,6 +105,11 @@ impl Lease {
     /// The owner token stored on the server.
     pub fn owner(&self) -> Owner {
         self.owner
+    }
+
+    /// The permits this grant claims of its key ([`Permits::LOCK`] for a lock).
+    pub fn permits(&self) -> Permits {
+        self.permits
     }
 
     /// The fencing token: strictly greater than the token of every earlier holder of this

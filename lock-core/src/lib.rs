@@ -21,6 +21,7 @@ mod locker;
 pub mod metrics;
 mod notices;
 mod options;
+mod permits;
 pub mod records;
 mod registry;
 #[cfg(feature = "internals")]
@@ -43,4 +44,5 @@ pub use locker::{
 };
 pub use notices::{ReleaseListener, ReleaseNotices};
 pub use options::{Backoff, LockOptions, WaitStrategy};
+pub use permits::{Permits, MAX_PERMITS, RW_PERMITS};
 pub use url::LockUrl;

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::permits::Permits;
+
 /// How long [`Locker::acquire`](crate::Locker::acquire) waits when the lock is taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WaitStrategy {
@@ -38,6 +40,9 @@ pub struct LockOptions {
     /// The `key_label` of this acquisition's metrics and its guard's (default none: the
     /// series then have no key label). See [`metrics_label`](Self::metrics_label).
     pub metrics_label: Option<&'static str>,
+    /// What each grant claims of its key (default [`Permits::LOCK`]: a lock). See
+    /// [`permits`](Self::permits).
+    pub permits: Permits,
 }
 
 impl Default for LockOptions {
@@ -49,6 +54,7 @@ impl Default for LockOptions {
             job_timeout: None,
             at_least: None,
             metrics_label: None,
+            permits: Permits::LOCK,
         }
     }
 }
@@ -125,6 +131,40 @@ impl LockOptions {
     /// ```
     pub fn metrics_label(mut self, label: &'static str) -> Self {
         self.metrics_label = Some(label);
+        self
+    }
+
+    /// Claims `permits` of the key with each grant instead of the whole key: a semaphore
+    /// ([`Permits::new`]`(k, n)`: at most `n` permits held at once across every holder), or
+    /// a side of a reader-writer key ([`Permits::read`], [`Permits::write`]). Everything
+    /// else is as for a lock: the same waiting, watchdog, `lost()`, release and fencing
+    /// (every grant's fence is greater than every earlier grant's on the key).
+    ///
+    /// A backend that cannot bound the holders of several permits refuses such a claim
+    /// before any I/O ([`Capabilities::max_permits`](crate::Capabilities::max_permits),
+    /// [`Error::Unsupported`](crate::Error::Unsupported)).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo(locker: lock_core::Locker) -> lock_core::Result<()> {
+    /// use lock_core::{LockOptions, Permits};
+    ///
+    /// // At most 5 callers of the payment API at once, across every process.
+    /// let opts = LockOptions::new().permits(Permits::new(1, 5)?);
+    /// let permit = locker.acquire("api/payments", &opts).await?;
+    /// // ... call the API ...
+    /// permit.release().await?;
+    ///
+    /// // Many readers, one writer.
+    /// let reader = locker
+    ///     .acquire("config", &LockOptions::new().permits(Permits::read()))
+    ///     .await?;
+    /// reader.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn permits(mut self, permits: Permits) -> Self {
+        self.permits = permits;
         self
     }
 }

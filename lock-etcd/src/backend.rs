@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lock_core::sync::lock;
 use lock_core::{
-    Admin, Attempt, Backend, Capabilities, Error, HandOver, Holder, Lease, Owner, ReleaseListener,
-    Result, Ttl,
+    Admin, Attempt, Backend, Capabilities, Error, HandOver, Holder, Lease, Owner, Permits,
+    ReleaseListener, Result, Ttl,
 };
 
 use crate::detached::detached;
@@ -136,7 +136,14 @@ impl Backend for EtcdBackend {
     /// Runs on a task of its own, so that an attempt dropped half-way (its caller
     /// cancelled) still finishes; [`abandon`](Self::abandon) then gives back what it was
     /// granted.
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
+    // Locks only (`max_permits` 1): the Locker never sends another claim.
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: Owner,
+        _permits: Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt> {
         let ttl_secs = Shared::lease_secs(ttl);
         let ttl = ttl.get();
         let key: Arc<str> = Arc::from(key);
@@ -220,10 +227,15 @@ impl HandOver for EtcdBackend {
 
 #[async_trait]
 impl Admin for EtcdBackend {
-    async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
+    async fn inspect(&self, key: &str) -> Result<Vec<Holder>> {
         let (member, _) = self.shared.members.pick();
         let result = self.shared.inspect(key).await;
-        self.shared.members.note(member, result)
+        Ok(self
+            .shared
+            .members
+            .note(member, result)?
+            .into_iter()
+            .collect())
     }
 
     async fn force_release(&self, key: &str) -> Result<bool> {

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use hashbrown::HashTable;
 use lock_core::{
-    Admin, Attempt, Backend, Capabilities, Holder, Immediate, Lease, Owner, ReleaseListener,
-    ReleaseNotices, Result, Ttl,
+    Admin, Attempt, Backend, Capabilities, Error, Holder, Immediate, Lease, Owner, Permits,
+    ReleaseListener, ReleaseNotices, Result, Ttl,
 };
 
 /// Number of independently locked shards of the table (a power of two): tasks on different
@@ -32,15 +32,61 @@ const CAPABILITIES: Capabilities = Capabilities::new("memory")
     .monotonic_fencing(true)
     .release_notices(true)
     .cross_process(false)
-    .clock_drift(lock_core::ClockDrift::NONE);
+    .clock_drift(lock_core::ClockDrift::NONE)
+    .max_permits(lock_core::MAX_PERMITS);
 
+/// One grant on a key: its owner, the permits it takes, its fence and validity.
+#[derive(Clone, Copy)]
+struct Grant {
+    owner: Owner,
+    take: u32,
+    fence: u64,
+    valid_until: Instant,
+}
+
+/// A key's grants: one for a lock, up to its `of` permits' worth for a semaphore or a
+/// reader-writer key.
 struct Entry {
     /// Shared with the holder's lease: no second copy of the key per hold.
     key: Arc<str>,
     hash: u64,
-    owner: Owner,
-    fence: u64,
-    valid_until: Instant,
+    /// The key's permits ([`Permits::of`]), as its holders claim them.
+    of: u32,
+    /// The first grant (a lock's only one).
+    first: Grant,
+    /// The other grants of a key with several permits (empty, unallocated, for a lock).
+    more: Vec<Grant>,
+}
+
+impl Entry {
+    /// Drops the grants expired by `now`; false when none is left.
+    fn keep_live(&mut self, now: Instant) -> bool {
+        if !self.more.is_empty() {
+            self.more.retain(|g| g.valid_until > now);
+        }
+        if self.first.valid_until <= now {
+            match self.more.pop() {
+                Some(next) => self.first = next,
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Whether any grant is unexpired at `now`.
+    fn any_live(&self, now: Instant) -> bool {
+        self.first.valid_until > now || self.more.iter().any(|g| g.valid_until > now)
+    }
+
+    fn grants(&self) -> impl Iterator<Item = &Grant> {
+        std::iter::once(&self.first).chain(self.more.iter())
+    }
+
+    fn grant_mut(&mut self, owner: Owner) -> Option<&mut Grant> {
+        std::iter::once(&mut self.first)
+            .chain(self.more.iter_mut())
+            .find(|g| g.owner == owner)
+    }
 }
 
 /// A shard on cache lines of its own, so threads working on two shards do not slow each
@@ -130,7 +176,7 @@ impl MemoryBackend {
 impl Shard {
     fn sweep_if_due(&mut self, now: Instant) {
         if self.entries.len() >= 64 && self.entries.len() >= self.swept_at * 2 {
-            self.entries.retain(|e| e.valid_until > now);
+            self.entries.retain(|e| e.any_live(now));
             self.swept_at = self.entries.len();
         }
     }
@@ -146,17 +192,26 @@ impl Backend for MemoryBackend {
         &CAPABILITIES
     }
 
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
-        Ok(self.acquire_in_table(key, owner, ttl, || Arc::from(key)))
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: Owner,
+        permits: Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt> {
+        self.acquire_in_table(key, owner, permits, ttl, || Arc::from(key))
     }
 
     async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
         let now = Instant::now();
         let (hash, mut shard) = self.shard(lease.key());
-        match shard.find_mut(hash, lease.key()) {
-            Some(e) if e.owner == lease.owner() && e.valid_until > now => {
-                e.valid_until = now + ttl.get();
-                Ok(e.valid_until)
+        let grant = shard
+            .find_mut(hash, lease.key())
+            .and_then(|e| e.grant_mut(lease.owner()));
+        match grant {
+            Some(g) if g.valid_until > now => {
+                g.valid_until = now + ttl.get();
+                Ok(g.valid_until)
             }
             _ => Err(lease.not_held()),
         }
@@ -188,8 +243,14 @@ impl Backend for MemoryBackend {
 }
 
 impl Immediate for MemoryBackend {
-    fn try_acquire(&self, key: &Arc<str>, owner: Owner, ttl: Ttl) -> Result<Attempt> {
-        Ok(self.acquire_in_table(key, owner, ttl, || key.clone()))
+    fn try_acquire(
+        &self,
+        key: &Arc<str>,
+        owner: Owner,
+        permits: Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt> {
+        self.acquire_in_table(key, owner, permits, ttl, || key.clone())
     }
 
     fn release(&self, lease: &Lease) -> Result<()> {
@@ -199,14 +260,21 @@ impl Immediate for MemoryBackend {
 
 #[async_trait]
 impl Admin for MemoryBackend {
-    async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
+    async fn inspect(&self, key: &str) -> Result<Vec<Holder>> {
         let now = Instant::now();
         let (hash, shard) = self.shard(key);
-        Ok(shard
-            .entries
-            .find(hash, |e| *e.key == *key)
-            .filter(|e| e.valid_until > now)
-            .map(|e| Holder::new(Some(e.owner), Some(e.fence), Some(e.valid_until - now))))
+        let Some(e) = shard.entries.find(hash, |e| *e.key == *key) else {
+            return Ok(Vec::new());
+        };
+        Ok(e.grants()
+            .filter(|g| g.valid_until > now)
+            .map(|g| {
+                // Every grant in the table passed `Permits::new` when it was made.
+                let permits = Permits::new(g.take, e.of).unwrap_or(Permits::LOCK);
+                Holder::new(Some(g.owner), Some(g.fence), Some(g.valid_until - now))
+                    .permits(permits)
+            })
+            .collect())
     }
 
     async fn force_release(&self, key: &str) -> Result<bool> {
@@ -219,7 +287,7 @@ impl Admin for MemoryBackend {
             .map(|found| found.remove().0);
         drop(shard);
         self.notices.notify(key);
-        Ok(removed.is_some_and(|e| e.valid_until > now))
+        Ok(removed.is_some_and(|e| e.any_live(now)))
     }
 }
 
@@ -232,25 +300,52 @@ impl MemoryBackend {
         &self,
         key: &str,
         owner: Owner,
+        permits: Permits,
         ttl: Ttl,
         shared_key: impl FnOnce() -> Arc<str>,
-    ) -> Attempt {
+    ) -> Result<Attempt> {
         let now = Instant::now();
         // A `Ttl` is at most `max_ttl` (a year): `now + ttl` cannot overflow.
         let valid_until = now + ttl.get();
         let (hash, mut guard) = self.shard(key);
         let shard = &mut *guard;
+        let take = permits.take();
         match shard.entries.find_mut(hash, |e| *e.key == *key) {
-            Some(held) if held.valid_until > now => Attempt::Taken {
-                expires_in: Some(held.valid_until - now),
-            },
-            Some(expired) => {
+            Some(held) => {
+                let grant = |fence| Grant {
+                    owner,
+                    take,
+                    fence,
+                    valid_until,
+                };
+                if !held.keep_live(now) {
+                    // Every grant expired: the key starts over with this claim.
+                    shard.last_fence += 1;
+                    let fence = shard.last_fence;
+                    held.of = permits.of();
+                    held.first = grant(fence);
+                    return Ok(Attempt::Granted { fence, valid_until });
+                }
+                if held.of != permits.of() {
+                    return Err(Error::InvalidPermits {
+                        reason: format!(
+                            "key {key:?} is held with {} permits, not {}",
+                            held.of,
+                            permits.of()
+                        ),
+                    });
+                }
+                let taken: u64 = held.grants().map(|g| u64::from(g.take)).sum();
+                if taken + u64::from(take) > u64::from(held.of) {
+                    let first_free = held.grants().map(|g| g.valid_until).min();
+                    return Ok(Attempt::Taken {
+                        expires_in: first_free.map(|at| at - now),
+                    });
+                }
                 shard.last_fence += 1;
                 let fence = shard.last_fence;
-                expired.owner = owner;
-                expired.fence = fence;
-                expired.valid_until = valid_until;
-                Attempt::Granted { fence, valid_until }
+                held.more.push(grant(fence));
+                Ok(Attempt::Granted { fence, valid_until })
             }
             None => {
                 shard.sweep_if_due(now);
@@ -261,31 +356,48 @@ impl MemoryBackend {
                     Entry {
                         key: shared_key(),
                         hash,
-                        owner,
-                        fence,
-                        valid_until,
+                        of: permits.of(),
+                        first: Grant {
+                            owner,
+                            take,
+                            fence,
+                            valid_until,
+                        },
+                        more: Vec::new(),
                     },
                     |e| e.hash,
                 );
-                Attempt::Granted { fence, valid_until }
+                Ok(Attempt::Granted { fence, valid_until })
             }
         }
     }
 
     fn release_in_table(&self, lease: &Lease) -> Result<()> {
         let (hash, mut shard) = self.shard(lease.key());
-        match shard.entries.find_entry(hash, |e| *e.key == *lease.key()) {
-            Ok(found) if found.get().owner == lease.owner() => {
-                let (e, _) = found.remove();
-                drop(shard);
-                self.notices.notify(lease.key());
-                if self.clock.ahead(e.valid_until) {
-                    Ok(())
-                } else {
-                    Err(lease.not_held())
-                }
+        let Ok(mut found) = shard.entries.find_entry(hash, |e| *e.key == *lease.key()) else {
+            return Err(lease.not_held());
+        };
+        let entry = found.get_mut();
+        let owner = lease.owner();
+        let released = if entry.first.owner == owner {
+            let grant = entry.first;
+            match entry.more.pop() {
+                Some(next) => entry.first = next,
+                None => drop(found.remove()),
             }
-            _ => Err(lease.not_held()),
+            grant
+        } else {
+            match entry.more.iter().position(|g| g.owner == owner) {
+                Some(i) => entry.more.swap_remove(i),
+                None => return Err(lease.not_held()),
+            }
+        };
+        drop(shard);
+        self.notices.notify(lease.key());
+        if self.clock.ahead(released.valid_until) {
+            Ok(())
+        } else {
+            Err(lease.not_held())
         }
     }
 }

@@ -94,8 +94,14 @@ impl Backend for SlowRelease {
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
     }
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
-        self.inner.try_acquire(key, owner, ttl).await
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: Owner,
+        permits: lock_core::Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt> {
+        self.inner.try_acquire(key, owner, permits, ttl).await
     }
     async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
         self.inner.extend(lease, ttl).await

@@ -295,8 +295,14 @@ impl Backend for HandingOver {
     fn capabilities(&self) -> &Capabilities {
         self.0.capabilities()
     }
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
-        self.0.try_acquire(key, owner, ttl).await
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: Owner,
+        permits: lock_core::Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt> {
+        self.0.try_acquire(key, owner, permits, ttl).await
     }
     async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
         self.0.extend(lease, ttl).await
@@ -316,7 +322,11 @@ impl Backend for HandingOver {
 impl HandOver for HandingOver {
     async fn hand_over(&self, from: &Lease, to: Owner, ttl: Ttl) -> Result<Attempt> {
         match self.0.release(from).await {
-            Ok(()) => self.0.try_acquire(from.key(), to, ttl).await,
+            Ok(()) => {
+                self.0
+                    .try_acquire(from.key(), to, from.permits(), ttl)
+                    .await
+            }
             Err(Error::NotHeld { .. }) => Ok(Attempt::Taken { expires_in: None }),
             Err(e) => Err(e),
         }

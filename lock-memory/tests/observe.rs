@@ -78,13 +78,19 @@ impl Backend for Flaky {
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
     }
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: Owner,
+        permits: lock_core::Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt> {
         let left = self.failures_left.load(Ordering::SeqCst);
         if left > 0 {
             self.failures_left.store(left - 1, Ordering::SeqCst);
             return Err(Error::unavailable("flaky", "server unreachable"));
         }
-        self.inner.try_acquire(key, owner, ttl).await
+        self.inner.try_acquire(key, owner, permits, ttl).await
     }
     async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
         self.inner.extend(lease, ttl).await

@@ -169,11 +169,12 @@ impl lock_core::Backend for Counting {
         &self,
         key: &str,
         owner: lock_core::Owner,
+        permits: lock_core::Permits,
         ttl: lock_core::Ttl,
     ) -> lock_core::Result<lock_core::Attempt> {
         self.attempts
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.try_acquire(key, owner, ttl).await
+        self.inner.try_acquire(key, owner, permits, ttl).await
     }
     async fn extend(
         &self,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use lock_core::{
     Admin, Attempt, Backend, Baseline, Capabilities, ClockDrift, HandOver, Holder, Lease, LockUrl,
-    Owner, ReleaseListener, ReleaseNotices, Result, Ttl,
+    Owner, Permits, ReleaseListener, ReleaseNotices, Result, Ttl,
 };
 use tokio_postgres::Row;
 
@@ -174,7 +174,14 @@ impl Backend for PostgresBackend {
     /// One `INSERT … ON CONFLICT … DO UPDATE`: inserts the key, or takes over an expired
     /// row, with the next fence of the sequence; a live holder's row is left as it was and
     /// its time left answered.
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
+    // Locks only (`max_permits` 1): the Locker never sends another claim.
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: Owner,
+        _permits: Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt> {
         const OP: &str = "acquire";
         let sent = Instant::now();
         let request = Request::Acquire {
@@ -309,19 +316,19 @@ impl HandOver for PostgresBackend {
 #[async_trait]
 impl Admin for PostgresBackend {
     /// The owner, fence and time left of the key's unexpired row.
-    async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
+    async fn inspect(&self, key: &str) -> Result<Vec<Holder>> {
         const OP: &str = "inspect";
         let rows = self.query(OP, |s| &s.inspect, &[&key.as_bytes()]).await?;
         let Some(row) = rows.first() else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         let owner: String = self.get(OP, row, 0)?;
         let left: i64 = self.get(OP, row, 2)?;
-        Ok(Some(Holder::new(
+        Ok(vec![Holder::new(
             Owner::parse(&owner),
             Some(self.fence(OP, self.get(OP, row, 1)?)?),
             Some(Duration::from_millis(left.max(0) as u64)),
-        )))
+        )])
     }
 
     async fn force_release(&self, key: &str) -> Result<bool> {

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use lock_core::{
-    Admin, Attempt, Backend, Capabilities, HandOver, Holder, Lease, LockUrl, Owner,
+    Admin, Attempt, Backend, Capabilities, HandOver, Holder, Lease, LockUrl, Owner, Permits,
     ReleaseListener, ReleaseNotices, Result, Ttl,
 };
 
@@ -109,7 +109,14 @@ impl Backend for RedisBackend {
         &CAPABILITIES
     }
 
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
+    // Locks only (`max_permits` 1): the Locker never sends another claim.
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: Owner,
+        _permits: Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt> {
         self.node.try_acquire(key, owner, ttl).await
     }
 
@@ -196,8 +203,8 @@ impl HandOver for RedisBackend {
 
 #[async_trait]
 impl Admin for RedisBackend {
-    async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
-        self.node.inspect(key).await
+    async fn inspect(&self, key: &str) -> Result<Vec<Holder>> {
+        Ok(self.node.inspect(key).await?.into_iter().collect())
     }
 
     async fn force_release(&self, key: &str) -> Result<bool> {

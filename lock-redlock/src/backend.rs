@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use lock_core::{
-    Admin, Attempt, Backend, Capabilities, Error, Holder, Lease, LockUrl, Owner, ReleaseListener,
-    ReleaseNotices, Result, Ttl,
+    Admin, Attempt, Backend, Capabilities, Error, Holder, Lease, LockUrl, Owner, Permits,
+    ReleaseListener, ReleaseNotices, Result, Ttl,
 };
 #[cfg(feature = "internals")]
 use lock_redis::RedisNode;
@@ -24,6 +24,15 @@ use crate::{acquire, extend, inspect, release};
 pub const MIN_TTL: Duration = Duration::from_millis(100);
 /// Added to the drift allowance: Redis expires keys with about a millisecond of precision.
 pub const EXPIRY_PRECISION: Duration = Duration::from_millis(2);
+
+/// Why Redlock refuses claims of several permits (semaphores, reader-writer locks): each
+/// node would count the permits granted through it, but the majorities that grant differ,
+/// so the holders are not bounded by any one count. With 3 nodes and 2 permits, holders
+/// granted on nodes {1,2}, {2,3} and {1,3} are three, while each node counts two.
+pub const PERMITS_REFUSAL: &str = "claims of several permits on a key (semaphores, \
+     reader-writer locks): the majorities of independent nodes overlap, so no node's count \
+     bounds the holders (3 nodes, 2 permits: holders granted on nodes {1,2}, {2,3} and \
+     {1,3} are three while each node counts two)";
 
 /// Locks on N independent Redis nodes by the Redlock algorithm (see the crate
 /// documentation for the rules it keeps).
@@ -115,7 +124,8 @@ impl RedlockBackend {
                 .clock_drift(lock_core::ClockDrift::new(
                     (config.get_drift_factor() * 1e6).ceil() as u32,
                     EXPIRY_PRECISION,
-                )),
+                ))
+                .permits_refusal(PERMITS_REFUSAL),
             nodes: Nodes {
                 members,
                 quorum,
@@ -189,7 +199,15 @@ impl Backend for RedlockBackend {
         &self.caps
     }
 
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
+    // Locks only (`max_permits` 1, see `PERMITS_REFUSAL`): the Locker never sends another
+    // claim.
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: Owner,
+        _permits: Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt> {
         let usable = self.usable(ttl);
         acquire::try_acquire(&self.nodes, key, owner, ttl, usable, self.fencing).await
     }
@@ -261,8 +279,11 @@ impl Admin for RedlockBackend {
     /// than a majority answered. Its `fence` is known when fencing is on and a majority of
     /// the answering nodes agree on it (the write-back makes them); `expires_in` is when
     /// fewer than a quorum of its keys will be left.
-    async fn inspect(&self, key: &str) -> Result<Option<Holder>> {
-        inspect::holder(&self.nodes, self.fencing, key).await
+    async fn inspect(&self, key: &str) -> Result<Vec<Holder>> {
+        Ok(inspect::holder(&self.nodes, self.fencing, key)
+            .await?
+            .into_iter()
+            .collect())
     }
 
     /// Deletes the key on every node that answers, whoever holds it, and wakes the local

@@ -28,7 +28,7 @@ mod quorum;
 mod records;
 mod release;
 
-pub use backend::{RedlockBackend, EXPIRY_PRECISION, MIN_TTL};
+pub use backend::{RedlockBackend, EXPIRY_PRECISION, MIN_TTL, PERMITS_REFUSAL};
 pub use baseline::BASELINE_CYCLE;
 pub use config::{RedlockBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, URL_PARAMS};
 // Unstable internals for the tests (feature `internals`, not semver).

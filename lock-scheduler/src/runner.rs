@@ -290,7 +290,7 @@ async fn record_missed_while_down(inner: &Inner, job: &Job, zone: &TimeZone, sta
     if started <= at + Plan::new(job, zone, at).lateness {
         return;
     }
-    if !matches!(admin.inspect(&job.name).await, Ok(None)) {
+    if !matches!(admin.inspect(&job.name).await, Ok(holders) if holders.is_empty()) {
         return;
     }
     record_missed(inner, job, zone, first, started, DOWN).await;

@@ -19,8 +19,14 @@ impl Backend for Forgetful {
     fn capabilities(&self) -> &Capabilities {
         self.0.capabilities()
     }
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> lock_core::Result<Attempt> {
-        self.0.try_acquire(key, owner, ttl).await
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: Owner,
+        permits: lock_core::Permits,
+        ttl: Ttl,
+    ) -> lock_core::Result<Attempt> {
+        self.0.try_acquire(key, owner, permits, ttl).await
     }
     async fn extend(&self, lease: &Lease, ttl: Ttl) -> lock_core::Result<Instant> {
         self.0.extend(lease, ttl).await

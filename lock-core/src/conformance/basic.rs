@@ -68,7 +68,7 @@ pub async fn stale_release_never_removes_new_holder(t: &Target) {
     ));
     let third = t
         .backend
-        .try_acquire(&key, Owner::random(), t.ttl(ttl))
+        .try_acquire(&key, Owner::random(), crate::Permits::LOCK, t.ttl(ttl))
         .await
         .unwrap();
     assert!(

@@ -31,6 +31,7 @@ mod claims;
 pub mod exclusion;
 mod faults;
 mod jobs;
+mod permits;
 mod records;
 mod runtimes;
 mod safety;
@@ -41,6 +42,7 @@ pub use basic::*;
 pub use claims::*;
 pub use faults::*;
 pub use jobs::*;
+pub use permits::*;
 pub use records::*;
 pub use runtimes::*;
 pub use safety::*;
@@ -81,5 +83,12 @@ pub async fn run_all(t: &Target) {
         run_records_keep_the_newest,
         fire_time_claims_are_won_once,
         run_scheduled_runs_a_fire_time_once,
+        claims_of_permits_follow_the_capabilities,
+        permits_are_never_held_beyond_their_number,
+        readers_share_and_a_writer_holds_alone,
+        fences_increase_across_every_grant_of_a_key,
+        permits_come_back_after_a_holders_ttl,
+        a_permit_waiter_wakes_on_release,
+        reader_writer_waiters_are_served_in_order,
     );
 }

@@ -286,8 +286,14 @@ impl Backend for Counting {
     fn capabilities(&self) -> &Capabilities {
         self.inner.capabilities()
     }
-    async fn try_acquire(&self, key: &str, owner: Owner, ttl: Ttl) -> Result<Attempt> {
-        let attempt = self.inner.try_acquire(key, owner, ttl).await;
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: Owner,
+        permits: crate::Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt> {
+        let attempt = self.inner.try_acquire(key, owner, permits, ttl).await;
         if matches!(attempt, Ok(Attempt::Taken { .. })) {
             self.refused.fetch_add(1, Ordering::SeqCst);
         }

@@ -89,8 +89,10 @@ impl Target {
     }
 
     /// Who holds `key`, when the backend can tell ([`Admin`](crate::Admin)).
+    /// The holder of a lock: the first of [`Admin::inspect`](crate::Admin::inspect)'s list.
     pub(crate) async fn inspect(&self, key: &str) -> Option<Result<Option<crate::Holder>>> {
-        Some(self.backend.admin()?.inspect(key).await)
+        let holders = self.backend.admin()?.inspect(key).await;
+        Some(holders.map(|h| h.into_iter().next()))
     }
 
     pub(crate) async fn revoke(&self, key: &str) {
@@ -123,7 +125,7 @@ pub(crate) async fn grant(t: &Target, key: &str, owner: Owner, ttl: Duration) ->
     match t
         .backend
         .as_ref()
-        .try_acquire(key, owner, t.ttl(ttl))
+        .try_acquire(key, owner, crate::Permits::LOCK, t.ttl(ttl))
         .await
         .unwrap()
     {

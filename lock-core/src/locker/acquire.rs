@@ -59,11 +59,23 @@ pub(super) async fn queued(
         let mut listener = shared.proto().listen(key);
         // A sibling holds the key: its release (or loss) ends the wait, and a refused
         // attempt would only cost the server work.
-        if let Some(holder) = queue.turn.local_holder().filter(|_| !noticed) {
+        // Only a sibling whose permits and ours cannot be held together makes a refusal
+        // certain (any sibling, for a lock); otherwise the server decides.
+        let sibling = queue
+            .turn
+            .local_holder()
+            .filter(|holder| !noticed && holder.permits().excludes(opts.permits));
+        if let Some(holder) = sibling {
             announce(&mut announced);
-            let woken =
-                handover::wait_behind(shared, &queue.turn, holder, ttl, &mut listener, deadline)
-                    .await;
+            let woken = handover::wait_behind(
+                shared,
+                &queue.turn,
+                holder,
+                (opts.permits, ttl),
+                &mut listener,
+                deadline,
+            )
+            .await;
             match woken {
                 Woken::HandedOver(Some(lease)) => {
                     if shared.shut_down.load(Ordering::SeqCst) {
@@ -144,7 +156,8 @@ pub(super) async fn attempt(
     let key: &str = shared_key;
     let owner = Owner::random();
     let mut cleanup = shared.arm_cleanup(shared_key, owner);
-    let result = shared.proto().try_acquire(key, owner, ttl).await;
+    let permits = opts.permits;
+    let result = shared.proto().try_acquire(key, owner, permits, ttl).await;
     // A failure may come after the request reached the server (a reply lost to a
     // timeout, a paused server resuming, a script that failed half-way): the grant may
     // exist, so the clean-up stays armed and releases it.
@@ -156,7 +169,8 @@ pub(super) async fn attempt(
     let answer = result.inspect_err(metrics)?;
     match answer {
         Attempt::Granted { fence, valid_until } => {
-            let lease = Lease::new(shared_key.clone(), owner, fence, valid_until);
+            let lease =
+                Lease::new(shared_key.clone(), owner, fence, valid_until).with_permits(permits);
             if shared.shut_down.load(Ordering::SeqCst) {
                 let _ = shared.proto().release(&lease).await;
                 let e = Error::Shutdown;
@@ -181,29 +195,32 @@ pub(super) fn attempt_now(
 ) -> Option<Result<Answer>> {
     let now = shared.proto().immediate()?;
     let owner = Owner::random();
-    Some(match now.try_acquire(shared_key, owner, ttl) {
-        Ok(Attempt::Granted { fence, valid_until }) => {
-            let lease = Lease::new(shared_key.clone(), owner, fence, valid_until);
-            if shared.is_shut_down() {
-                let _ = now.release(&lease);
-                let e = Error::Shutdown;
-                shared.metrics.with(opts.metrics_label, |s| s.error(&e));
-                return Some(Err(e));
+    Some(
+        match now.try_acquire(shared_key, owner, opts.permits, ttl) {
+            Ok(Attempt::Granted { fence, valid_until }) => {
+                let lease = Lease::new(shared_key.clone(), owner, fence, valid_until)
+                    .with_permits(opts.permits);
+                if shared.is_shut_down() {
+                    let _ = now.release(&lease);
+                    let e = Error::Shutdown;
+                    shared.metrics.with(opts.metrics_label, |s| s.error(&e));
+                    return Some(Err(e));
+                }
+                let key: &str = shared_key;
+                tracing::debug!(key, fence, backend = shared.caps.name, "lock granted");
+                // Granted at the backend's own reading of the clock: no second reading.
+                let granted_at = valid_until
+                    .checked_sub(ttl.get())
+                    .unwrap_or_else(Instant::now);
+                Ok(Ok(LockGuard::new(shared, lease, ttl, opts, granted_at)))
             }
-            let key: &str = shared_key;
-            tracing::debug!(key, fence, backend = shared.caps.name, "lock granted");
-            // Granted at the backend's own reading of the clock: no second reading.
-            let granted_at = valid_until
-                .checked_sub(ttl.get())
-                .unwrap_or_else(Instant::now);
-            Ok(Ok(LockGuard::new(shared, lease, ttl, opts, granted_at)))
-        }
-        Ok(Attempt::Taken { expires_in }) => Ok(Err(expires_in)),
-        Err(e) => {
-            shared.metrics.with(opts.metrics_label, |s| s.error(&e));
-            Err(e)
-        }
-    })
+            Ok(Attempt::Taken { expires_in }) => Ok(Err(expires_in)),
+            Err(e) => {
+                shared.metrics.with(opts.metrics_label, |s| s.error(&e));
+                Err(e)
+            }
+        },
+    )
 }
 
 /// Everything the wait before the next attempt depends on.

@@ -100,6 +100,12 @@ impl LockGuard {
         Arc::downgrade(&self.shared) as Weak<dyn LocalHolder>
     }
 
+    /// The permits this grant holds of its key ([`Permits::LOCK`](crate::Permits::LOCK)
+    /// for a lock).
+    pub fn permits(&self) -> crate::Permits {
+        self.shared.granted().permits()
+    }
+
     /// The fencing token of this grant: pass it to the protected resource, which refuses
     /// writes carrying a token lower than one it has already seen.
     pub fn fence(&self) -> u64 {

@@ -25,6 +25,7 @@ use crate::capabilities::Ttl;
 use crate::error::{Error, Result};
 use crate::lease::{Lease, Owner};
 use crate::notices::ReleaseListener;
+use crate::permits::Permits;
 use crate::sync::lock;
 
 /// Hand-overs of one key in a row inside a Locker, after which its holder releases it on
@@ -51,14 +52,14 @@ pub(crate) async fn wait_behind(
     shared: &Shared,
     entry: &QueueEntry,
     holder: Arc<dyn LocalHolder>,
-    ttl: Ttl,
+    (permits, ttl): (Permits, Ttl),
     listener: &mut Option<ReleaseListener>,
     deadline: Option<Instant>,
 ) -> Woken {
     let mut request = shared
         .proto()
         .hand_over()
-        .map(|_| HandOverWait::register(entry, ttl));
+        .map(|_| HandOverWait::register(entry, permits, ttl));
     let handed = async {
         match request.as_mut() {
             Some(h) => (&mut h.reply).await.ok(),
@@ -106,7 +107,12 @@ pub(crate) fn take(
         if !entry.is_holder(holder) || entry.handed.load(Ordering::SeqCst) >= MAX_HAND_OVERS {
             return None;
         }
-        let request = lock(&entry.hand_over).take()?;
+        let mut slot = lock(&entry.hand_over);
+        // A grant passes only as it is: to a waiter claiming the same permits.
+        if slot.as_ref()?.permits != holder.permits() {
+            return None;
+        }
+        let request = slot.take()?;
         entry.handed.fetch_add(1, Ordering::SeqCst);
         Some(request)
     })?
@@ -134,7 +140,8 @@ pub(crate) async fn give(
     match answer {
         Ok(Attempt::Granted { fence, valid_until }) => {
             cleanup.disarm();
-            let next = Lease::new(lease.key_arc().clone(), request.owner, fence, valid_until);
+            let next = Lease::new(lease.key_arc().clone(), request.owner, fence, valid_until)
+                .with_permits(lease.permits());
             let reply = request.reply.take().map(|reply| reply.send(next));
             if let Some(Err(next)) = reply {
                 // The waiter gave up meanwhile: nobody holds the grant.
@@ -168,11 +175,12 @@ struct HandOverWait<'a> {
 }
 
 impl<'a> HandOverWait<'a> {
-    fn register(entry: &'a QueueEntry, ttl: Ttl) -> Self {
+    fn register(entry: &'a QueueEntry, permits: Permits, ttl: Ttl) -> Self {
         let owner = Owner::random();
         let (tx, reply) = tokio::sync::oneshot::channel();
         *lock(&entry.hand_over) = Some(HandOverRequest {
             owner,
+            permits,
             ttl,
             reply: Some(tx),
         });

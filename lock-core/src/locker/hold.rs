@@ -440,6 +440,10 @@ impl LocalHolder for GuardShared {
             hold.settled.load(Ordering::SeqCst)
         }))
     }
+
+    fn permits(&self) -> crate::Permits {
+        self.granted.permits()
+    }
 }
 
 impl GuardShared {

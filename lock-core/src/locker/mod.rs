@@ -315,6 +315,10 @@ impl Locker {
         };
         validate_key(key_str).map_err(refused)?;
         let ttl = self.inner.caps.effective_ttl(opts.ttl).map_err(refused)?;
+        self.inner
+            .caps
+            .check_permits(opts.permits)
+            .map_err(refused)?;
         if self.inner.shut_down.load(Ordering::SeqCst) {
             return Err(refused(Error::Shutdown));
         }

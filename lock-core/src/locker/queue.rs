@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::capabilities::Ttl;
 use crate::lease::{Lease, Owner};
+use crate::permits::Permits;
 use crate::sync::lock;
 
 /// What the queue knows of the local guard holding a key.
@@ -21,6 +22,9 @@ pub(crate) trait LocalHolder: Send + Sync {
 
     /// Resolves as soon as the hold is known ended (released, lost, validity passed).
     fn ended(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+    /// The permits the guard holds of its key.
+    fn permits(&self) -> Permits;
 }
 
 /// The address of a holder, to compare holders without comparing vtables.
@@ -44,6 +48,8 @@ pub(crate) struct QueueEntry {
 /// A waiter's request to receive the key straight from its holder.
 pub(crate) struct HandOverRequest {
     pub(crate) owner: Owner,
+    /// What the waiter claims: handed over only by a holder of the same claim.
+    pub(crate) permits: Permits,
     pub(crate) ttl: Ttl,
     /// Where the holder sends the new lease; dropped unsent when the hand-over did not happen.
     pub(crate) reply: Option<tokio::sync::oneshot::Sender<Lease>>,

@@ -39,6 +39,23 @@ pub struct ExclusionConfig {
     /// Prefix of the key names (default: `excl-<random>/`); the keys are
     /// [`key_names`](Self::key_names).
     pub prefix: String,
+    /// What the tasks claim of the keys (default [`Grants::Locks`]).
+    pub grants: Grants,
+}
+
+/// The kind of grant a run exercises: the resource then allows as many believers at once as
+/// the kind does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Grants {
+    /// Locks: one believer per key.
+    #[default]
+    Locks,
+    /// A semaphore of this many permits per key: claims of 1 or 2 permits (1 when it has
+    /// one), never more permits believed held than the key has.
+    Permits(u32),
+    /// Reader-writer keys: readers (most claims) share, a writer holds alone.
+    ReaderWriter,
 }
 
 impl Default for ExclusionConfig {
@@ -50,6 +67,7 @@ impl Default for ExclusionConfig {
             seed: None,
             ttl_range: None,
             prefix: format!("excl-{:08x}/", rand::random::<u32>()),
+            grants: Grants::Locks,
         }
     }
 }
@@ -99,7 +117,13 @@ impl ExclusionConfig {
         self
     }
 
-    /// Sets the prefix of the key names.
+    /// Sets [`grants`](Self::grants): what the tasks claim.
+    pub fn grants(mut self, grants: Grants) -> Self {
+        self.grants = grants;
+        self
+    }
+
+    /// Sets [`prefix`](Self::prefix).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self

@@ -61,7 +61,7 @@ mod state;
 mod worker;
 
 use config::Probe;
-pub use config::{ExclusionConfig, Fault, ProbeFuture, DEFAULT_DURATION, SOAK_ENV};
+pub use config::{ExclusionConfig, Fault, Grants, ProbeFuture, DEFAULT_DURATION, SOAK_ENV};
 pub use report::{Counters, Report, Violation, ViolationKind, SEED_ENV};
 use state::{Phase, State};
 use worker::Worker;
@@ -147,9 +147,10 @@ impl Exclusion {
         let mut phases = vec!["normal".to_owned()];
         phases.extend(self.faults.iter().map(|f| f.name.clone()));
         eprintln!(
-            "exclusion [{}]: seed {seed} (replay: {SEED_ENV}={seed}); {} lockers × {} tasks on \
-             {} keys; TTL {ttl_min:?}..{ttl_max:?}; {:?} over phases {phases:?}",
+            "exclusion [{}]: seed {seed} (replay: {SEED_ENV}={seed}); {:?}; {} lockers × {} \
+             tasks on {} keys; TTL {ttl_min:?}..{ttl_max:?}; {:?} over phases {phases:?}",
             caps.name,
+            self.config.grants,
             self.lockers.len(),
             self.config.tasks_per_locker,
             keys.len(),
@@ -158,6 +159,7 @@ impl Exclusion {
         let state = Arc::new(State {
             start: Instant::now(),
             caps,
+            grants: self.config.grants,
             ttl_min,
             ttl_max,
             keys: keys.clone(),
@@ -365,8 +367,8 @@ async fn inspect_left(locker: &Locker, keys: &[String]) -> Vec<String> {
     };
     for key in keys {
         match admin.inspect(key).await {
-            Ok(None) => {}
-            Ok(Some(holder)) => left.push(format!("{key} ({holder:?})")),
+            Ok(holders) if holders.is_empty() => {}
+            Ok(holders) => left.push(format!("{key} ({holders:?})")),
             Err(Error::Unsupported { .. }) => {
                 eprintln!("exclusion: the backend cannot inspect keys; keys-left check skipped");
                 return left;

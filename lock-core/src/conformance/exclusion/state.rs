@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use super::config::Grants;
 use super::report::{Counters, Violation, ViolationKind};
 use crate::sync::lock;
-use crate::{Capabilities, LockGuard};
+use crate::{Capabilities, LockGuard, Permits};
 
 /// Violations kept in full per kind in a [`Report`](super::Report); the rest are only counted.
 const KEEP_PER_KIND: usize = 50;
@@ -68,6 +69,7 @@ impl Belief {
 pub(super) struct Occupant {
     pub(super) id: u64,
     pub(super) who: String,
+    pub(super) permits: Permits,
     pub(super) fence: Option<u64>,
     pub(super) since: Instant,
     pub(super) belief: Belief,
@@ -78,11 +80,15 @@ pub(super) struct KeyState {
     pub(super) occupants: Vec<Occupant>,
     /// The highest fence accepted and the holder that wrote it.
     pub(super) max_fence: Option<(u64, u64, String)>,
+    /// The highest fence accepted from an exclusive holder (a lock, a writer): every grant
+    /// with a lower fence was over before it, whatever it claimed.
+    pub(super) max_exclusive_fence: Option<(u64, u64, String)>,
 }
 
 pub(super) struct State {
     pub(super) start: Instant,
     pub(super) caps: Capabilities,
+    pub(super) grants: Grants,
     pub(super) ttl_min: Duration,
     pub(super) ttl_max: Duration,
     pub(super) keys: Vec<Arc<str>>,
@@ -97,6 +103,7 @@ pub(super) struct State {
 pub(super) struct Holding {
     pub(super) id: u64,
     pub(super) who: String,
+    pub(super) permits: Permits,
     pub(super) key: usize,
     pub(super) fence: Option<u64>,
     pub(super) since: Instant,
@@ -104,6 +111,20 @@ pub(super) struct Holding {
 }
 
 impl State {
+    /// What the next grant claims, drawn for the run's kind of grants.
+    pub(super) fn draw_permits(&self, rng: &mut rand::rngs::StdRng) -> Permits {
+        use rand::RngExt as _;
+        match self.grants {
+            Grants::Locks => Permits::LOCK,
+            Grants::Permits(of) => {
+                let take = rng.random_range(1..=of.clamp(1, 2));
+                Permits::new(take, of.max(1)).unwrap_or(Permits::LOCK)
+            }
+            Grants::ReaderWriter if rng.random_bool(0.7) => Permits::read(),
+            Grants::ReaderWriter => Permits::write(),
+        }
+    }
+
     pub(super) fn at(&self, t: Instant) -> f64 {
         t.saturating_duration_since(self.start).as_secs_f64()
     }
@@ -159,16 +180,24 @@ impl State {
             let t2 = Instant::now();
             ks.occupants
                 .retain(|o| o.id == me.id || o.belief.sample().0);
+            // The others believing now, and the permits they claim with ours: more than
+            // the key's permits is an overlap (for a lock: anyone else at all).
+            let mut claimed = u64::from(me.permits.take());
             for o in ks.occupants.iter().filter(|o| o.id != me.id) {
                 let (other_believes, other_until) = o.belief.sample();
                 if other_believes {
+                    claimed += u64::from(o.permits.take());
                     suspects.push((o.who.clone(), o.fence, o.since, other_until));
                 }
+            }
+            if claimed <= u64::from(me.permits.of()) {
+                suspects.clear();
             }
             if !ks.occupants.iter().any(|o| o.id == me.id) {
                 ks.occupants.push(Occupant {
                     id: me.id,
                     who: me.who.clone(),
+                    permits: me.permits,
                     fence: me.fence,
                     since: me.since,
                     belief: me.belief.clone(),
@@ -177,15 +206,32 @@ impl State {
             let mut fence_issue = None;
             let mut accepted = true;
             if let Some(f) = me.fence {
-                match &ks.max_fence {
-                    Some((max, _, who)) if f < *max => {
+                // Stale: below a fence that excluded this grant (an exclusive holder's, or
+                // any later grant's when this one is exclusive); for locks, below any.
+                let excluding = if me.permits.is_exclusive() {
+                    &ks.max_fence
+                } else {
+                    &ks.max_exclusive_fence
+                };
+                match (excluding, &ks.max_fence) {
+                    (Some((max, _, who)), _) if f < *max => {
                         accepted = false;
                         fence_issue = Some((ViolationKind::StaleFence, *max, who.clone()));
                     }
-                    Some((max, id, who)) if f == *max && *id != me.id => {
+                    (_, Some((max, id, who))) if f == *max && *id != me.id => {
                         fence_issue = Some((ViolationKind::DuplicateFence, *max, who.clone()));
                     }
-                    _ => ks.max_fence = Some((f, me.id, me.who.clone())),
+                    _ => {
+                        if ks.max_fence.as_ref().is_none_or(|(max, ..)| f > *max) {
+                            ks.max_fence = Some((f, me.id, me.who.clone()));
+                        }
+                        let exclusive_max = &ks.max_exclusive_fence;
+                        if me.permits.is_exclusive()
+                            && exclusive_max.as_ref().is_none_or(|(max, ..)| f > *max)
+                        {
+                            ks.max_exclusive_fence = Some((f, me.id, me.who.clone()));
+                        }
+                    }
                 }
             }
             (t2, fence_issue, accepted)

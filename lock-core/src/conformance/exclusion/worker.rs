@@ -75,7 +75,12 @@ impl Worker {
         } else {
             WaitStrategy::Wait(self.upto(ttl_max * 2))
         };
-        let opts = LockOptions::new().ttl(ttl).wait(wait).watchdog(watchdog);
+        let permits = self.state.draw_permits(&mut self.rng);
+        let opts = LockOptions::new()
+            .ttl(ttl)
+            .wait(wait)
+            .watchdog(watchdog)
+            .permits(permits);
         let result = match step {
             Step::Cancelled(after) => {
                 match tokio::time::timeout(after, self.locker.acquire(&*key, &opts)).await {
@@ -132,11 +137,13 @@ impl Worker {
         let me = Holding {
             id: self.state.next_id.fetch_add(1, Ordering::SeqCst),
             who: format!(
-                "{} [ttl {:?}, watchdog {}]",
+                "{} [{}, ttl {:?}, watchdog {}]",
                 self.who,
+                guard.permits(),
                 guard.ttl(),
                 if watchdog { "on" } else { "off" }
             ),
+            permits: guard.permits(),
             key,
             fence: Some(guard.fence()),
             since: Instant::now(),
@@ -211,7 +218,12 @@ impl Worker {
             1 => WaitStrategy::Wait(self.upto(ttl / 4)),
             _ => WaitStrategy::Wait(self.upto(self.state.ttl_max * 2)),
         };
-        let mut opts = LockOptions::new().ttl(ttl).wait(wait).watchdog(watchdog);
+        let permits = self.state.draw_permits(&mut self.rng);
+        let mut opts = LockOptions::new()
+            .ttl(ttl)
+            .wait(wait)
+            .watchdog(watchdog)
+            .permits(permits);
         if let Some(t) = job_timeout {
             opts = opts.job_timeout(t);
         }
@@ -223,10 +235,11 @@ impl Worker {
         let me = Holding {
             id: self.state.next_id.fetch_add(1, Ordering::SeqCst),
             who: format!(
-                "{} [run job, ttl {ttl:?}, watchdog {}]",
+                "{} [run job, {permits}, ttl {ttl:?}, watchdog {}]",
                 self.who,
                 if watchdog { "on" } else { "off" }
             ),
+            permits,
             key,
             fence: None,
             since: before,

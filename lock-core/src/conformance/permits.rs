@@ -1,0 +1,324 @@
+//! The rules of grants of several permits: semaphores (k of N) and reader-writer keys. A
+//! backend whose capabilities keep locks only ([`max_permits`] 1) must refuse such claims
+//! before any I/O; the others keep every rule below.
+//!
+//! [`max_permits`]: crate::Capabilities::max_permits
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::target::{opts, slack, Target};
+use crate::{Attempt, Error, LockOptions, Owner, Permits, RW_PERMITS};
+
+/// Whether the target keeps semaphores and reader-writer keys; when it does not, checks
+/// that it refuses them before any I/O, as its capabilities say.
+async fn keeps_permits(t: &Target) -> bool {
+    if t.caps().max_permits >= RW_PERMITS {
+        return true;
+    }
+    let locker = t.locker();
+    let key = t.key("permits-refused");
+    for permits in [
+        Permits::new(1, 2).unwrap(),
+        Permits::read(),
+        Permits::write(),
+    ] {
+        let o = opts(Duration::from_secs(5)).permits(permits);
+        match locker.acquire(&key, &o).await {
+            Err(Error::Unsupported { backend, operation }) => {
+                assert_eq!(backend, t.caps().name);
+                assert_eq!(operation, t.caps().permits_refusal);
+            }
+            other => panic!("{permits:?} on a backend of locks only: {other:?}"),
+        }
+    }
+    // A lock is still a lock.
+    let lock = locker.acquire(&key, &opts(Duration::from_secs(5))).await;
+    lock.expect("a lock").release().await.unwrap();
+    false
+}
+
+/// Claims of several permits are refused before any I/O where the capabilities keep locks
+/// only; elsewhere a claim naming another number of permits than the key's holders is
+/// refused with [`Error::InvalidPermits`], and bad claims never reach the backend.
+pub async fn claims_of_permits_follow_the_capabilities(t: &Target) {
+    assert!(matches!(
+        Permits::new(0, 3),
+        Err(Error::InvalidPermits { .. })
+    ));
+    assert!(matches!(
+        Permits::new(4, 3),
+        Err(Error::InvalidPermits { .. })
+    ));
+    if !keeps_permits(t).await {
+        return;
+    }
+    let (a, b) = (t.locker(), t.locker());
+    let key = t.key("permits-mismatch");
+    let ttl = Duration::from_secs(10);
+    let held = a
+        .acquire(&key, &opts(ttl).permits(Permits::new(1, 3).unwrap()))
+        .await
+        .unwrap();
+    let other = b
+        .acquire(&key, &opts(ttl).permits(Permits::new(1, 4).unwrap()))
+        .await;
+    assert!(
+        matches!(other, Err(Error::InvalidPermits { .. })),
+        "another number of permits on a held key: {other:?}"
+    );
+    let lock = b.acquire(&key, &opts(ttl)).await;
+    assert!(
+        matches!(lock, Err(Error::InvalidPermits { .. })),
+        "a lock on a key held as a semaphore: {lock:?}"
+    );
+    held.release().await.unwrap();
+    // Free again: any claim starts it over.
+    b.acquire(&key, &opts(ttl))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// Never more permits believed held than the key has, across Lockers and tasks claiming one
+/// or two of them at once, while the key is kept busy (all its permits in use at times).
+pub async fn permits_are_never_held_beyond_their_number(t: &Target) {
+    if !keeps_permits(t).await {
+        return;
+    }
+    const OF: u32 = 3;
+    let key = t.key("semaphore");
+    let ttl = t.short_ttl().max(Duration::from_secs(2));
+    let held = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let (locker, key, held, most) = (t.locker(), key.clone(), held.clone(), most.clone());
+            tokio::spawn(async move {
+                let take = 1 + (i % 2);
+                let o = LockOptions::new()
+                    .ttl(ttl)
+                    .wait_for(Duration::from_secs(30))
+                    .permits(Permits::new(take, OF).unwrap());
+                for _ in 0..8 {
+                    let guard = locker.acquire(&key, &o).await.expect("permits");
+                    let now = held.fetch_add(take, Ordering::SeqCst) + take;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    assert!(now <= OF, "{now} permits held of {OF}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    held.fetch_sub(take, Ordering::SeqCst);
+                    guard.release().await.expect("release");
+                }
+                locker.shutdown().await;
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("a task broke the rule");
+    }
+    assert!(
+        most.load(Ordering::SeqCst) >= 2,
+        "the permits were shared: at most {} held at once",
+        most.load(Ordering::SeqCst)
+    );
+}
+
+/// Readers share a reader-writer key; a writer holds it alone: refused while a reader
+/// holds, and readers are refused while it holds.
+pub async fn readers_share_and_a_writer_holds_alone(t: &Target) {
+    if !keeps_permits(t).await {
+        return;
+    }
+    let (a, b) = (t.locker(), t.locker());
+    let key = t.key("rw");
+    let ttl = Duration::from_secs(10);
+    let read = opts(ttl).permits(Permits::read());
+    let write = opts(ttl).permits(Permits::write());
+    let r1 = a.acquire(&key, &read).await.unwrap();
+    let r2 = b.acquire(&key, &read).await.unwrap();
+    assert_eq!(r2.permits(), Permits::read());
+    assert!(matches!(
+        b.acquire(&key, &write).await,
+        Err(Error::Locked { .. })
+    ));
+    r1.release().await.unwrap();
+    assert!(matches!(
+        a.acquire(&key, &write).await,
+        Err(Error::Locked { .. })
+    ));
+    r2.release().await.unwrap();
+    let w = a.acquire(&key, &write).await.unwrap();
+    assert!(w.permits().is_exclusive());
+    assert!(matches!(
+        b.acquire(&key, &read).await,
+        Err(Error::Locked { .. })
+    ));
+    assert!(matches!(
+        b.acquire(&key, &write).await,
+        Err(Error::Locked { .. })
+    ));
+    w.release().await.unwrap();
+    b.acquire(&key, &read)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// Every grant of a key gets a fence greater than every earlier grant's, whatever it
+/// claims: concurrent permits, readers and writers alike.
+pub async fn fences_increase_across_every_grant_of_a_key(t: &Target) {
+    if !keeps_permits(t).await || !t.caps().monotonic_fencing {
+        return;
+    }
+    let ttl = Duration::from_secs(10);
+    let lockers = [t.locker(), t.locker()];
+    let sem = Permits::new(1, 3).unwrap();
+    // Rounds of claims held together, released together before the next round.
+    let rounds: [(&str, Vec<Permits>); 4] = [
+        ("fence-sem", vec![sem, sem, sem]),
+        ("fence-sem", vec![sem, sem]),
+        ("fence-rw", vec![Permits::read(), Permits::read()]),
+        ("fence-rw", vec![Permits::write()]),
+    ];
+    let keys: std::collections::HashMap<&str, String> = [
+        ("fence-sem", t.key("fence-sem")),
+        ("fence-rw", t.key("fence-rw")),
+    ]
+    .into();
+    let mut last: std::collections::HashMap<&str, u64> = Default::default();
+    for _ in 0..3 {
+        for (name, claims) in &rounds {
+            let key = &keys[name];
+            let mut guards = Vec::new();
+            for (i, claim) in claims.iter().enumerate() {
+                let o = opts(ttl).permits(*claim);
+                let guard = lockers[i % 2].acquire(key, &o).await.unwrap();
+                let before = last.insert(name, guard.fence()).unwrap_or(0);
+                assert!(
+                    guard.fence() > before,
+                    "{name}: {claim} granted fence {} after {before}",
+                    guard.fence()
+                );
+                guards.push(guard);
+            }
+            for guard in guards {
+                guard.release().await.unwrap();
+            }
+        }
+    }
+}
+
+/// Permits whose holder vanished (never released, never renewed) come back at its TTL.
+pub async fn permits_come_back_after_a_holders_ttl(t: &Target) {
+    if !keeps_permits(t).await {
+        return;
+    }
+    let key = t.key("permits-ttl");
+    let ttl = t.short_ttl();
+    let all = Permits::new(2, 2).unwrap();
+    // A holder that dies: granted straight on the backend, then forgotten.
+    let sent = Instant::now();
+    let granted = t
+        .backend
+        .try_acquire(&key, Owner::random(), all, t.ttl(ttl))
+        .await
+        .unwrap();
+    assert!(matches!(granted, Attempt::Granted { .. }), "{granted:?}");
+    let o = opts(ttl)
+        .permits(Permits::new(1, 2).unwrap())
+        .wait_for(ttl * 4 + slack(t) * 4);
+    let guard = t.locker().acquire(&key, &o).await.unwrap();
+    let waited = sent.elapsed();
+    assert!(
+        waited + slack(t) >= ttl,
+        "granted after {waited:?}, before the dead holder's TTL of {ttl:?}"
+    );
+    guard.release().await.unwrap();
+}
+
+/// A waiter for permits wakes on a release notice, not at the holders' expiry: with a long
+/// TTL held, it is granted soon after one holder releases.
+pub async fn a_permit_waiter_wakes_on_release(t: &Target) {
+    if !keeps_permits(t).await {
+        return;
+    }
+    let (a, b) = (t.locker(), t.locker());
+    let key = t.key("permits-wake");
+    let ttl = Duration::from_secs(20);
+    let two = Permits::new(1, 2).unwrap();
+    let g1 = a.acquire(&key, &opts(ttl).permits(two)).await.unwrap();
+    let g2 = a.acquire(&key, &opts(ttl).permits(two)).await.unwrap();
+    let waiter = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            let o = opts(ttl).permits(two).wait_for(Duration::from_secs(15));
+            let got = b.acquire(&key, &o).await;
+            (got, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = Instant::now();
+    g1.release().await.unwrap();
+    let (got, at) = waiter.await.unwrap();
+    let got = got.expect("granted after a release");
+    let after = at.saturating_duration_since(released);
+    assert!(
+        after < Duration::from_secs(2) + slack(t),
+        "woken {after:?} after the release (the holders had {ttl:?} left)"
+    );
+    got.release().await.unwrap();
+    g2.release().await.unwrap();
+}
+
+/// Within a Locker, waiters are served in order whatever they claim: a waiting writer is not
+/// passed by readers that come after it (so a stream of readers cannot starve it), and
+/// readers waiting behind a writer are not passed by a later writer.
+pub async fn reader_writer_waiters_are_served_in_order(t: &Target) {
+    if !keeps_permits(t).await {
+        return;
+    }
+    let locker = t.locker();
+    let key = t.key("rw-order");
+    let ttl = Duration::from_secs(10);
+    let wait = |p: Permits| opts(ttl).permits(p).wait_for(Duration::from_secs(20));
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let spawn = |name: &'static str, p: Permits| {
+        let (locker, key, order) = (locker.clone(), key.clone(), order.clone());
+        let o = wait(p);
+        tokio::spawn(async move {
+            let guard = locker.acquire(&key, &o).await.expect(name);
+            order.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            guard.release().await.expect(name);
+        })
+    };
+    let first = locker.acquire(&key, &wait(Permits::read())).await.unwrap();
+    let writer = spawn("writer", Permits::write());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let reader = spawn("late reader", Permits::read());
+    let second_writer = {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        spawn("second writer", Permits::write())
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        order.lock().unwrap().is_empty(),
+        "nobody passes the waiting writer while the first reader holds: {:?}",
+        order.lock().unwrap()
+    );
+    first.release().await.unwrap();
+    for task in [writer, reader, second_writer] {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["writer", "late reader", "second writer"]
+    );
+    locker.settle().await;
+    assert_eq!(locker.stats().queued_keys, 0, "{:?}", locker.stats());
+}
