@@ -108,6 +108,10 @@ impl CliError {
                     fmt_duration(ttl)
                 ),
             ),
+            Error::InvalidPermits { reason } => CliError::new(USAGE, reason).hint(
+                "every run on one KEY claims it the same way: a plain lock, the same \
+                 --permits N, or --read/--write",
+            ),
             Error::Locked { key } => CliError::new(
                 NOT_ACQUIRED,
                 format!("lock {key:?} is held by another owner"),

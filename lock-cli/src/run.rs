@@ -195,7 +195,10 @@ async fn run_locked(args: &RunArgs, ran: &mut Option<Duration>) -> Result<Exit, 
             WaitFor::Forever => WaitFor::AtMost(left),
         };
     }
-    let opts = LockOptions::new().ttl(args.ttl).watchdog(true);
+    let opts = LockOptions::new()
+        .ttl(args.ttl)
+        .watchdog(true)
+        .permits(args.claim().map_err(|e| target.error(e))?);
     let acquired = tokio::select! {
         acquired = acquire(&locker, &target, &args.key, &opts, wait) => acquired,
         sig = signals.recv() => {

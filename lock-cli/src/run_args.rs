@@ -48,6 +48,12 @@ this grant, greater than every earlier grant's on backends with monotonic fencin
 pass it to the resource you write to so that it can refuse a stale holder. With
 --schedule it adds DISTLOCK_SCHEDULED_AT, the fire time claimed (RFC 3339, UTC).
 
+-p N (--permits N) holds one of KEY's N permits instead of the whole key, so at most N
+commands run at once across every host (as `consul lock -n N`); --read and --write hold
+KEY as a reader (beside other readers) or a writer (alone). Every run on one KEY must
+claim it the same way (a plain lock, the same N, or --read/--write): another claim on a
+held KEY is refused (exit 64). Backends that keep locks only refuse them (exit 69).
+
 CMD runs in its own process group, so it is not the terminal's foreground job: it cannot
 read from the terminal, and distlock relays Ctrl-C to it.
 
@@ -219,7 +225,36 @@ pub struct RunArgs {
           value_parser = clap::value_parser!(u8))]
     pub(crate) conflict_exit_code: u8,
 
+    /// Hold one of N permits of KEY instead of the whole key: at most N commands run at
+    /// once across every host (as `consul lock -n N`). Every run on KEY must give the same
+    /// N.
+    #[arg(short = 'p', long, value_name = "N", conflicts_with_all = ["read", "write"],
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(distlock::MAX_PERMITS)))]
+    pub(crate) permits: Option<u32>,
+
+    /// Hold KEY as a reader: readers run side by side, never beside a --write run of the
+    /// same KEY.
+    #[arg(long, conflicts_with = "write")]
+    pub(crate) read: bool,
+
+    /// Hold KEY as a writer: alone, with no --read run of the same KEY beside it.
+    #[arg(long)]
+    pub(crate) write: bool,
+
     /// The command to run and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD", num_args = 1..)]
     pub(crate) command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// What the run claims of KEY: the whole key (a lock), one of --permits N, or a side of
+    /// a reader-writer key.
+    pub(crate) fn claim(&self) -> distlock::Result<distlock::Permits> {
+        Ok(match (self.permits, self.read, self.write) {
+            (Some(n), _, _) => distlock::Permits::new(1, n)?,
+            (None, true, _) => distlock::Permits::read(),
+            (None, false, true) => distlock::Permits::write(),
+            (None, false, false) => distlock::Permits::LOCK,
+        })
+    }
 }
