@@ -117,6 +117,12 @@ pub struct BenchArgs {
     #[arg(long)]
     watchdog: bool,
 
+    /// Each cycle takes one of N permits of its key instead of the whole key (a
+    /// semaphore): with more tasks than N on one key, N hold at once.
+    #[arg(short = 'p', long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(distlock::MAX_PERMITS)))]
+    permits: Option<u32>,
+
     /// Do not measure the servers' raw round trips (the baseline beside the lock cycle).
     #[arg(long)]
     no_baseline: bool,
@@ -169,7 +175,15 @@ pub async fn run(args: BenchArgs) -> Result<Exit, CliError> {
             .map(Target::choose)
             .collect()
     };
-    let opts = LockOptions::new().ttl(args.ttl).watchdog(args.watchdog);
+    let claim = match args.permits {
+        Some(n) => distlock::Permits::new(1, n)
+            .map_err(|e| CliError::new(crate::exit::USAGE, e.to_string()))?,
+        None => distlock::Permits::LOCK,
+    };
+    let opts = LockOptions::new()
+        .ttl(args.ttl)
+        .watchdog(args.watchdog)
+        .permits(claim);
     let metrics_addr = args
         .metrics_addr
         .as_deref()
@@ -297,6 +311,7 @@ pub async fn run(args: BenchArgs) -> Result<Exit, CliError> {
         ttl_ms: millis(args.ttl),
         watchdog: args.watchdog,
         baseline: !args.no_baseline,
+        claim: claim.to_string(),
     };
     let metrics = recorded.as_ref().map(crate::metrics::lock_series);
     if args.json {

@@ -24,6 +24,8 @@ pub struct Settings {
     pub watchdog: bool,
     /// Whether the servers' raw round trips were measured (`--no-baseline` turns it off).
     pub baseline: bool,
+    /// What each cycle claimed of its key: `lock`, or `1 of N permits` (`--permits N`).
+    pub claim: String,
 }
 
 /// A latency distribution in nanoseconds.
@@ -492,8 +494,9 @@ pub fn describe(tasks: u32, keys: Keys) -> String {
 pub fn describe_settings(settings: &Settings) -> String {
     let d = |ms: f64| fmt_duration(Duration::from_secs_f64(ms / 1e3));
     format!(
-        "{} per workload, hold {}, ttl {}, watchdog {}, raw baseline {}",
+        "{} per workload, {}, hold {}, ttl {}, watchdog {}, raw baseline {}",
         d(settings.duration_ms),
+        settings.claim,
         d(settings.hold_ms),
         d(settings.ttl_ms),
         if settings.watchdog { "on" } else { "off" },

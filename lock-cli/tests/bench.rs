@@ -166,3 +166,28 @@ async fn watchdog_keeps_long_holds() {
     assert_eq!(doc["settings"]["watchdog"], true);
     assert!(u(&doc["results"][0]["cycles"]) >= 1);
 }
+
+/// `--permits N`: each cycle claims one of N permits of its key (a semaphore), said in the
+/// settings; more tasks than permits on one key run without errors.
+#[tokio::test]
+async fn permits_are_a_claim_of_each_cycle() {
+    let (out, doc) = bench_json(&[
+        "--tasks",
+        "8",
+        "--keys",
+        "one",
+        "--permits",
+        "3",
+        "--duration",
+        "300ms",
+    ])
+    .await;
+    out.expect_code(0);
+    assert_eq!(doc["settings"]["claim"], "1 of 3 permits", "{doc}");
+    let result = &doc["results"][0];
+    assert_eq!(u(&result["errors"]), 0, "{doc}");
+    assert!(u(&result["cycles"]) > 0, "{doc}");
+    let (out, doc) = bench_json(&["--tasks", "1", "--duration", "100ms"]).await;
+    out.expect_code(0);
+    assert_eq!(doc["settings"]["claim"], "lock", "{doc}");
+}
