@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{etcd_backend as backend, etcd_url, rand_u32, Proxied};
-use distlock::conformance::{
-    queued_holder, queued_holder_and_waiter, run_all, run_faults, spawn_acquire, Faults, Target,
-};
 use distlock::etcd::EtcdBackend;
 use distlock::{Admin, Backend, Error, LockOptions, LockUrl, Locker};
+use lock_conformance::{
+    queued_holder, queued_holder_and_waiter, run_all, run_faults, spawn_acquire, Faults, Target,
+};
 use lock_testkit::{EtcdCluster, EtcdServer, FaultProxy, ProxyMode};
 use tokio::sync::Mutex;
 
@@ -71,7 +71,7 @@ async fn safety_rules() {
     let locker = distlock::connect(&etcd_url(&cluster.endpoints(), "prefix=safety/"))
         .await
         .unwrap();
-    distlock::conformance::run_safety(&Target::from_locker(&locker)).await;
+    lock_conformance::run_safety(&Target::from_locker(&locker)).await;
 }
 
 /// The whole suite on a 3-member cluster, every endpoint in the URL.

@@ -16,9 +16,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Fault, ViolationKind};
 use distlock::etcd::EtcdBackend;
 use distlock::{Admin, Backend, Locker};
+use lock_conformance::exclusion::{Exclusion, ExclusionConfig, Fault, ViolationKind};
 use lock_testkit::EtcdCluster;
 use tokio::sync::Mutex;
 

@@ -44,11 +44,11 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use distlock::conformance::exclusion::{resolve_seed, SEED_ENV, SOAK_ENV};
 use distlock::records::{RunOutcome, RunRecord};
 use distlock::scheduler::jiff::SignedDuration;
 use distlock::scheduler::{BoxError, Job, Running, Scheduler};
 use distlock::{Backend, Locker, MemoryBackend};
+use lock_conformance::exclusion::{resolve_seed, SEED_ENV, SOAK_ENV};
 use lock_testkit::{EtcdServer, PostgresServer, RedisServer};
 
 /// Schedulers (replicas) per run.

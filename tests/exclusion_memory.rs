@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Grants};
 use distlock::{Backend, Locker, MemoryBackend};
+use lock_conformance::exclusion::{Exclusion, ExclusionConfig, Grants};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion_memory() {

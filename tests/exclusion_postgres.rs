@@ -11,9 +11,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Fault};
 use distlock::postgres::PostgresBackend;
 use distlock::{Admin, Locker};
+use lock_conformance::exclusion::{Exclusion, ExclusionConfig, Fault};
 use lock_testkit::{FaultProxy, PostgresServer, ProxyMode};
 use tokio::sync::Mutex;
 

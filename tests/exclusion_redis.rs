@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::raw_exists;
-use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Fault, ViolationKind};
 use distlock::redis::RedisBackend;
 use distlock::Locker;
+use lock_conformance::exclusion::{Exclusion, ExclusionConfig, Fault, ViolationKind};
 use lock_testkit::{FaultProxy, ProxyMode, RedisOptions, RedisServer};
 use tokio::sync::Mutex;
 

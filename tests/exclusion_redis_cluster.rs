@@ -10,8 +10,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Fault};
 use distlock::Locker;
+use lock_conformance::exclusion::{Exclusion, ExclusionConfig, Fault};
 use lock_testkit::RedisCluster;
 
 /// The longest TTL the checker draws (its default range for Redis: 100 ms … 600 ms).

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{raw_exists, redlock_backend};
-use distlock::conformance::exclusion::{Exclusion, ExclusionConfig, Fault};
 use distlock::Locker;
+use lock_conformance::exclusion::{Exclusion, ExclusionConfig, Fault};
 use lock_testkit::RedisNodes;
 use tokio::sync::Mutex;
 

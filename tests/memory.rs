@@ -6,8 +6,8 @@ mod common;
 
 use std::sync::Arc;
 
-use distlock::conformance::{run_all, run_faults, run_safety, Target};
 use distlock::{Backend, MemoryBackend};
+use lock_conformance::{run_all, run_faults, run_safety, Target};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_direct() {

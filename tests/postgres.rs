@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{postgres_backend as backend, postgres_url, rand_u32, Proxied};
-use distlock::conformance::{run_faults, Faults, Target};
 use distlock::postgres::PostgresBackend;
 use distlock::{Attempt, Backend, Error, LockOptions, LockUrl, Locker, Owner};
+use lock_conformance::{run_faults, Faults, Target};
 use lock_testkit::PostgresServer;
 
 fn key(name: &str) -> String {
@@ -77,7 +77,7 @@ async fn safety_rules() {
     let locker = distlock::connect(&postgres_url(server.addr(), "table=safety"))
         .await
         .unwrap();
-    distlock::conformance::run_safety(&Target::from_locker(&locker)).await;
+    lock_conformance::run_safety(&Target::from_locker(&locker)).await;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -12,11 +12,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use common::{calls, raw_exists, redis_backend as backend, skip, Proxied, SLACK};
 use distlock::claims::from_fire_millis;
-use distlock::conformance::{
-    self, queued_holder, queued_holder_and_waiter, run_all, run_faults, Faults, Target,
-};
 use distlock::redis::{RedisBackend, RedisNode, CAPABILITIES, DEFAULT_TIMEOUT, MAX_FENCE};
 use distlock::{Admin, Backend, Error, LockOptions, Locker, Owner};
+use lock_conformance::{
+    self as conformance, queued_holder, queued_holder_and_waiter, run_all, run_faults, Faults,
+    Target,
+};
 use lock_testkit::{EtcdServer, FaultProxy, ProxyMode, RedisOptions, RedisServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;

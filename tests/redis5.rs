@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{assert_strictly_increasing, fences_of_a_tight_loop, redis_backend as backend};
-use distlock::conformance::{run_all, Target};
 use distlock::redis::{RedisBackend, RedisNode, CAPABILITIES};
 use distlock::{Attempt, Owner};
+use lock_conformance::{run_all, Target};
 use lock_testkit::{redis5_server, RedisOptions, RedisServer, REDIS5_VERSION};
 
 /// A Redis 5.0.7 server, checked to be that version.

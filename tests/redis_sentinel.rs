@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{redis_backend as backend, skip, SLACK};
-use distlock::conformance::{self, Target};
 use distlock::redis::CAPABILITIES;
 use distlock::{Attempt, Backend, Error, LockOptions};
+use lock_conformance::{self as conformance, Target};
 use lock_testkit::{RedisSentinels, DOWN_AFTER, FAILOVER_TIMEOUT};
 use tokio::net::TcpListener;
 

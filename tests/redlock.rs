@@ -17,9 +17,9 @@ use common::{
     calls, rand_u32, raw_del, raw_exists, redlock_backend as backend, redlock_url as url_of, skip,
     Proxied, SLACK,
 };
-use distlock::conformance::{self, run_all, run_faults, Faults, Target};
 use distlock::redlock::{RedlockBackend, MIN_TTL};
 use distlock::{Admin, Attempt, Backend, Error, Lease, LockOptions, LockUrl, Locker, Owner, Ttl};
+use lock_conformance::{self as conformance, run_all, run_faults, Faults, Target};
 use lock_testkit::{FaultProxy, ManagedProcess, ProxyMode, RedisNodes, RedisOptions, RedisServer};
 
 /// The Redis key of lock `name` under the default prefix (lock-redis's layout).

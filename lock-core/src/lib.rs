@@ -32,9 +32,6 @@ pub mod sync;
 mod sync;
 pub mod url;
 
-#[cfg(feature = "conformance")]
-pub mod conformance;
-
 pub use backend::{Admin, Attempt, Backend, Baseline, HandOver, Holder, Immediate};
 pub use capabilities::{Capabilities, ClockDrift, Ttl};
 pub use error::{find_cause, BoxError, Error, NodeErrors, Report, Result};

@@ -12,8 +12,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::conformance::{run_all, BoxFuture, Faults, Target};
 use distlock::{Backend, Capabilities, LockOptions, Locker, Owner};
+use lock_conformance::{run_all, BoxFuture, Faults, Target};
 use lock_testkit::{EtcdServer, FaultProxy, PostgresServer, ProxyMode, RedisServer};
 use tokio::sync::Mutex;
 

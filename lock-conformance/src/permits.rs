@@ -2,14 +2,14 @@
 //! backend whose capabilities keep locks only ([`max_permits`] 1) must refuse such claims
 //! before any I/O; the others keep every rule below.
 //!
-//! [`max_permits`]: crate::Capabilities::max_permits
+//! [`max_permits`]: lock_core::Capabilities::max_permits
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::target::{opts, slack, Target};
-use crate::{Attempt, Error, LockOptions, Owner, Permits, RW_PERMITS};
+use lock_core::{Attempt, Error, LockOptions, Owner, Permits, RW_PERMITS};
 
 /// Whether the target keeps semaphores and reader-writer keys; when it does not, checks
 /// that it refuses them before any I/O, as its capabilities say.

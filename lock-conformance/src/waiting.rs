@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::target::{opts, queued_holder, queued_holder_and_waiter, slack, spawn_acquire, Target};
-use crate::{Error, Locker};
+use lock_core::{Error, Locker};
 use std::sync::Arc;
 
 /// `Wait(timeout)` returns a timeout error within the timeout plus a small bound.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::report::ViolationKind;
-use crate::conformance::faults::hooks::BoxFuture;
+use crate::faults::hooks::BoxFuture;
 
 pub(super) type Inject = Arc<dyn Fn() -> BoxFuture + Send + Sync>;
 pub(super) type Probe = Arc<dyn Fn(Vec<String>) -> ProbeFuture + Send + Sync>;

@@ -9,8 +9,8 @@ use rand::RngExt;
 
 use super::report::ViolationKind;
 use super::state::{Belief, Holding, State};
-use crate::sync::lock;
-use crate::{Error, LockGuard, LockOptions, Locker, Outcome, WaitStrategy};
+use lock_core::sync::lock;
+use lock_core::{Error, LockGuard, LockOptions, Locker, Outcome, WaitStrategy};
 
 pub(super) struct Worker {
     pub(super) state: Arc<State>,
@@ -322,14 +322,11 @@ impl Worker {
                 }
             }
             Ok(Outcome::LockLost) => self.state.count(|c| c.runs[3] += 1),
-            // `run` claims no fire time.
-            Ok(Outcome::ClaimedElsewhere) => self.state.violation(
+            // `run` claims no fire time (ClaimedElsewhere), and gives no other outcome.
+            Ok(other) => self.state.violation(
                 ViolationKind::RunOutcome,
                 &key_name,
-                format!(
-                    "{}: run, which claims nothing, said ClaimedElsewhere",
-                    self.who
-                ),
+                format!("{}: run, which claims nothing, said {other:?}", self.who),
             ),
             Err(e) => self.acquire_failed(&key_name, e).await,
         }

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use super::common::{acquires_fail_within_their_deadline, fails_within, faults, not_run};
 use super::hooks::Applied;
-use crate::conformance::target::{opts, Target};
-use crate::{Error, LockGuard};
+use crate::target::{opts, Target};
+use lock_core::{Error, LockGuard};
 
 /// With the servers dead, the holder is lost within its TTL and every call fails fast.
 ///

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::target::{grant, opts, slack, wait_until_expired, Target};
-use crate::{Attempt, Backend, Error, Lease, Owner};
+use lock_core::{Attempt, Backend, Error, Lease, Owner};
 
 /// A lock is granted, reports its key, and can be released and taken again.
 pub async fn grant_and_release(t: &Target) {
@@ -68,7 +68,7 @@ pub async fn stale_release_never_removes_new_holder(t: &Target) {
     ));
     let third = t
         .backend
-        .try_acquire(&key, Owner::random(), crate::Permits::LOCK, t.ttl(ttl))
+        .try_acquire(&key, Owner::random(), lock_core::Permits::LOCK, t.ttl(ttl))
         .await
         .unwrap();
     assert!(
@@ -243,7 +243,7 @@ pub async fn invalid_input_is_refused(t: &Target) {
         locker.acquire("", &ok).await,
         Err(Error::InvalidKey { .. })
     ));
-    let long = "x".repeat(crate::MAX_KEY_LEN + 1);
+    let long = "x".repeat(lock_core::MAX_KEY_LEN + 1);
     assert!(matches!(
         locker.acquire(&long, &ok).await,
         Err(Error::InvalidKey { .. })

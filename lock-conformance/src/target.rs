@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::faults::hooks::{BoxFuture, Faults};
-use crate::{
+use lock_core::{
     Attempt, Backend, Capabilities, Lease, LockGuard, LockOptions, Locker, Owner, Result, Ttl,
     WaitStrategy,
 };
@@ -20,7 +20,7 @@ pub struct Target {
 }
 
 impl Target {
-    /// A target over `backend`; locks are taken away with [`Admin::force_release`](crate::Admin::force_release).
+    /// A target over `backend`; locks are taken away with [`Admin::force_release`](lock_core::Admin::force_release).
     pub fn new(backend: Arc<dyn Backend>) -> Self {
         Target {
             backend,
@@ -88,9 +88,9 @@ impl Target {
             .get()
     }
 
-    /// Who holds `key`, when the backend can tell ([`Admin`](crate::Admin)).
-    /// The holder of a lock: the first of [`Admin::inspect`](crate::Admin::inspect)'s list.
-    pub(crate) async fn inspect(&self, key: &str) -> Option<Result<Option<crate::Holder>>> {
+    /// Who holds `key`, when the backend can tell ([`Admin`](lock_core::Admin)).
+    /// The holder of a lock: the first of [`Admin::inspect`](lock_core::Admin::inspect)'s list.
+    pub(crate) async fn inspect(&self, key: &str) -> Option<Result<Option<lock_core::Holder>>> {
         let holders = self.backend.admin()?.inspect(key).await;
         Some(holders.map(|h| h.into_iter().next()))
     }
@@ -125,7 +125,7 @@ pub(crate) async fn grant(t: &Target, key: &str, owner: Owner, ttl: Duration) ->
     match t
         .backend
         .as_ref()
-        .try_acquire(key, owner, crate::Permits::LOCK, t.ttl(ttl))
+        .try_acquire(key, owner, lock_core::Permits::LOCK, t.ttl(ttl))
         .await
         .unwrap()
     {
@@ -150,7 +150,7 @@ pub fn spawn_acquire(
 
 /// Takes `key` through `locker`'s queue: behind a first holder that releases it after
 /// `settle`. The guard returned is then the one the Locker's next waiters on the key queue
-/// behind (and, with a backend that hands over ([`HandOver`](crate::HandOver)), are handed the key by).
+/// behind (and, with a backend that hands over ([`HandOver`](lock_core::HandOver)), are handed the key by).
 pub async fn queued_holder(
     locker: &Locker,
     key: &str,

@@ -36,7 +36,7 @@
 //!
 //! ```no_run
 //! # async fn demo(lockers: Vec<lock_core::Locker>) {
-//! use lock_core::conformance::exclusion::{Exclusion, ExclusionConfig};
+//! use lock_conformance::exclusion::{Exclusion, ExclusionConfig};
 //!
 //! let report = Exclusion::new(lockers)
 //!     .config(ExclusionConfig::from_env())
@@ -66,8 +66,8 @@ pub use report::{Counters, Report, Violation, ViolationKind, SEED_ENV};
 use state::{Phase, State};
 use worker::Worker;
 
-use crate::sync::lock;
-use crate::{Capabilities, Error, Locker};
+use lock_core::sync::lock;
+use lock_core::{Capabilities, Error, Locker};
 
 /// The checker: Lockers, faults, a keys-left probe and a [`ExclusionConfig`]; [`run`]
 /// runs it and returns a [`Report`].
@@ -97,7 +97,7 @@ impl fmt::Debug for Exclusion {
 impl Exclusion {
     /// A checker over `lockers` with the defaults of [`ExclusionConfig::from_env`], no
     /// faults, and the keys-left probe asking the first Locker's backend
-    /// ([`Admin::inspect`](crate::Admin::inspect); skipped without one).
+    /// ([`Admin::inspect`](lock_core::Admin::inspect); skipped without one).
     pub fn new(lockers: Vec<Locker>) -> Self {
         Exclusion {
             lockers,
@@ -358,7 +358,7 @@ fn check_stats(state: &State, l: usize, locker: &Locker, when: &str) {
     }
 }
 
-/// The default keys-left probe: [`Admin::inspect`](crate::Admin::inspect) of every key.
+/// The default keys-left probe: [`Admin::inspect`](lock_core::Admin::inspect) of every key.
 async fn inspect_left(locker: &Locker, keys: &[String]) -> Vec<String> {
     let mut left = Vec::new();
     let Some(admin) = locker.backend().admin() else {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::target::{opts, queued_holder, queued_holder_and_waiter, slack, spawn_acquire, Target};
-use crate::{Attempt, Backend, Capabilities, Error, Lease, Locker, Owner, Result, Ttl};
+use lock_core::{Attempt, Backend, Capabilities, Error, Lease, Locker, Owner, Result, Ttl};
 
 /// Runs the safety rules, in order, each bounded like [`run_all`](super::run_all)'s.
 pub async fn run_safety(t: &Target) {
@@ -290,7 +290,7 @@ impl Backend for Counting {
         &self,
         key: &str,
         owner: Owner,
-        permits: crate::Permits,
+        permits: lock_core::Permits,
         ttl: Ttl,
     ) -> Result<Attempt> {
         let attempt = self.inner.try_acquire(key, owner, permits, ttl).await;
@@ -306,13 +306,13 @@ impl Backend for Counting {
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.inner.release(lease).await
     }
-    fn listen(&self, key: &str) -> Option<crate::ReleaseListener> {
+    fn listen(&self, key: &str) -> Option<lock_core::ReleaseListener> {
         self.inner.listen(key)
     }
-    fn hand_over(&self) -> Option<&dyn crate::HandOver> {
+    fn hand_over(&self) -> Option<&dyn lock_core::HandOver> {
         self.inner.hand_over()
     }
-    fn admin(&self) -> Option<&dyn crate::Admin> {
+    fn admin(&self) -> Option<&dyn lock_core::Admin> {
         self.inner.admin()
     }
     async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
@@ -320,16 +320,16 @@ impl Backend for Counting {
     }
     // Deliberately not forwarded: in-process answers would bypass the counts, so the rules
     // using this wrapper take the async path on every backend.
-    fn immediate(&self) -> Option<&dyn crate::Immediate> {
+    fn immediate(&self) -> Option<&dyn lock_core::Immediate> {
         None
     }
-    fn baseline(&self) -> Option<&dyn crate::Baseline> {
+    fn baseline(&self) -> Option<&dyn lock_core::Baseline> {
         self.inner.baseline()
     }
-    fn run_records(&self) -> Option<&dyn crate::records::RunRecords> {
+    fn run_records(&self) -> Option<&dyn lock_core::records::RunRecords> {
         self.inner.run_records()
     }
-    fn fire_claims(&self) -> Option<&dyn crate::claims::FireClaims> {
+    fn fire_claims(&self) -> Option<&dyn lock_core::claims::FireClaims> {
         self.inner.fire_claims()
     }
 }

@@ -1,10 +1,10 @@
-//! The rule of the fire-time claims ability ([`FireClaims`](crate::claims::FireClaims)).
+//! The rule of the fire-time claims ability ([`FireClaims`](lock_core::claims::FireClaims)).
 
 use std::time::{Duration, SystemTime};
 
 use super::target::{opts, Target};
-use crate::claims::from_fire_millis;
-use crate::Error;
+use lock_core::claims::from_fire_millis;
+use lock_core::Error;
 
 /// Fire-time claims are won once per job and fire time: the first claim of a fire time
 /// newer than the one kept wins, every other claim of it or of an older one is refused
@@ -168,14 +168,14 @@ pub async fn run_scheduled_runs_a_fire_time_once(t: &Target) {
     let started: Vec<SystemTime> = outcomes
         .iter()
         .filter_map(|o| match o {
-            crate::Outcome::Ran(at) => Some(*at),
+            lock_core::Outcome::Ran(at) => Some(*at),
             _ => None,
         })
         .collect();
     assert_eq!(started.len(), 1, "one run: {outcomes:?}");
     let elsewhere = outcomes
         .iter()
-        .filter(|o| matches!(o, crate::Outcome::ClaimedElsewhere))
+        .filter(|o| matches!(o, lock_core::Outcome::ClaimedElsewhere))
         .count();
     assert_eq!(elsewhere, 3, "{outcomes:?}");
     // The server's clock is near ours on loopback: never more than a second early.
@@ -190,7 +190,7 @@ pub async fn run_scheduled_runs_a_fire_time_once(t: &Target) {
         .await
         .unwrap();
     assert!(
-        matches!(again, crate::Outcome::ClaimedElsewhere),
+        matches!(again, lock_core::Outcome::ClaimedElsewhere),
         "{again:?}"
     );
 }

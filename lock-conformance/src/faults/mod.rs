@@ -15,7 +15,7 @@ pub use restart::*;
 
 use std::time::Duration;
 
-use crate::conformance::target::Target;
+use crate::target::Target;
 
 /// Runs every fault rule on the target, in order, each bounded by a generous timeout so a
 /// hang fails loudly with the rule's name; returns the rules that did not run.

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::target::{opts, slack, Target};
-use crate::{LockGuard, Locker};
+use lock_core::{LockGuard, Locker};
 
 /// A current-thread runtime of its own, built on a blocking thread.
 fn runtime() -> tokio::runtime::Runtime {

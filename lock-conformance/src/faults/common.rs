@@ -5,8 +5,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use super::hooks::{Applied, Faults};
-use crate::conformance::target::{opts, Target};
-use crate::{Error, Locker, Result, WaitStrategy};
+use crate::target::{opts, Target};
+use lock_core::{Error, Locker, Result, WaitStrategy};
 
 /// Says loudly that `rule` was not run on `t`, and why.
 pub(super) fn not_run(t: &Target, rule: &str, why: impl Into<String>) -> Applied {

@@ -6,12 +6,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Backend;
+use lock_core::Backend;
 
-/// A boxed future, as returned by a [`Target`](crate::conformance::Target)'s hooks.
+/// A boxed future, as returned by a [`Target`](crate::Target)'s hooks.
 pub type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// An action of the test kit on the servers behind a [`Target`](crate::conformance::Target) (restart, kill, pause, …).
+/// An action of the test kit on the servers behind a [`Target`](crate::Target) (restart, kill, pause, …).
 pub type FaultHook = Arc<dyn Fn() -> BoxFuture + Send + Sync>;
 
 pub(crate) fn hook<F, Fut>(f: F) -> FaultHook
@@ -22,7 +22,7 @@ where
     Arc::new(move || Box::pin(f()))
 }
 
-/// The faults a test kit can inject into the servers behind a [`Target`](crate::conformance::Target), and the bounds
+/// The faults a test kit can inject into the servers behind a [`Target`](crate::Target), and the bounds
 /// the rules hold the backend to meanwhile.
 ///
 /// Each hook acts on every server the backend talks to (all the nodes of a quorum, the
@@ -157,7 +157,7 @@ pub enum Applied {
     NotRun(String),
 }
 
-/// The outcome of [`run_faults`](crate::conformance::run_faults): which rules did not run, and why.
+/// The outcome of [`run_faults`](crate::run_faults): which rules did not run, and why.
 #[must_use = "check which fault rules did not run"]
 #[derive(Clone, Debug, Default)]
 pub struct FaultReport {

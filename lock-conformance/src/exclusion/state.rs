@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use super::config::Grants;
 use super::report::{Counters, Violation, ViolationKind};
-use crate::sync::lock;
-use crate::{Capabilities, LockGuard, Permits};
+use lock_core::sync::lock;
+use lock_core::{Capabilities, LockGuard, Permits};
 
 /// Violations kept in full per kind in a [`Report`](super::Report); the rest are only counted.
 const KEEP_PER_KIND: usize = 50;

@@ -1,12 +1,17 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+// docs.rs marks each item with the Cargo features it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 //! The conformance suite: the rules every backend keeps, one public async function each.
 //!
 //! Each function panics (like an assertion) when its rule is broken. Call them all with
 //! [`run_all`], or one by one. A [`Target`] gives the suite the backend and, per backend,
 //! the way to take a lock away behind its holder's back (by default
-//! [`Admin::force_release`](crate::Admin::force_release)). Expectations follow the backend's [`Capabilities`](crate::Capabilities), never
+//! [`Admin::force_release`](lock_core::Admin::force_release)). Expectations follow the backend's [`Capabilities`](lock_core::Capabilities), never
 //! its name; TTLs are scaled up to the backend's minimum.
 //!
-//! Several [`Locker`](crate::Locker)s over one backend stand in for several processes.
+//! Several [`Locker`](lock_core::Locker)s over one backend stand in for several processes.
 //!
 //! The fault rules ([`run_faults`]) take hooks from the test kit ([`Faults`], given with
 //! [`Target::with_faults`]) to restart, kill, pause or cut off the servers; a rule whose hook

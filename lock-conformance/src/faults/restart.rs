@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use super::common::{faults, not_run};
 use super::hooks::{Applied, FaultHook};
-use crate::conformance::target::{opts, spawn_acquire, Target};
-use crate::{Error, Locker};
+use crate::target::{opts, spawn_acquire, Target};
+use lock_core::{Error, Locker};
 
 /// After a restart that loses the locks, the holders' extend and release say NotHeld.
 ///

@@ -1,9 +1,9 @@
-//! The rule of the run-records ability ([`RunRecords`](crate::records::RunRecords)).
+//! The rule of the run-records ability ([`RunRecords`](lock_core::records::RunRecords)).
 
 use std::time::{Duration, SystemTime};
 
 use super::target::{opts, Target};
-use crate::records::{RunOutcome, RunRecord};
+use lock_core::records::{RunOutcome, RunRecord};
 
 fn record(job: &str, n: u64, outcome: RunOutcome) -> RunRecord {
     let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + n);

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::target::{opts, slack, Target};
-use crate::{Error, LockOptions, Locker, Outcome};
+use lock_core::{Error, LockOptions, Locker, Outcome};
 
 struct DropFlag(Arc<AtomicBool>);
 
@@ -205,7 +205,7 @@ pub async fn tasks_never_overlap(t: &Target) {
                         0,
                         "two holders at once"
                     );
-                    crate::sync::lock(&fences).push(g.fence());
+                    lock_core::sync::lock(&fences).push(g.fence());
                     tokio::task::yield_now().await;
                     assert_eq!(
                         inside.fetch_sub(1, Ordering::SeqCst),
@@ -224,7 +224,7 @@ pub async fn tasks_never_overlap(t: &Target) {
     {
         r.unwrap();
     }
-    let fences = crate::sync::lock(&fences).clone();
+    let fences = lock_core::sync::lock(&fences).clone();
     assert_eq!(fences.len(), lockers * per_locker * rounds);
     if t.caps().monotonic_fencing {
         assert!(
