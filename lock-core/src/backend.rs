@@ -247,11 +247,11 @@ pub trait Backend: Send + Sync + 'static {
     /// ```no_run
     /// # async fn demo(backend: &dyn lock_core::Backend) -> lock_core::Result<()> {
     /// use std::time::Duration;
-    /// use lock_core::Owner;
+    /// use lock_core::{Owner, Permits};
     ///
     /// let ttl = backend.capabilities().effective_ttl(Duration::from_secs(10))?;
     /// let owner = Owner::random();
-    /// let attempt = backend.try_acquire("jobs/nightly", owner, ttl);
+    /// let attempt = backend.try_acquire("jobs/nightly", owner, Permits::LOCK, ttl);
     /// if tokio::time::timeout(Duration::from_millis(100), attempt).await.is_err() {
     ///     // Given up: whatever the attempt may still grant must not stay behind.
     ///     backend.abandon("jobs/nightly", owner).await?;
