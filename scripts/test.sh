@@ -62,10 +62,13 @@ step "Rust $msrv (the declared minimum): cargo check, every feature and target"
 msrv_check() { CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --locked --quiet "$@"; }
 msrv_check --workspace --all-features --all-targets
 step "Rust $msrv: each facade feature alone"
-for feature in "" memory redis redlock etcd postgres scheduler tls "redis,tls" "redis,tls-ring"; do
+for feature in "" memory redis redlock etcd postgres scheduler tls tls-ring "redis,tls" \
+  "redis,tls-ring"; do
   msrv_check -p distlock --no-default-features ${feature:+--features "$feature"}
 done
 msrv_check -p lock-cli --no-default-features
+# The README's install without protoc (no etcd).
+msrv_check -p lock-cli --no-default-features --features redis,redlock,postgres
 # The dependency floors of the crates whose floors are ours alone, at their lowest versions
 # (scripts/minimal-versions.py says why those crates).
 step "Rust $msrv: the dependency floors (direct minimal versions)"
