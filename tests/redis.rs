@@ -960,7 +960,7 @@ async fn a_key_is_held_as_a_lock_or_with_permits_never_both() {
             (Some(b.owner()), Some(b.fence()), two)
         ]
     );
-    let handed = backend.hand_over(&a, Owner::random(), valid_ttl(ttl)).await;
+    let handed = HandOver::hand_over(&backend, &a, Owner::random(), valid_ttl(ttl)).await;
     assert!(
         matches!(handed, Err(Error::Unsupported { .. })),
         "{handed:?}"
