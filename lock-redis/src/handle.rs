@@ -46,7 +46,8 @@ use crate::watch::ReleaseWatch;
 /// `<prefix>{<name>}:holders` (a sorted set of owners by expiry) and
 /// `<prefix>{<name>}:permits` (a hash), and take their fences from the same counter. The
 /// braces are a Redis Cluster hash tag, so all of a name's keys share a slot, and no lock
-/// key can equal another key of the protocol (lock keys end with `}`). Releases are announced on the channel `<prefix>released:<db>` (see
+/// key can equal another key of the protocol (lock keys end with `}`). Releases are
+/// announced on the channel `<prefix>released:<db>` (see
 /// [`watch_releases`](Self::watch_releases)). The raw baseline writes and deletes
 /// `<prefix>{<name>}:baseline` ([`raw_cycle`](Self::raw_cycle)), never a lock's keys.
 /// Run records of job `job` (the scheduler's history, [`append_run`](Self::append_run))

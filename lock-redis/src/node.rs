@@ -116,7 +116,7 @@ impl RedisNode {
     }
 
     /// The attempt a `{flag, value}` reply of [`scripts::ACQUIRE`], [`scripts::HAND_OVER`]
-    /// or [`scripts::ACQUIRE_PERMITS`] tells of a `claim` on `name`.
+    /// or [`scripts::permits::ACQUIRE_PERMITS`] tells of a `claim` on `name`.
     pub(crate) fn attempt_reply(
         &self,
         op: &'static str,

@@ -10,7 +10,7 @@ use redis::Value;
 use crate::codec::{hex, integers, millis, text};
 use crate::handle::RedisNode;
 use crate::node::FENCE_RETENTION;
-use crate::scripts;
+use crate::scripts::permits as scripts;
 
 impl RedisNode {
     /// One attempt to take `permits` (not [`Permits::LOCK`]) of key `name` for `owner` for

@@ -112,6 +112,8 @@ macro_rules! current_fence {
 ///   (which the caller found in `holders`), announces the release when a refused attempt
 ///   marked the key awaited (and clears the mark: an attempt refused later marks it again),
 ///   and prunes.
+///
+/// [`ACQUIRE_PERMITS`]: permits::ACQUIRE_PERMITS
 macro_rules! permits_helpers {
     () => {
         r#"
@@ -190,6 +192,7 @@ end
 /// one of them exists does a second `EXISTS` tell which.
 ///
 /// [`FENCE_RETENTION`]: crate::FENCE_RETENTION
+/// [`ACQUIRE_PERMITS`]: permits::ACQUIRE_PERMITS
 pub(crate) static ACQUIRE: Script = Script::new(concat!(
     awaited_helpers!(),
     r#"
@@ -199,7 +202,8 @@ end
 local clock
 local out = {}
 for i = 1, #KEYS / 4 do
-  local lock, counter, tombstone, holders = KEYS[4 * i - 3], KEYS[4 * i - 2], KEYS[4 * i - 1], KEYS[4 * i]
+  local lock, counter = KEYS[4 * i - 3], KEYS[4 * i - 2]
+  local tombstone, holders = KEYS[4 * i - 1], KEYS[4 * i]
   local owner, ttl, retention = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   local fence, err
   local set = false
@@ -346,8 +350,9 @@ return out
 /// retention ms. Writes the tombstone (so that the attempt, should it still arrive, is
 /// refused by [`ACQUIRE`], [`HAND_OVER`] or [`ACQUIRE_PERMITS`]), then deletes the lock if
 /// the owner holds it, or removes the owner's permits (it was granted), announcing it
-/// when it was awaited. Returns 1 when a grant was removed, 0 otherwise. The tombstone is written in both cases: a request can
-/// have been sent twice (re-sent on a new connection after the first looked lost).
+/// when it was awaited. Returns 1 when a grant was removed, 0 otherwise. The tombstone is
+/// written in both cases: a request can have been sent twice (re-sent on a new connection
+/// after the first looked lost).
 ///
 /// The retention is the abandoning handle's operation timeout times
 /// [`ABANDON_TIMEOUTS`](crate::ABANDON_TIMEOUTS) (at least 1 s, at most 10 minutes): the
@@ -355,6 +360,8 @@ return out
 /// stalled for less than that many timeouts; one arriving later can only grant a lock no
 /// one believes it holds, which blocks the key for the attempt's TTL at most (see
 /// `RedisNode::abandon_retention` for the reasoning).
+///
+/// [`ACQUIRE_PERMITS`]: permits::ACQUIRE_PERMITS
 pub(crate) static ABANDON: Script = Script::new(concat!(
     awaited_helpers!(),
     permits_helpers!(),
@@ -511,5 +518,4 @@ return {fire, replica, at}
 "#
 ));
 
-mod permits;
-pub(crate) use permits::{ACQUIRE_PERMITS, EXTEND_PERMITS, HOLDERS, RELEASE_PERMITS};
+pub(crate) mod permits;
