@@ -48,7 +48,7 @@ pub(crate) enum Op {
     Release(ReleaseOp),
 }
 
-/// Its answer: `(1, fence)` or `(0, pttl)` for an acquire; 1 or 0 for a release; or the
+/// Its answer: `(1, fence)`, `(0, pttl)` or `(-2, 0)` (held with permits) for an acquire; 1 or 0 for a release; or the
 /// server's refusal of an operation on this request's keys alone (e.g. `WRONGTYPE`), which
 /// is this caller's error and nobody else's in its group.
 pub(crate) enum Out {

@@ -30,9 +30,10 @@ use super::Script;
 /// `of`, with the key's next fence from the same counter as its locks (`next_fence`), so
 /// fences strictly increase across every grant of the key, whatever it claims. Asking
 /// again with an owner that holds permits (a request re-sent after a lost reply) grants
-/// them again with the same fence and a fresh TTL. The fence counter is the first write:
-/// when it is refused (e.g. `OOM`, `READONLY`), nothing else is written and the error is
-/// the script's.
+/// them again with the same fence and a fresh TTL. The fence counter is written before
+/// the grant: when it is refused (e.g. `OOM`), no grant is written and the error is the
+/// script's (as is any other refused write, e.g. `READONLY` on a demoted master, where
+/// nothing was written).
 pub(crate) static ACQUIRE_PERMITS: Script = Script::new(concat!(
     permits_helpers!(),
     r#"
