@@ -2,8 +2,9 @@
 //! its own backend instance connected through its own [`FaultProxy`], and four fault
 //! rounds after the normal one: the server paused past the longest TTL, a restart without
 //! persistence, a restart from a stale RDB snapshot, and one Locker's network
-//! blackholed past the longest TTL. `DISTLOCK_SOAK_SECS` runs it longer,
-//! `DISTLOCK_CHECK_SEED` replays a seed.
+//! blackholed past the longest TTL; in each mode: locks, semaphores (permits) and
+//! reader-writer keys. `DISTLOCK_SOAK_SECS` runs it longer (the permits and reader-writer
+//! modes run 12 s without it), `DISTLOCK_CHECK_SEED` replays a seed.
 
 mod common;
 
@@ -13,7 +14,9 @@ use std::time::Duration;
 use common::raw_exists;
 use distlock::redis::RedisBackend;
 use distlock::Locker;
-use lock_conformance::exclusion::{Exclusion, ExclusionConfig, Fault, ViolationKind};
+use lock_conformance::exclusion::{
+    Exclusion, ExclusionConfig, Fault, Grants, Report, ViolationKind, SOAK_ENV,
+};
 use lock_testkit::{FaultProxy, ProxyMode, RedisOptions, RedisServer};
 use tokio::sync::Mutex;
 
@@ -31,6 +34,35 @@ async fn backend(addr: std::net::SocketAddr) -> RedisBackend {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion_redis() {
+    run(ExclusionConfig::from_env()).await.assert_clean();
+}
+
+/// The checker in its permits mode: semaphores of 3 permits, claims of 1 or 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_redis_permits() {
+    run(short().grants(Grants::Permits(3))).await.assert_clean();
+}
+
+/// The checker in its reader-writer mode: readers share a key, writers hold it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_redis_reader_writer() {
+    run(short().grants(Grants::ReaderWriter))
+        .await
+        .assert_clean();
+}
+
+/// The configuration from the environment, 12 s long unless [`SOAK_ENV`] says otherwise.
+fn short() -> ExclusionConfig {
+    let config = ExclusionConfig::from_env();
+    if std::env::var_os(SOAK_ENV).is_some() {
+        config
+    } else {
+        config.duration(Duration::from_secs(12))
+    }
+}
+
+/// One run of the checker as `config` says, with the Redis fault rounds.
+async fn run(config: ExclusionConfig) -> Report {
     // Snapshots only when a fault round asks for one (`SAVE`), kept across restarts.
     let server = Arc::new(Mutex::new(
         RedisServer::start_with(RedisOptions {
@@ -48,7 +80,7 @@ async fn exclusion_redis() {
         proxies.push(Arc::new(proxy));
     }
     let probe_backend = backend(addr).await;
-    let config = ExclusionConfig::from_env().ttl_range(Duration::from_millis(100), TTL_MAX);
+    let config = config.ttl_range(Duration::from_millis(100), TTL_MAX);
     let past_ttl = TTL_MAX + Duration::from_millis(500);
 
     let pause = {
@@ -141,9 +173,15 @@ async fn exclusion_redis() {
                 let server = server.lock().await;
                 let mut left = Vec::new();
                 for name in names {
-                    let key = node.lock_key(&name);
-                    if raw_exists(&server, &key).await {
-                        left.push(key);
+                    // A lock, or the holders and the permits of a semaphore.
+                    for key in [
+                        node.lock_key(&name),
+                        node.holders_key(&name),
+                        node.permits_key(&name),
+                    ] {
+                        if raw_exists(&server, &key).await {
+                            left.push(key);
+                        }
                     }
                 }
                 left
@@ -152,5 +190,5 @@ async fn exclusion_redis() {
         .run()
         .await;
     drop(proxies);
-    report.assert_clean();
+    report
 }

@@ -109,26 +109,44 @@ impl Backend for RedisBackend {
         &CAPABILITIES
     }
 
-    // Locks only (`max_permits` 1): the Locker never sends another claim.
+    /// A lock is one string (`node.rs`); other claims keep their holders in a sorted set
+    /// and a hash beside it (`permits.rs`).
     async fn try_acquire(
         &self,
         key: &str,
         owner: Owner,
-        _permits: Permits,
+        permits: Permits,
         ttl: Ttl,
     ) -> Result<Attempt> {
-        self.node.try_acquire(key, owner, ttl).await
+        if permits == Permits::LOCK {
+            self.node.try_acquire(key, owner, ttl).await
+        } else {
+            self.node
+                .try_acquire_permits(key, owner, permits, ttl)
+                .await
+        }
     }
 
     async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
-        match self.node.extend(lease.key(), lease.owner(), ttl).await? {
-            Some(valid_until) => Ok(valid_until),
-            None => Err(lease.not_held()),
-        }
+        let (key, owner) = (lease.key(), lease.owner());
+        let extended = if lease.permits() == Permits::LOCK {
+            self.node.extend(key, owner, ttl).await?
+        } else {
+            self.node.extend_permits(key, owner, ttl).await?
+        };
+        extended.ok_or_else(|| lease.not_held())
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let key = lease.key();
+        if lease.permits() != Permits::LOCK {
+            return if self.node.release_permits(key, lease.owner()).await? {
+                self.notices.notify(key);
+                Ok(())
+            } else {
+                Err(lease.not_held())
+            };
+        }
         // Our own waiters are woken as soon as the release is queued: their attempt goes out
         // on the same connection behind it, so the server runs it after the release. The
         // second notice, once the release is confirmed, covers an attempt that still came
@@ -148,7 +166,7 @@ impl Backend for RedisBackend {
     }
 
     /// A tombstone refuses the attempt should it still arrive, and a grant it got already
-    /// is deleted and announced (`RedisNode::abandon`).
+    /// (a lock or permits) is deleted and announced (`RedisNode::abandon`).
     async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
         if self.node.abandon(key, owner).await? {
             self.notices.notify(key);
@@ -195,16 +213,25 @@ impl Backend for RedisBackend {
 #[async_trait]
 impl HandOver for RedisBackend {
     /// One script: the key passes from `from` to `to` with the next fence, never free in
-    /// between (`RedisNode::hand_over`).
+    /// between (`RedisNode::hand_over`). Locks only: permits are refused with
+    /// [`Error::Unsupported`](lock_core::Error::Unsupported), and the Locker releases them
+    /// instead (the waiter then acquires as any other).
     async fn hand_over(&self, from: &Lease, to: Owner, ttl: Ttl) -> Result<Attempt> {
+        if from.permits() != Permits::LOCK {
+            return Err(lock_core::Error::Unsupported {
+                backend: CAPABILITIES.name,
+                operation: "hand-over of permits",
+            });
+        }
         self.node.hand_over(from.key(), from.owner(), to, ttl).await
     }
 }
 
 #[async_trait]
 impl Admin for RedisBackend {
+    /// The lock's holder, or every holder of the key's permits, in one script.
     async fn inspect(&self, key: &str) -> Result<Vec<Holder>> {
-        Ok(self.node.inspect(key).await?.into_iter().collect())
+        self.node.holders(key).await
     }
 
     async fn force_release(&self, key: &str) -> Result<bool> {

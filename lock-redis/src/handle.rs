@@ -41,9 +41,13 @@ use crate::watch::ReleaseWatch;
 /// # Keys
 ///
 /// Lock `name` lives at `<prefix>{<name>}` with the owner token (32 hex digits) as value and
-/// the TTL as expiry; its fence counter at `<prefix>{<name>}:fence`. The braces are a Redis
-/// Cluster hash tag, so both keys share a slot, and no lock key can equal a counter key (lock
-/// keys end with `}`). Releases are announced on the channel `<prefix>released:<db>` (see
+/// the TTL as expiry; its fence counter at `<prefix>{<name>}:fence`. Claimed with several
+/// permits (a semaphore, a reader-writer key), the key's grants live at
+/// `<prefix>{<name>}:holders` (a sorted set of owners by expiry) and
+/// `<prefix>{<name>}:permits` (a hash), and take their fences from the same counter. The
+/// braces are a Redis Cluster hash tag, so all of a name's keys share a slot, and no lock
+/// key can equal another key of the protocol (lock keys end with `}`). Releases are
+/// announced on the channel `<prefix>released:<db>` (see
 /// [`watch_releases`](Self::watch_releases)). The raw baseline writes and deletes
 /// `<prefix>{<name>}:baseline` ([`raw_cycle`](Self::raw_cycle)), never a lock's keys.
 /// Run records of job `job` (the scheduler's history, [`append_run`](Self::append_run))
@@ -208,6 +212,18 @@ impl RedisNode {
     /// The Redis key holding the fence counter of lock `name`: `<prefix>{<name>}:fence`.
     pub fn fence_key(&self, name: &str) -> String {
         key(self.prefix(), name, ":fence")
+    }
+
+    /// The Redis sorted set of the holders of key `name`'s permits (a semaphore or a
+    /// reader-writer key; see `permits.rs`): `<prefix>{<name>}:holders`.
+    pub fn holders_key(&self, name: &str) -> String {
+        key(self.prefix(), name, ":holders")
+    }
+
+    /// The Redis hash of key `name`'s permits (how many, how many taken, and each holder's
+    /// take and fence): `<prefix>{<name>}:permits`.
+    pub fn permits_key(&self, name: &str) -> String {
+        key(self.prefix(), name, ":permits")
     }
 
     /// The Redis key of the tombstone of `owner`'s abandoned attempt on lock `name`:

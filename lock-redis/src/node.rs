@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lock_core::{Attempt, Capabilities, Holder, Owner, Result, Ttl};
+use lock_core::{Attempt, Capabilities, Error, Holder, Owner, Permits, Result, Ttl};
 use redis::Value;
 
 use crate::codec::{hex, integers, millis};
@@ -24,7 +24,10 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(NAME)
     .monotonic_fencing(true)
     .release_notices(true)
     .cross_process(true)
-    .clock_drift(lock_core::ClockDrift::NONE);
+    .clock_drift(lock_core::ClockDrift::NONE)
+    // Semaphores and reader-writer keys: one script per operation, as for locks (see
+    // `permits.rs`).
+    .max_permits(lock_core::MAX_PERMITS);
 
 /// How long a fence counter lives beyond the TTL of the grant (or the Redlock write-back)
 /// that last wrote it. While it lives, fences of the key increase whatever the server clock
@@ -69,6 +72,7 @@ impl RedisNode {
         let op = AcquireOp {
             fence_key: self.fence_key(name),
             tombstone: self.tombstone_key(name, owner),
+            holders: self.holders_key(name),
             owner: hex(owner),
             ttl_ms,
             retention: ttl_ms + millis(FENCE_RETENTION),
@@ -79,7 +83,7 @@ impl RedisNode {
             Out::Refused(message) => return Err(self.failure("acquire", Failure::Refused(message))),
             Out::Release(_) => return Err(self.failure("acquire", mismatched())),
         };
-        self.attempt_reply("acquire", started + ttl.get(), reply)
+        self.attempt_reply("acquire", name, Permits::LOCK, started + ttl.get(), reply)
     }
 
     /// Passes lock `name` from `from` straight to `to` for `ttl`, with a new fence, if
@@ -107,18 +111,35 @@ impl RedisNode {
             })
             .await?;
         let numbers = integers(&reply, 2).map_err(|f| self.failure("hand_over", f))?;
-        self.attempt_reply("hand_over", started + ttl.get(), (numbers[0], numbers[1]))
+        let reply = (numbers[0], numbers[1]);
+        self.attempt_reply("hand_over", name, Permits::LOCK, started + ttl.get(), reply)
     }
 
-    /// The attempt a `{flag, value}` reply of [`scripts::ACQUIRE`] or
-    /// [`scripts::HAND_OVER`] tells.
-    fn attempt_reply(
+    /// The attempt a `{flag, value}` reply of [`scripts::ACQUIRE`], [`scripts::HAND_OVER`]
+    /// or [`scripts::permits::ACQUIRE_PERMITS`] tells of a `claim` on `name`.
+    pub(crate) fn attempt_reply(
         &self,
         op: &'static str,
+        name: &str,
+        claim: Permits,
         valid_until: Instant,
         reply: (i64, i64),
     ) -> Result<Attempt> {
         match reply {
+            // Held as the other kind, or with another number of permits.
+            (-2, held) => Err(Error::InvalidPermits {
+                reason: match held {
+                    0 => format!(
+                        "key {name:?} is held with several permits (a semaphore or a \
+                         reader-writer key), not as a lock"
+                    ),
+                    1 => format!(
+                        "key {name:?} is held as a lock, not with {} permits",
+                        claim.of()
+                    ),
+                    of => format!("key {name:?} is held with {of} permits, not {}", claim.of()),
+                },
+            }),
             (1, fence) if fence > 0 => Ok(Attempt::Granted {
                 fence: fence as u64,
                 valid_until,
@@ -195,13 +216,13 @@ impl RedisNode {
         }
     }
 
-    /// Forgets `owner`'s attempt on lock `name` whose answer never came (it timed out, or
+    /// Forgets `owner`'s attempt on key `name` whose answer never came (it timed out, or
     /// its caller gave up): writes the attempt's tombstone ([`tombstone_key`], kept for
     /// [`abandon_retention`](Self::abandon_retention)), so that its request, if it reaches
     /// the server later (it may sit in the socket buffer of a discarded connection while
-    /// this goes on a new one), is answered "taken" and grants nothing; and deletes the lock
-    /// (announcing the release) if the attempt was granted already. `true` when a lock was
-    /// deleted.
+    /// this goes on a new one), is answered "taken" and grants nothing; and deletes the lock,
+    /// or gives back the permits, (announcing the release) if the attempt was granted
+    /// already, whichever kind it claimed. `true` when a grant was removed.
     ///
     /// One script, sent at once (not behind queued requests): order does not matter, the
     /// tombstone covers an attempt that arrives after it.
@@ -219,13 +240,16 @@ impl RedisNode {
     pub async fn abandon(&self, name: &str, owner: Owner) -> Result<bool> {
         let lock_key = self.lock_key(name);
         let tombstone = self.tombstone_key(name, owner);
+        let (holders, permits) = (self.holders_key(name), self.permits_key(name));
         let notice = self.notice(name);
         let owner = hex(owner);
         let reply = self
             .eval(&scripts::ABANDON, "abandon", |cmd| {
-                cmd.arg(2)
+                cmd.arg(4)
                     .arg(&lock_key)
                     .arg(&tombstone)
+                    .arg(&holders)
+                    .arg(&permits)
                     .arg(&owner[..])
                     .arg(self.release_channel())
                     .arg(&notice)
@@ -260,18 +284,22 @@ impl RedisNode {
         (self.timeout * ABANDON_TIMEOUTS).clamp(MIN_ABANDON_RETENTION, ABANDON_RETENTION)
     }
 
-    /// Deletes lock `name` whoever holds it and announces the release; `true` when a lock
-    /// was there. The fence counter is kept, so later fences still increase.
+    /// Deletes lock `name` whoever holds it, and every holder of its permits, and
+    /// announces the release; `true` when a lock or permits were there. The fence counter
+    /// is kept, so later fences still increase.
     ///
     /// # Errors
     /// As [`ping`](Self::ping).
     pub async fn force_release(&self, name: &str) -> Result<bool> {
         let lock_key = self.lock_key(name);
+        let (holders, permits) = (self.holders_key(name), self.permits_key(name));
         let notice = self.notice(name);
         let reply = self
             .eval(&scripts::FORCE_RELEASE, "force_release", |cmd| {
-                cmd.arg(1)
+                cmd.arg(3)
                     .arg(&lock_key)
+                    .arg(&holders)
+                    .arg(&permits)
                     .arg(self.release_channel())
                     .arg(&notice);
             })

@@ -20,6 +20,8 @@ pub(crate) type Queued = Arc<dyn Fn() + Send + Sync>;
 pub(crate) struct AcquireOp {
     pub(crate) fence_key: String,
     pub(crate) tombstone: String,
+    /// The holders of the key's permits: a lock is refused while they exist.
+    pub(crate) holders: String,
     pub(crate) owner: [u8; 32],
     pub(crate) ttl_ms: u64,
     pub(crate) retention: u64,
@@ -46,7 +48,7 @@ pub(crate) enum Op {
     Release(ReleaseOp),
 }
 
-/// Its answer: `(1, fence)` or `(0, pttl)` for an acquire; 1 or 0 for a release; or the
+/// Its answer: `(1, fence)`, `(0, pttl)` or `(-2, 0)` (held with permits) for an acquire; 1 or 0 for a release; or the
 /// server's refusal of an operation on this request's keys alone (e.g. `WRONGTYPE`), which
 /// is this caller's error and nobody else's in its group.
 pub(crate) enum Out {
@@ -107,9 +109,12 @@ impl Ops {
         if acquires.len() == ops.len() {
             let reply = link
                 .eval(&scripts::ACQUIRE, deadline, dispatched, |cmd| {
-                    cmd.arg(acquires.len() * 3);
+                    cmd.arg(acquires.len() * 4);
                     for (lock_key, op) in &acquires {
-                        cmd.arg(*lock_key).arg(&op.fence_key).arg(&op.tombstone);
+                        cmd.arg(*lock_key)
+                            .arg(&op.fence_key)
+                            .arg(&op.tombstone)
+                            .arg(&op.holders);
                     }
                     for (_, op) in &acquires {
                         cmd.arg(&op.owner[..]).arg(op.ttl_ms).arg(op.retention);

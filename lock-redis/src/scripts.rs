@@ -96,11 +96,75 @@ macro_rules! current_fence {
     };
 }
 
+/// Lua helpers of the permits of a key (see [`ACQUIRE_PERMITS`] for the layout), for the
+/// permits scripts and [`ABANDON`]. Every time is the server's, in whole milliseconds: the
+/// scripts read `TIME` themselves (`server_clock()`, in µs rounded down to the ms as
+/// [`next_fence`] reads it), so every client's grants expire on the one clock that also
+/// expires the keys. `ms(n)` writes a number for a command without Lua's exponent notation.
+///
+/// - `forget(permits, owner)` removes `owner`'s grant from the permits hash, its `take`
+///   leaving the `taken` count;
+/// - `prune(holders, permits, now_ms)` drops the grants expired at `now_ms` (a score of
+///   `now_ms` or less); true when a grant is left, otherwise both keys are gone;
+/// - `keep_until_latest(holders, permits)` sets both keys to expire with the latest grant
+///   (`PEXPIREAT` its expiry), so that a key whose holders all vanished goes by itself;
+/// - `let_go(holders, permits, owner, channel, notice, now_ms)` removes `owner`'s grant
+///   (which the caller found in `holders`), announces the release when a refused attempt
+///   marked the key awaited (and clears the mark: an attempt refused later marks it again),
+///   and prunes.
+///
+/// [`ACQUIRE_PERMITS`]: permits::ACQUIRE_PERMITS
+macro_rules! permits_helpers {
+    () => {
+        r#"
+local function server_clock()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000000 + math.floor(tonumber(now[2]) / 1000) * 1000
+end
+local function ms(n) return string.format('%d', n) end
+local function forget(permits, owner)
+  local grant = redis.call('HGET', permits, owner)
+  local take = grant and tonumber(string.match(grant, '^%d+'))
+  if take then redis.call('HINCRBY', permits, 'taken', -take) end
+  redis.call('HDEL', permits, owner)
+end
+local function prune(holders, permits, now_ms)
+  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', ms(now_ms))
+  if #gone > 0 then
+    for _, owner in ipairs(gone) do forget(permits, owner) end
+    redis.call('ZREMRANGEBYSCORE', holders, '-inf', ms(now_ms))
+  end
+  if redis.call('EXISTS', holders) == 1 then return true end
+  redis.call('DEL', permits)
+  return false
+end
+local function keep_until_latest(holders, permits)
+  local latest = redis.call('ZRANGE', holders, -1, -1, 'WITHSCORES')
+  if #latest == 0 then
+    redis.call('DEL', permits)
+    return
+  end
+  local at = ms(tonumber(latest[2]))
+  redis.call('PEXPIREAT', holders, at)
+  redis.call('PEXPIREAT', permits, at)
+end
+local function let_go(holders, permits, owner, channel, notice, now_ms)
+  redis.call('ZREM', holders, owner)
+  forget(permits, owner)
+  if redis.call('HDEL', permits, 'awaited') == 1 then redis.call('PUBLISH', channel, notice) end
+  if prune(holders, permits, now_ms) then keep_until_latest(holders, permits) end
+end
+"#
+    };
+}
+
 /// Take locks if free, for one caller or a group of them. KEYS: lock, fence counter,
-/// tombstone of the owner, for each lock. ARGV: owner, ttl ms, counter retention ms, for
-/// each lock. Returns, for each lock in order, `1, fence` when granted, `0, pttl` when
+/// tombstone of the owner, holders of the key's permits ([`ACQUIRE_PERMITS`]), for each
+/// lock. ARGV: owner, ttl ms, counter retention ms, for each lock. Returns, for each lock
+/// in order, `1, fence` when granted, `0, pttl` when
 /// taken (also when the owner's tombstone exists: the attempt was abandoned, see
-/// [`ABANDON`]), and `-1, message` when
+/// [`ABANDON`]), `-2, 0` when the key is held as permits (a semaphore or a reader-writer
+/// key: a lock there is an invalid claim), and `-1, message` when
 /// the server refused an operation on that lock's keys (e.g. `WRONGTYPE`: a foreign value
 /// of another type at the lock key). Asking again with the owner that holds the lock
 /// grants it again with the same fence and a fresh TTL, so a request re-sent after a lost
@@ -123,7 +187,12 @@ macro_rules! current_fence {
 /// where Lua's doubles are exact; `%d` writes them without the exponent notation
 /// `tostring` would use.
 ///
+/// The tombstone and the permits' holders are looked up with ONE `EXISTS` of both keys:
+/// a lock's attempt costs no more commands than before permits existed, and only when
+/// one of them exists does a second `EXISTS` tell which.
+///
 /// [`FENCE_RETENTION`]: crate::FENCE_RETENTION
+/// [`ACQUIRE_PERMITS`]: permits::ACQUIRE_PERMITS
 pub(crate) static ACQUIRE: Script = Script::new(concat!(
     awaited_helpers!(),
     r#"
@@ -132,19 +201,24 @@ local function refused(reply)
 end
 local clock
 local out = {}
-for i = 1, #KEYS / 3 do
-  local lock, counter, tombstone = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+for i = 1, #KEYS / 4 do
+  local lock, counter = KEYS[4 * i - 3], KEYS[4 * i - 2]
+  local tombstone, holders = KEYS[4 * i - 1], KEYS[4 * i]
   local owner, ttl, retention = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   local fence, err
   local set = false
-  if redis.pcall('EXISTS', tombstone) == 1 then
+  if redis.pcall('EXISTS', tombstone, holders) ~= 0 then
     fence = false
-    out[2 * i - 1], out[2 * i] = 0, redis.pcall('PTTL', lock)
+    if redis.pcall('EXISTS', tombstone) == 1 then
+      out[2 * i - 1], out[2 * i] = 0, redis.pcall('PTTL', lock)
+    else
+      out[2 * i - 1], out[2 * i] = -2, 0
+    end
   else
     set = redis.pcall('SET', lock, owner, 'NX', 'PX', ttl)
   end
   if fence == false then
-    -- abandoned: answered as taken above
+    -- abandoned, or held with permits: answered above
   elseif refused(set) then
     err = set.err
   elseif set then
@@ -271,13 +345,14 @@ return out
 "#
 ));
 
-/// Forget an attempt whose answer never came. KEYS: lock, tombstone of the owner. ARGV:
-/// owner, channel, notice, tombstone retention ms. Writes the tombstone (so that the
-/// attempt, should it still arrive, is refused by [`ACQUIRE`] or [`HAND_OVER`]), then
-/// deletes the lock if the owner holds it (it was granted), announcing it when it was
-/// awaited. Returns 1 when
-/// a lock was deleted, 0 otherwise. The tombstone is written in both cases: a request can
-/// have been sent twice (re-sent on a new connection after the first looked lost).
+/// Forget an attempt whose answer never came. KEYS: lock, tombstone of the owner, holders
+/// and permits of the key ([`ACQUIRE_PERMITS`]). ARGV: owner, channel, notice, tombstone
+/// retention ms. Writes the tombstone (so that the attempt, should it still arrive, is
+/// refused by [`ACQUIRE`], [`HAND_OVER`] or [`ACQUIRE_PERMITS`]), then deletes the lock if
+/// the owner holds it, or removes the owner's permits (it was granted), announcing it
+/// when it was awaited. Returns 1 when a grant was removed, 0 otherwise. The tombstone is
+/// written in both cases: a request can have been sent twice (re-sent on a new connection
+/// after the first looked lost).
 ///
 /// The retention is the abandoning handle's operation timeout times
 /// [`ABANDON_TIMEOUTS`](crate::ABANDON_TIMEOUTS) (at least 1 s, at most 10 minutes): the
@@ -285,8 +360,11 @@ return out
 /// stalled for less than that many timeouts; one arriving later can only grant a lock no
 /// one believes it holds, which blocks the key for the attempt's TTL at most (see
 /// `RedisNode::abandon_retention` for the reasoning).
+///
+/// [`ACQUIRE_PERMITS`]: permits::ACQUIRE_PERMITS
 pub(crate) static ABANDON: Script = Script::new(concat!(
     awaited_helpers!(),
+    permits_helpers!(),
     r#"
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
 local holder = redis.pcall('GET', KEYS[1])
@@ -295,17 +373,24 @@ if mine(holder, ARGV[1]) then
   if awaited(holder) then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
   return 1
 end
+-- A foreign value at the holders' key (WRONGTYPE) holds no permits of ours.
+if type(redis.pcall('ZSCORE', KEYS[3], ARGV[1])) == 'string' then
+  let_go(KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3], server_clock() / 1000)
+  return 1
+end
 return 0
 "#
 ));
 
-/// Delete the lock whoever holds it and announce it. KEYS: lock. ARGV: channel, notice.
-/// Returns the number of keys deleted.
+/// Delete the key's grants whoever holds them (the lock, or every holder of its permits)
+/// and announce it. KEYS: lock, holders and permits of the key. ARGV: channel, notice.
+/// Returns 1 when anything was deleted, 0 otherwise.
 pub(crate) static FORCE_RELEASE: Script = Script::new(
     r#"
-local n = redis.call('DEL', KEYS[1])
+local n = redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('PUBLISH', ARGV[1], ARGV[2])
-return n
+if n > 0 then return 1 end
+return 0
 "#,
 );
 
@@ -432,3 +517,5 @@ if not fire then return false end
 return {fire, replica, at}
 "#
 ));
+
+pub(crate) mod permits;
