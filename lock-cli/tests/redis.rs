@@ -505,3 +505,88 @@ async fn conflict_exit_code_and_quiet() {
     assert!(loud.stdout.is_empty(), "{loud:#?}");
     holder.terminate().await;
 }
+
+/// `run -p 2`: two commands on one key hold its two permits at once (each waits until the
+/// other has started, so they can only finish together), and a third, with `-n`, is turned
+/// away while they hold (exit 75); a plain lock on the key is another claim (exit 64).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_let_n_commands_run_at_once_and_no_more() {
+    let server = RedisServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mark = |name: &str| dir.path().join(name).display().to_string();
+    // Each writes its mark, waits (10 s at most) for the other's, then holds 5 s more.
+    let both = |me: &str, other: &str| {
+        format!(
+            "touch {me}; i=0; while [ ! -e {other} ] && [ $i -lt 100 ]; do sleep 0.1; \
+             i=$((i+1)); done; [ -e {other} ] && sleep 5",
+            me = mark(me),
+            other = mark(other)
+        )
+    };
+    let started = Instant::now();
+    let children: Vec<_> = [("a", "b"), ("b", "a")]
+        .iter()
+        .map(|(me, other)| {
+            distlock(run_args(
+                &server.url(),
+                "permits",
+                &["-p", "2", "--ttl", "10s"],
+                &both(me, other),
+            ))
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    // Both hold now (each saw the other's mark before the second's sleep ends).
+    let limit = Instant::now() + Duration::from_secs(20);
+    while !(std::path::Path::new(&mark("a")).exists() && std::path::Path::new(&mark("b")).exists())
+    {
+        assert!(
+            Instant::now() < limit,
+            "the two permit holders never both started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let third = finish(
+        distlock(run_args(
+            &server.url(),
+            "permits",
+            &["-p", "2", "-n"],
+            "true",
+        )),
+        Duration::from_secs(20),
+    )
+    .await;
+    third.expect_code(75);
+    let mismatched = finish(
+        distlock(run_args(&server.url(), "permits", &["-n"], "true")),
+        Duration::from_secs(20),
+    )
+    .await;
+    mismatched.expect_code(64);
+    let status = finish(
+        distlock(["status", "permits", "--url", &server.url(), "--json"]),
+        Duration::from_secs(20),
+    )
+    .await;
+    status.expect_code(0);
+    let doc: serde_json::Value = serde_json::from_str(&status.stdout).unwrap();
+    let holders = doc["holders"].as_array().expect("holders");
+    assert_eq!(holders.len(), 2, "{doc}");
+    assert!(
+        holders.iter().all(|h| h["permits"] == "1 of 2 permits"),
+        "{doc}"
+    );
+    for child in children {
+        collect(child, started, Duration::from_secs(60))
+            .await
+            .expect_code(0);
+    }
+    let lock = finish(
+        distlock(run_args(&server.url(), "permits", &["-n"], "true")),
+        Duration::from_secs(20),
+    )
+    .await;
+    // Both permits are released: the key is free, so a lock is granted.
+    lock.expect_code(0);
+}
