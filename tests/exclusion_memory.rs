@@ -4,9 +4,10 @@
 //! `DISTLOCK_SOAK_SECS` runs it longer, `DISTLOCK_CHECK_SEED` replays a seed.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use distlock::{Backend, Locker, MemoryBackend};
-use lock_conformance::exclusion::{Exclusion, ExclusionConfig, Grants};
+use lock_conformance::exclusion::{Exclusion, ExclusionConfig, Grants, SOAK_ENV};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion_memory() {
@@ -29,7 +30,7 @@ async fn exclusion_memory_permits() {
         .map(|_| Locker::with_backend(backend.clone()))
         .collect();
     let report = Exclusion::new(lockers)
-        .config(ExclusionConfig::from_env().grants(Grants::Permits(3)))
+        .config(short().grants(Grants::Permits(3)))
         .run()
         .await;
     report.assert_clean();
@@ -43,8 +44,19 @@ async fn exclusion_memory_reader_writer() {
         .map(|_| Locker::with_backend(backend.clone()))
         .collect();
     let report = Exclusion::new(lockers)
-        .config(ExclusionConfig::from_env().grants(Grants::ReaderWriter))
+        .config(short().grants(Grants::ReaderWriter))
         .run()
         .await;
     report.assert_clean();
+}
+
+/// The configuration from the environment, 12 s long unless [`SOAK_ENV`] says otherwise
+/// (the permits and reader-writer modes run beside the locks' run).
+fn short() -> ExclusionConfig {
+    let config = ExclusionConfig::from_env();
+    if std::env::var_os(SOAK_ENV).is_some() {
+        config
+    } else {
+        config.duration(Duration::from_secs(12))
+    }
 }
