@@ -275,9 +275,9 @@ pub async fn a_permit_waiter_wakes_on_release(t: &Target) {
     g2.release().await.unwrap();
 }
 
-/// Within a Locker, waiters are served in order whatever they claim: a waiting writer is not
-/// passed by readers that come after it (so a stream of readers cannot starve it), and
-/// readers waiting behind a writer are not passed by a later writer.
+/// Within a Locker, waiters are served in order whatever they claim: a reader arriving
+/// after a waiting writer is not let in beside the readers holding the key, but queues
+/// behind the writer (so a stream of readers cannot starve a writer).
 pub async fn reader_writer_waiters_are_served_in_order(t: &Target) {
     if !keeps_permits(t).await {
         return;
@@ -286,6 +286,14 @@ pub async fn reader_writer_waiters_are_served_in_order(t: &Target) {
     let key = t.key("rw-order");
     let ttl = Duration::from_secs(10);
     let wait = |p: Permits| opts(ttl).permits(p).wait_for(Duration::from_secs(20));
+    // The writer's wait is seen through the Locker's observer: it is queued by then.
+    let waiting = Arc::new(AtomicU32::new(0));
+    let seen = waiting.clone();
+    assert!(locker.observe(move |event: &lock_core::Event<'_>| {
+        if matches!(event, lock_core::Event::Waiting { .. }) {
+            seen.fetch_add(1, Ordering::SeqCst);
+        }
+    }));
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let spawn = |name: &'static str, p: Permits| {
         let (locker, key, order) = (locker.clone(), key.clone(), order.clone());
@@ -299,26 +307,26 @@ pub async fn reader_writer_waiters_are_served_in_order(t: &Target) {
     };
     let first = locker.acquire(&key, &wait(Permits::read())).await.unwrap();
     let writer = spawn("writer", Permits::write());
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let limit = Instant::now() + Duration::from_secs(20);
+    while waiting.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < limit, "the writer never waited");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
     let reader = spawn("late reader", Permits::read());
-    let second_writer = {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        spawn("second writer", Permits::write())
-    };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // However long the late reader takes to get going, it is never let in beside the
+    // first reader while the writer waits.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         order.lock().unwrap().is_empty(),
         "nobody passes the waiting writer while the first reader holds: {:?}",
         order.lock().unwrap()
     );
     first.release().await.unwrap();
-    for task in [writer, reader, second_writer] {
+    for task in [writer, reader] {
         task.await.unwrap();
     }
-    assert_eq!(
-        *order.lock().unwrap(),
-        ["writer", "late reader", "second writer"]
-    );
+    assert_eq!(*order.lock().unwrap(), ["writer", "late reader"]);
     locker.settle().await;
     assert_eq!(locker.stats().queued_keys, 0, "{:?}", locker.stats());
 }
