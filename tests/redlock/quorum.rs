@@ -199,9 +199,16 @@ async fn minority_and_majority_presets() {
 
 /// Killing 1 of 3 nodes mid-run: acquisitions go on. Killing a second: every acquire fails
 /// with QuorumNotReached within its deadline and nothing is granted.
+///
+/// One release may fail, that of the lease held across the kill: an attempt returns once
+/// a quorum granted it, so that lease may be held on the killed node and one other only
+/// (a slow third node's request is dropped before it is sent). Its release then hears one
+/// "released" and one "not ours" beside the dead node, cannot tell whether a quorum still
+/// held it, and says so (`QuorumNotReached` naming the dead node), as documented.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_nodes_mid_run() {
     let mut nodes = RedisNodes::start(3).await;
+    let killed = nodes.addrs()[2].to_string();
     let locker = Locker::new(backend(&nodes.addrs(), "").await);
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(2))
@@ -210,28 +217,44 @@ async fn killing_nodes_mid_run() {
     let worker = {
         let (locker, opts, done) = (locker.clone(), opts.clone(), done.clone());
         tokio::spawn(async move {
-            let mut errors = Vec::new();
+            let (mut errors, mut release_errors) = (Vec::new(), Vec::new());
             while done.load(Ordering::SeqCst) < 200 {
                 match locker.acquire("kill/run", &opts).await {
                     Ok(g) => {
-                        g.release().await.expect("release with a quorum");
+                        if let Err(e) = g.release().await {
+                            release_errors.push(e);
+                        }
                         done.fetch_add(1, Ordering::SeqCst);
                     }
                     Err(e) => errors.push(e.to_string()),
                 }
             }
-            errors
+            (errors, release_errors)
         })
     };
     while done.load(Ordering::SeqCst) < 50 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     nodes.node_mut(2).kill();
-    let errors = tokio::time::timeout(Duration::from_secs(30), worker)
+    let (errors, release_errors) = tokio::time::timeout(Duration::from_secs(30), worker)
         .await
         .expect("acquisitions continue with 2 of 3 nodes")
         .unwrap();
     assert!(errors.is_empty(), "{errors:?}");
+    assert!(release_errors.len() <= 1, "{release_errors:?}");
+    for e in &release_errors {
+        assert!(
+            matches!(
+                e,
+                Error::QuorumNotReached {
+                    granted: 1,
+                    needed: 2,
+                    ..
+                }
+            ) && format!("{e:?}").contains(&killed),
+            "only the lease held across the kill may fail to release: {e:?}"
+        );
+    }
 
     nodes.node_mut(1).kill();
     let wait = Duration::from_millis(300);
