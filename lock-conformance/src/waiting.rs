@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::target::{opts, queued_holder, queued_holder_and_waiter, slack, spawn_acquire, Target};
-use lock_core::{Error, Locker};
+use lock_core::{Error, Locker, Permits};
 use std::sync::Arc;
 
 /// `Wait(timeout)` returns a timeout error within the timeout plus a small bound.
@@ -192,33 +192,64 @@ pub async fn cancelled_acquires_leave_nothing_behind(t: &Target) {
 
 /// A release through one backend instance (another process, as far as the server can
 /// tell) wakes a waiter on a second instance of the same server promptly, long before the
-/// holder's TTL. Not part of [`run_all`](super::run_all): it needs two instances.
+/// holder's TTL: a lock's waiter, and where the backend keeps permits, the waiter of a
+/// semaphore whose two permits are held. Not part of [`run_all`](super::run_all): it
+/// needs two instances.
 pub async fn release_wakes_a_waiter_on_another_instance(a: &Target, b: &Target) {
-    let key = a.key("instances");
+    let permits = if a.caps().max_permits >= 2 {
+        vec![Permits::LOCK, Permits::new(1, 2).expect("1 of 2")]
+    } else {
+        vec![Permits::LOCK]
+    };
+    for claim in permits {
+        wakes_across_instances(a, b, claim).await;
+    }
+}
+
+/// Three rounds: `a` holds every permit of a key (`claim` as many times as it takes), `b`
+/// waits for `claim`, one of `a`'s grants is released, and `b` must get it within the
+/// slack.
+async fn wakes_across_instances(a: &Target, b: &Target, claim: Permits) {
+    let key = a.key(&format!("instances-{}-of-{}", claim.take(), claim.of()));
     let (a, b, bound) = (a.locker(), b.locker(), slack(a));
     let ttl = Duration::from_secs(30);
+    let holders = claim.of() / claim.take();
     for round in 0..3 {
-        let guard = a.acquire(&key, &opts(ttl)).await.unwrap();
+        let mut held = Vec::new();
+        for _ in 0..holders {
+            held.push(a.acquire(&key, &opts(ttl).permits(claim)).await.unwrap());
+        }
+        let guard = held.pop().expect("one grant at least");
         let waiter = {
             let (b, key) = (b.clone(), key.clone());
             tokio::spawn(async move {
                 let g = b
-                    .acquire(&key, &opts(ttl).wait_for(Duration::from_secs(10)))
+                    .acquire(
+                        &key,
+                        &opts(ttl).permits(claim).wait_for(Duration::from_secs(10)),
+                    )
                     .await;
                 (Instant::now(), g)
             })
         };
         tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !waiter.is_finished(),
+            "{claim:?}: granted beyond the permits"
+        );
         let released_at = Instant::now();
         guard.release().await.unwrap();
         let (granted_at, g) = waiter.await.unwrap();
-        let g = g.expect("the other instance gets the lock");
+        let g = g.expect("the other instance gets the grant");
         let delay = granted_at - released_at;
         assert!(
             delay < bound,
-            "round {round}: hand-off across instances took {delay:?} (bound {bound:?})"
+            "{claim:?}, round {round}: hand-off across instances took {delay:?} (bound {bound:?})"
         );
         g.release().await.unwrap();
+        for guard in held {
+            guard.release().await.unwrap();
+        }
     }
 }
 

@@ -1,0 +1,246 @@
+//! Semaphores and reader-writer keys beside locks.
+
+use super::*;
+
+/// `permits` of `key` for `ttl`, straight on the backend: the lease of the grant.
+async fn grant(backend: &RedisBackend, key: &str, permits: Permits, ttl: Duration) -> Lease {
+    let owner = Owner::random();
+    match backend
+        .try_acquire(key, owner, permits, valid_ttl(ttl))
+        .await
+        .unwrap()
+    {
+        Attempt::Granted { fence, valid_until } => {
+            Lease::new(key, owner, fence, valid_until).with_permits(permits)
+        }
+        taken => panic!("{permits} of {key}: {taken:?}"),
+    }
+}
+
+/// The reason of an `InvalidPermits` refusal (anything else fails the test).
+fn invalid_permits(attempt: distlock::Result<Attempt>, what: &str) -> String {
+    match attempt {
+        Err(Error::InvalidPermits { reason }) => reason,
+        other => panic!("{what}: {other:?}"),
+    }
+}
+
+/// Whether any key of `name`'s permits (its holders, its permits hash) is on the server.
+async fn permits_keys_left(server: &RedisServer, node: &RedisNode, name: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    for key in [node.holders_key(name), node.permits_key(name)] {
+        if raw_exists(server, &key).await {
+            left.push(key);
+        }
+    }
+    left
+}
+
+/// A key is held as a lock or with permits, never both: the permits script refuses a key
+/// held as a lock, and the lock script a key held with permits, with `InvalidPermits`
+/// naming what holds it, as is another number of permits; a full semaphore answers taken
+/// with its earliest holder's time left; inspect lists each holder with its permits and
+/// fence; a hand-over of permits is unsupported; fences keep climbing across both kinds;
+/// and the last release leaves no key of the permits behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_held_as_a_lock_or_with_permits_never_both() {
+    let server = RedisServer::start().await;
+    let backend = backend(&server.url()).await;
+    let node = backend.node().clone();
+    let ttl = Duration::from_secs(10);
+    let attempt = |key: &'static str, permits: Permits| {
+        backend.try_acquire(key, Owner::random(), permits, valid_ttl(ttl))
+    };
+    let one = Permits::new(1, 3).unwrap();
+    let two = Permits::new(2, 3).unwrap();
+    let a = grant(&backend, "mix/sem", one, ttl).await;
+    let b = grant(&backend, "mix/sem", two, ttl).await;
+    assert!(b.fence() > a.fence());
+    let reason = invalid_permits(attempt("mix/sem", Permits::LOCK).await, "a lock");
+    assert!(reason.contains("not as a lock"), "{reason}");
+    let other_of = Permits::new(1, 4).unwrap();
+    let reason = invalid_permits(attempt("mix/sem", other_of).await, "1 of 4");
+    assert!(reason.contains("held with 3 permits, not 4"), "{reason}");
+    match attempt("mix/sem", one).await.unwrap() {
+        Attempt::Taken {
+            expires_in: Some(left),
+        } => assert!(
+            left <= ttl && left > ttl - Duration::from_secs(3),
+            "{left:?}"
+        ),
+        other => panic!("a full semaphore: {other:?}"),
+    }
+    let mut seen = backend.inspect("mix/sem").await.unwrap();
+    seen.sort_by_key(|h| h.fence);
+    let seen: Vec<_> = seen.iter().map(|h| (h.owner, h.fence, h.permits)).collect();
+    assert_eq!(
+        seen,
+        [
+            (Some(a.owner()), Some(a.fence()), one),
+            (Some(b.owner()), Some(b.fence()), two)
+        ]
+    );
+    let handed = HandOver::hand_over(&backend, &a, Owner::random(), valid_ttl(ttl)).await;
+    assert!(
+        matches!(handed, Err(Error::Unsupported { .. })),
+        "{handed:?}"
+    );
+    backend.release(&a).await.unwrap();
+    assert!(matches!(
+        backend.release(&a).await,
+        Err(Error::NotHeld { .. })
+    ));
+    backend.extend(&b, valid_ttl(ttl)).await.unwrap();
+    backend.release(&b).await.unwrap();
+    assert!(matches!(
+        backend.extend(&b, valid_ttl(ttl)).await,
+        Err(Error::NotHeld { .. })
+    ));
+    assert_eq!(permits_keys_left(&server, &node, "mix/sem").await, [""; 0]);
+
+    let lock = grant(&backend, "mix/sem", Permits::LOCK, ttl).await;
+    assert!(lock.fence() > b.fence());
+    for permits in [one, Permits::read(), Permits::write()] {
+        let reason = invalid_permits(attempt("mix/sem", permits).await, "permits on a lock");
+        assert!(reason.contains("held as a lock"), "{reason}");
+    }
+    assert_eq!(permits_keys_left(&server, &node, "mix/sem").await, [""; 0]);
+    backend.release(&lock).await.unwrap();
+    let reader = grant(&backend, "mix/sem", Permits::read(), ttl).await;
+    assert!(reader.fence() > lock.fence());
+    backend.release(&reader).await.unwrap();
+    assert_eq!(permits_keys_left(&server, &node, "mix/sem").await, [""; 0]);
+}
+
+/// A release of permits is announced only when an attempt was refused since the last one:
+/// uncontended cycles publish nothing, while a waiter of another process (its own backend
+/// and subscription), whose refusal marked the key awaited, is woken by the notice long
+/// before the holders' TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_wakes_a_waiter_of_another_process() {
+    let server = RedisServer::start().await;
+    let a = Arc::new(backend(&server.url()).await);
+    let (mine, other) = (
+        Locker::with_backend(a.clone()),
+        Locker::new(backend(&server.url()).await),
+    );
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(20))
+        .wait_for(Duration::from_secs(20))
+        .permits(Permits::new(1, 2).unwrap());
+    let before = calls(&server, "publish").await;
+    for _ in 0..5 {
+        mine.acquire("quiet", &opts)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    assert_eq!(calls(&server, "publish").await, before, "nobody waited");
+
+    let first = mine.acquire("wake", &opts).await.unwrap();
+    let second = mine.acquire("wake", &opts).await.unwrap();
+    let waiter = conformance::spawn_acquire(&other, "wake", &opts);
+    let permits_key = a.node().permits_key("wake");
+    let mut raw = server.client().await;
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let marked: bool = redis::cmd("HEXISTS")
+            .arg(&permits_key)
+            .arg("awaited")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        if marked {
+            break;
+        }
+        assert!(Instant::now() < until, "the refusal marks the key awaited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let released = Instant::now();
+    first.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("woken by the notice, long before the 20 s TTL")
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < Duration::from_secs(3));
+    assert_eq!(calls(&server, "publish").await, before + 1, "one notice");
+    next.release().await.unwrap();
+    second.release().await.unwrap();
+    assert_eq!(permits_keys_left(&server, a.node(), "wake").await, [""; 0]);
+}
+
+/// Abandoned attempts at permits leave nothing behind: a granted attempt abandoned gives
+/// its own permits back (the other holder keeps its own); an attempt whose request reaches
+/// the server only after its abandon (held in a proxy meanwhile) grants nothing; attempts
+/// cancelled at random moments through a Locker leave no key once it shut down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_permit_attempts_leave_nothing() {
+    let server = RedisServer::start().await;
+    let proxy = FaultProxy::start(server.addr()).await;
+    let late = RedisBackend::builder(proxy.addr().to_string())
+        .timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let direct = backend(&server.url()).await;
+    let node = direct.node().clone();
+    let ttl = Duration::from_secs(30);
+    let (one, two) = (Permits::new(1, 3).unwrap(), Permits::new(2, 3).unwrap());
+    let kept = grant(&direct, "abandon/sem", one, ttl).await;
+    let owner = Owner::random();
+    let granted = direct
+        .try_acquire("abandon/sem", owner, two, valid_ttl(ttl))
+        .await
+        .unwrap();
+    assert!(matches!(granted, Attempt::Granted { .. }), "{granted:?}");
+    direct.abandon("abandon/sem", owner).await.unwrap();
+    let holders = direct.inspect("abandon/sem").await.unwrap();
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(holders[0].owner, Some(kept.owner()));
+    let again = grant(&direct, "abandon/sem", two, ttl).await;
+    direct.release(&again).await.unwrap();
+
+    // The permits script is loaded: the late EVALSHA runs rather than meet NOSCRIPT.
+    let owner = Owner::random();
+    proxy.set_mode(ProxyMode::Blackhole);
+    let e = late
+        .try_acquire("abandon/sem", owner, two, valid_ttl(ttl))
+        .await
+        .expect_err("no answer through the blackhole");
+    assert!(e.is_transient(), "{e}");
+    direct.abandon("abandon/sem", owner).await.unwrap();
+    let before = calls(&server, "evalsha").await + calls(&server, "eval").await;
+    proxy.set_mode(ProxyMode::Pass);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while calls(&server, "evalsha").await + calls(&server, "eval").await == before {
+        assert!(Instant::now() < deadline, "the held acquire never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let holders = direct.inspect("abandon/sem").await.unwrap();
+    assert_eq!(holders.len(), 1, "the late attempt granted: {holders:?}");
+    direct.release(&kept).await.unwrap();
+    assert_eq!(
+        permits_keys_left(&server, &node, "abandon/sem").await,
+        [""; 0]
+    );
+
+    let locker = Locker::new(backend(&server.url()).await);
+    let opts = LockOptions::new()
+        .ttl(ttl)
+        .wait_for(Duration::from_secs(5))
+        .permits(two);
+    for i in 0..60u64 {
+        let attempt = locker.acquire("abandon/churn", &opts);
+        // A guard granted in time is dropped at once (released in the background).
+        let _ = tokio::time::timeout(Duration::from_micros(37 * i), attempt).await;
+    }
+    locker.shutdown().await;
+    assert!(!raw_exists(&server, &node.lock_key("abandon/churn")).await);
+    assert_eq!(
+        permits_keys_left(&server, &node, "abandon/churn").await,
+        [""; 0]
+    );
+}
