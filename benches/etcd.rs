@@ -10,7 +10,9 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{named, ratio, Bench, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS};
+use common::{
+    named, ratio, Bench, Child, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS,
+};
 use etcd_client::{Client, Compare, CompareOp, LockOptions, Txn, TxnOp};
 use lock_testkit::EtcdServer;
 
@@ -104,31 +106,50 @@ fn ratios(w: Workload) -> Vec<Ratio> {
 
 #[tokio::main]
 async fn main() {
+    if let Some(child) = Child::from_env() {
+        // The target is the endpoint; distlock's subjects get it as a URL.
+        let endpoint = child.target().to_owned();
+        let url = format!("etcd://{endpoint}");
+        let connect = || async {
+            Client::connect([endpoint.as_str()], None)
+                .await
+                .expect("peer connect")
+        };
+        match child.subject() {
+            "ours" => {
+                child
+                    .run(&Distlock::connect(&url, End::Release).await)
+                    .await
+            }
+            "ours-drop" => child.run(&Distlock::connect(&url, End::Drop).await).await,
+            "lock-rpc" => {
+                let peer = LockRpc {
+                    client: connect().await,
+                    leases: Mutex::default(),
+                };
+                child.run(&Arc::new(peer)).await
+            }
+            "raw" => {
+                let raw = RawTxn {
+                    client: connect().await,
+                };
+                child.run(&Arc::new(raw)).await
+            }
+            other => panic!("no subject {other}"),
+        }
+        return;
+    }
     let server = EtcdServer::start().await;
-    let url = format!("etcd://{}", server.endpoint());
-    let release = Distlock::connect(&url, End::Release).await;
-    let dropped = Distlock::connect(&url, End::Drop).await;
-    let connect = || async {
-        Client::connect([server.endpoint()], None)
-            .await
-            .expect("peer connect")
-    };
-    let peer = Arc::new(LockRpc {
-        client: connect().await,
-        leases: Mutex::default(),
-    });
-    let raw = Arc::new(RawTxn {
-        client: connect().await,
-    });
     let bench = Bench {
         backend: "etcd",
         peers: "etcd's lock RPC and a raw put-if-absent txn + delete, one etcd",
         subjects: vec![
-            named("ours", &release),
-            named("ours-drop", &dropped),
-            named("lock-rpc", &peer),
-            named("raw", &raw),
+            named("ours"),
+            named("ours-drop"),
+            named("lock-rpc"),
+            named("raw"),
         ],
+        target: server.endpoint().to_string(),
         servers: server.pid().into_iter().collect(),
         raw: Some("raw"),
         settings: Settings::from_args(),

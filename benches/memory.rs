@@ -9,7 +9,9 @@ mod common;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use common::{named, ratio, Bench, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS};
+use common::{
+    named, ratio, Bench, Child, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS,
+};
 
 type KeyedMutexes = HashMap<Arc<str>, Arc<tokio::sync::Mutex<()>>>;
 
@@ -64,19 +66,30 @@ fn ratios(w: Workload) -> Vec<Ratio> {
 #[tokio::main]
 async fn main() {
     let url = "memory://";
-    let release = Distlock::connect(url, End::Release).await;
-    let dropped = Distlock::connect(url, End::Drop).await;
-    let unwatched = Distlock::without_watchdog(url, End::Release).await;
-    let peer = Arc::new(MutexMap::default());
+    if let Some(child) = Child::from_env() {
+        match child.subject() {
+            "ours" => child.run(&Distlock::connect(url, End::Release).await).await,
+            "ours-drop" => child.run(&Distlock::connect(url, End::Drop).await).await,
+            "ours-nowd" => {
+                child
+                    .run(&Distlock::without_watchdog(url, End::Release).await)
+                    .await
+            }
+            "mutex-map" => child.run(&Arc::new(MutexMap::default())).await,
+            other => panic!("no subject {other}"),
+        }
+        return;
+    }
     let bench = Bench {
         backend: "memory",
         peers: "HashMap<Arc<str>, tokio::sync::Mutex>",
         subjects: vec![
-            named("ours", &release),
-            named("ours-drop", &dropped),
-            named("ours-nowd", &unwatched),
-            named("mutex-map", &peer),
+            named("ours"),
+            named("ours-drop"),
+            named("ours-nowd"),
+            named("mutex-map"),
         ],
+        target: url.to_owned(),
         servers: Vec::new(),
         raw: None,
         settings: Settings::from_args(),

@@ -11,7 +11,9 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{named, ratio, Bench, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS};
+use common::{
+    named, ratio, Bench, Child, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS,
+};
 use lock_testkit::PostgresServer;
 use tokio_postgres::{Client, Statement};
 
@@ -125,60 +127,79 @@ fn ratios(w: Workload) -> Vec<Ratio> {
     ]
 }
 
-/// The postmaster and every process it forked (one backend per connection).
-fn server_pids(server: &PostgresServer) -> Vec<u32> {
-    let Some(pid) = server.pid() else {
-        return Vec::new();
-    };
-    let children =
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-    std::iter::once(pid)
-        .chain(children.split_whitespace().filter_map(|p| p.parse().ok()))
-        .collect()
+/// A client of the server at `url` (`tokio_postgres::connect`, its connection driven by a
+/// task of its own).
+async fn client(url: &str) -> Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to postgres");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
 }
 
 #[tokio::main]
 async fn main() {
-    let server = PostgresServer::start().await;
-    let url = server.url();
-    let release = Distlock::connect(&url, End::Release).await;
-    let dropped = Distlock::connect(&url, End::Drop).await;
-    let mut peers = Vec::new();
-    for _ in 0..PEER_CONNECTIONS {
-        peers.push(Session::new(server.client().await).await);
+    if let Some(child) = Child::from_env() {
+        let url = child.target().to_owned();
+        match child.subject() {
+            "ours" => {
+                child
+                    .run(&Distlock::connect(&url, End::Release).await)
+                    .await
+            }
+            "ours-drop" => child.run(&Distlock::connect(&url, End::Drop).await).await,
+            "advisory" => {
+                let mut peers = Vec::new();
+                for _ in 0..PEER_CONNECTIONS {
+                    peers.push(Session::new(client(&url).await).await);
+                }
+                let peer = Advisory {
+                    free: Mutex::new(peers),
+                };
+                child.run(&Arc::new(peer)).await
+            }
+            "raw" => {
+                let client = client(&url).await;
+                client
+                    .batch_execute(
+                        "CREATE UNLOGGED TABLE IF NOT EXISTS bench_raw (key text PRIMARY KEY)",
+                    )
+                    .await
+                    .expect("raw table");
+                let insert = client
+                    .prepare("INSERT INTO bench_raw (key) VALUES ($1) ON CONFLICT (key) DO NOTHING")
+                    .await
+                    .expect("prepare");
+                let delete = client
+                    .prepare("DELETE FROM bench_raw WHERE key = $1")
+                    .await
+                    .expect("prepare");
+                let raw = RawTable {
+                    client,
+                    insert,
+                    delete,
+                };
+                child.run(&Arc::new(raw)).await
+            }
+            other => panic!("no subject {other}"),
+        }
+        return;
     }
-    let peer = Arc::new(Advisory {
-        free: Mutex::new(peers),
-    });
-    let client = server.client().await;
-    client
-        .batch_execute("CREATE UNLOGGED TABLE IF NOT EXISTS bench_raw (key text PRIMARY KEY)")
-        .await
-        .expect("raw table");
-    let insert = client
-        .prepare("INSERT INTO bench_raw (key) VALUES ($1) ON CONFLICT (key) DO NOTHING")
-        .await
-        .expect("prepare");
-    let delete = client
-        .prepare("DELETE FROM bench_raw WHERE key = $1")
-        .await
-        .expect("prepare");
-    let raw = Arc::new(RawTable {
-        client,
-        insert,
-        delete,
-    });
+    let server = PostgresServer::start().await;
     let bench = Bench {
         backend: "postgres",
         peers: "pg_try_advisory_lock + pg_advisory_unlock (a connection per task) and a raw insert + delete, one postgres",
         subjects: vec![
-            named("ours", &release),
-            named("ours-drop", &dropped),
-            named("advisory", &peer),
-            named("raw", &raw),
+            named("ours"),
+            named("ours-drop"),
+            named("advisory"),
+            named("raw"),
         ],
-        // Every connection is open by now, so every backend process is counted.
-        servers: server_pids(&server),
+        target: server.url(),
+        // The postmaster; each round counts the backends it forked for the round's child.
+        servers: server.pid().into_iter().collect(),
         raw: Some("raw"),
         settings: Settings::from_args(),
     };

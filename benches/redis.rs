@@ -11,7 +11,9 @@ mod rslock_peer;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{named, ratio, Bench, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS};
+use common::{
+    named, ratio, Bench, Child, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS,
+};
 use lock_testkit::RedisServer;
 use redis::aio::MultiplexedConnection;
 use rslock_peer::Rslock;
@@ -68,23 +70,39 @@ fn ratios(w: Workload) -> Vec<Ratio> {
 
 #[tokio::main]
 async fn main() {
+    if let Some(child) = Child::from_env() {
+        let url = child.target().to_owned();
+        match child.subject() {
+            "ours" => {
+                child
+                    .run(&Distlock::connect(&url, End::Release).await)
+                    .await
+            }
+            "ours-drop" => child.run(&Distlock::connect(&url, End::Drop).await).await,
+            "rslock" => child.run(&Rslock::new(vec![url])).await,
+            "raw" => {
+                let conn = redis::Client::open(url)
+                    .expect("a Redis URL")
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("raw connect");
+                child.run(&Arc::new(RawProtocol { conn })).await
+            }
+            other => panic!("no subject {other}"),
+        }
+        return;
+    }
     let server = RedisServer::start().await;
-    let url = server.url();
-    let release = Distlock::connect(&url, End::Release).await;
-    let dropped = Distlock::connect(&url, End::Drop).await;
-    let rslock = Rslock::new(vec![url.clone()]);
-    let raw = Arc::new(RawProtocol {
-        conn: server.client().await,
-    });
     let bench = Bench {
         backend: "redis",
         peers: "rslock 0.10 and raw SET NX PX + DEL, one redis-server",
         subjects: vec![
-            named("ours", &release),
-            named("ours-drop", &dropped),
-            named("rslock", &rslock),
-            named("raw", &raw),
+            named("ours"),
+            named("ours-drop"),
+            named("rslock"),
+            named("raw"),
         ],
+        target: server.url(),
         servers: server.pid().into_iter().collect(),
         raw: Some("raw"),
         settings: Settings::from_args(),

@@ -11,7 +11,9 @@ mod rslock_peer;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{named, ratio, Bench, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS};
+use common::{
+    named, ratio, Bench, Child, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS,
+};
 use lock_testkit::RedisNodes;
 use redis::aio::MultiplexedConnection;
 use rslock_peer::Rslock;
@@ -88,26 +90,48 @@ fn ratios(w: Workload) -> Vec<Ratio> {
 
 #[tokio::main]
 async fn main() {
+    if let Some(child) = Child::from_env() {
+        // The target is the nodes' addresses, comma-separated.
+        let hosts: Vec<String> = child.target().split(',').map(str::to_owned).collect();
+        let url = format!("redlock://{}", hosts.join(","));
+        let urls: Vec<String> = hosts.iter().map(|h| format!("redis://{h}")).collect();
+        match child.subject() {
+            "ours" => {
+                child
+                    .run(&Distlock::connect(&url, End::Release).await)
+                    .await
+            }
+            "ours-drop" => child.run(&Distlock::connect(&url, End::Drop).await).await,
+            "rslock" => child.run(&Rslock::new(urls)).await,
+            "raw" => {
+                let mut conns = Vec::new();
+                for url in urls {
+                    conns.push(
+                        redis::Client::open(url)
+                            .expect("a Redis URL")
+                            .get_multiplexed_async_connection()
+                            .await
+                            .expect("raw connect"),
+                    );
+                }
+                child.run(&Arc::new(RawFanOut { conns })).await
+            }
+            other => panic!("no subject {other}"),
+        }
+        return;
+    }
     let nodes = RedisNodes::start(3).await;
     let hosts: Vec<String> = nodes.addrs().iter().map(|a| a.to_string()).collect();
-    let url = format!("redlock://{}", hosts.join(","));
-    let release = Distlock::connect(&url, End::Release).await;
-    let dropped = Distlock::connect(&url, End::Drop).await;
-    let rslock = Rslock::new(nodes.urls());
-    let mut conns = Vec::new();
-    for node in nodes.nodes() {
-        conns.push(node.client().await);
-    }
-    let raw = Arc::new(RawFanOut { conns });
     let bench = Bench {
         backend: "redlock",
         peers: "rslock 0.10 and raw SET NX PX + DEL on all nodes, 3 redis-server",
         subjects: vec![
-            named("ours", &release),
-            named("ours-drop", &dropped),
-            named("rslock", &rslock),
-            named("raw", &raw),
+            named("ours"),
+            named("ours-drop"),
+            named("rslock"),
+            named("raw"),
         ],
+        target: hosts.join(","),
         servers: nodes.nodes().iter().filter_map(|n| n.pid()).collect(),
         raw: Some("raw"),
         settings: Settings::from_args(),

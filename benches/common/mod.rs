@@ -5,6 +5,14 @@
 //! compares subjects measured back to back on the same servers, and a report of ratios
 //! (never absolute times alone) with the client's and the server's CPU per cycle.
 //!
+//! **Each subject runs in its own process**, as a user's program does: the bench starts
+//! the servers, then for every round of every subject runs its own executable again as a
+//! child ([`Child`]: the subject's name, the servers' URL, the workload and the round's
+//! length in `DISTLOCK_BENCH_*` variables), which connects, runs the round on a fresh
+//! `#[tokio::main]` runtime of its own and prints its [`Sample`]. Nothing of one subject
+//! (its runtime's threads, its connections, its background tasks, its allocator's state)
+//! is shared with another's round.
+//!
 //! `cargo bench --features full` runs every bench; each prints its table and writes
 //! `target/bench-ratios/<backend>.json`, from which `scripts/bench-table.py` makes the
 //! README's table. Run without `--bench` (as `cargo test --benches` does) a bench makes one
@@ -13,7 +21,6 @@
 #![allow(dead_code)]
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -152,6 +159,26 @@ impl Workload {
         }
     }
 
+    /// The workload as a child's variable carries it.
+    fn encode(self) -> String {
+        match self {
+            Workload::Lone => "lone".to_owned(),
+            Workload::Distinct(tasks) => format!("distinct:{tasks}"),
+            Workload::OneKey(tasks, hold) => format!("one:{tasks}:{}", hold.as_micros()),
+        }
+    }
+
+    fn decode(s: &str) -> Workload {
+        let parts: Vec<&str> = s.split(':').collect();
+        let n = |i: usize| -> u64 { parts[i].parse().expect("a workload number") };
+        match parts[0] {
+            "lone" => Workload::Lone,
+            "distinct" => Workload::Distinct(n(1) as usize),
+            "one" => Workload::OneKey(n(1) as usize, Duration::from_micros(n(2))),
+            other => panic!("no workload {other}"),
+        }
+    }
+
     fn tasks(self) -> usize {
         match self {
             Workload::Lone => 1,
@@ -248,26 +275,138 @@ fn rand_u32() -> u32 {
     h.finish() as u32
 }
 
-/// One round of one subject, as [`Named`] runs it.
-pub type Round<'a> = Pin<Box<dyn Future<Output = Sample> + 'a>>;
-
-/// A subject under its report name, type-erased so that subjects of several types share
-/// one round loop.
-pub struct Named<'a> {
+/// A subject under its report name; its rounds run in child processes.
+pub struct Named {
     pub name: &'static str,
     /// Whether `DISTLOCK_BENCH_SUBJECTS` (a list of names; all when unset) picked it.
     picked: bool,
-    run: Box<dyn Fn(Workload, Duration) -> Round<'a> + 'a>,
 }
 
-/// `s` as a subject called `name` in the report.
-pub fn named<'a, S: Subject>(name: &'static str, s: &'a Arc<S>) -> Named<'a> {
+/// The subject called `name` in the report (the bench's [`Child`] branch builds it).
+pub fn named(name: &'static str) -> Named {
     let picked = std::env::var("DISTLOCK_BENCH_SUBJECTS").unwrap_or_default();
     Named {
         name,
         picked: picked.is_empty() || picked.split(',').any(|p| p.trim() == name),
-        run: Box::new(move |w, run_for| Box::pin(measure(s, w, run_for))),
     }
+}
+
+/// The variables a child reads.
+const CHILD: &str = "DISTLOCK_BENCH_CHILD";
+const TARGET: &str = "DISTLOCK_BENCH_TARGET";
+const WORKLOAD: &str = "DISTLOCK_BENCH_WORKLOAD";
+const ROUND: &str = "DISTLOCK_BENCH_ROUND_US";
+const SERVERS: &str = "DISTLOCK_BENCH_SERVER_PIDS";
+/// The line prefix of a child's sample on its standard output.
+const SAMPLE: &str = "DISTLOCK_BENCH_SAMPLE ";
+
+/// One round of one subject in a process of its own: what the parent asked for.
+pub struct Child {
+    subject: String,
+    target: String,
+    workload: Workload,
+    round: Duration,
+    servers: Vec<u32>,
+}
+
+impl Child {
+    /// The round this process is to run, when it is a child of a bench (`None` in the
+    /// bench itself).
+    pub fn from_env() -> Option<Child> {
+        let subject = std::env::var(CHILD).ok()?;
+        let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} unset"));
+        Some(Child {
+            subject,
+            target: var(TARGET),
+            workload: Workload::decode(&var(WORKLOAD)),
+            round: Duration::from_micros(var(ROUND).parse().expect("round µs")),
+            servers: var(SERVERS)
+                .split(',')
+                .filter_map(|p| p.parse().ok())
+                .collect(),
+        })
+    }
+
+    /// The subject's name.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    /// What the bench passed for the servers (a URL, or what its subjects need).
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// Runs the round on `s` (connected already) and prints its sample for the parent.
+    pub async fn run<S: Subject>(&self, s: &Arc<S>) {
+        let (c0, s0) = cpu_now(&server_processes(&self.servers));
+        let mut sample = measure(s, self.workload, self.round).await;
+        // Let background releases (dropped guards) finish inside the round whose CPU they
+        // belong to.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let (c1, s1) = cpu_now(&server_processes(&self.servers));
+        sample.client_cpu = c1 - c0;
+        sample.server_cpu = s1 - s0;
+        let doc = serde_json::json!({
+            "cycles": sample.cycles, "elapsed_us": sample.elapsed.as_micros() as u64,
+            "worst_wait_us": sample.worst_wait.as_micros() as u64,
+            "held_us": sample.held.as_micros() as u64, "per_task": sample.per_task,
+            "client_cpu": sample.client_cpu, "server_cpu": sample.server_cpu,
+        });
+        println!("{SAMPLE}{doc}");
+    }
+}
+
+/// Runs one round of `subject` on `w` in a child process (this executable again) and
+/// reads its sample.
+fn run_child(subject: &str, target: &str, servers: &[u32], w: Workload, round: Duration) -> Sample {
+    let exe = std::env::current_exe().expect("the bench's own executable");
+    let pids: Vec<String> = servers.iter().map(u32::to_string).collect();
+    let out = std::process::Command::new(exe)
+        .env(CHILD, subject)
+        .env(TARGET, target)
+        .env(WORKLOAD, w.encode())
+        .env(ROUND, round.as_micros().to_string())
+        .env(SERVERS, pids.join(","))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("start the {subject} child: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(SAMPLE))
+        .unwrap_or_else(|| panic!("the {subject} child ({}) printed no sample", out.status));
+    let doc: serde_json::Value = serde_json::from_str(line).expect("a sample");
+    let num = |k: &str| doc[k].as_u64().unwrap_or(0);
+    Sample {
+        cycles: num("cycles"),
+        elapsed: Duration::from_micros(num("elapsed_us")),
+        worst_wait: Duration::from_micros(num("worst_wait_us")),
+        held: Duration::from_micros(num("held_us")),
+        per_task: doc["per_task"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_u64()).collect())
+            .unwrap_or_default(),
+        client_cpu: doc["client_cpu"].as_f64().unwrap_or(0.0),
+        server_cpu: doc["server_cpu"].as_f64().unwrap_or(0.0),
+    }
+}
+
+/// The server processes whose CPU a round counts: `roots` and the processes they forked
+/// (PostgreSQL's backend per connection), read when asked.
+fn server_processes(roots: &[u32]) -> Vec<u32> {
+    let mut all = Vec::new();
+    for &pid in roots {
+        all.push(pid);
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        all.extend(
+            children
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    all
 }
 
 /// CPU seconds (user + system) process `pid` used so far, from `/proc/<pid>/stat` (clock
@@ -323,12 +462,14 @@ pub const fn ratio(num: &'static str, den: &'static str, goal: Option<f64>) -> R
 
 /// A backend's whole benchmark: its subjects, the ratios it reports per workload, and what
 /// it measured.
-pub struct Bench<'a> {
+pub struct Bench {
     pub backend: &'static str,
     /// What the peers are, for the heading.
     pub peers: &'static str,
-    pub subjects: Vec<Named<'a>>,
-    /// Server processes whose CPU is counted.
+    pub subjects: Vec<Named>,
+    /// What every child is given to reach the servers ([`Child::target`]).
+    pub target: String,
+    /// Server processes whose CPU is counted (with the processes they fork).
     pub servers: Vec<u32>,
     /// The subject whose lone cycle gives "one server write" (half its cycle) in the
     /// one-key bound; None: a write costs nothing (in-process).
@@ -342,7 +483,7 @@ pub struct Measured {
     pub samples: Vec<Vec<Sample>>,
 }
 
-impl Bench<'_> {
+impl Bench {
     /// Runs every workload: in each round every subject runs once, back to back, in an
     /// order that rotates from round to round (so no subject always follows another).
     /// `DISTLOCK_BENCH_WORKLOADS` (a list of `lone`, `distinct`, `one`) picks some only.
@@ -365,14 +506,17 @@ impl Bench<'_> {
                     if !self.subjects[i].picked {
                         continue;
                     }
-                    let (c0, s0) = cpu_now(&self.servers);
-                    let mut sample = (self.subjects[i].run)(w, self.settings.round).await;
-                    // Let background releases (dropped guards) finish inside the round
-                    // whose CPU they belong to.
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    let (c1, s1) = cpu_now(&self.servers);
-                    sample.client_cpu = c1 - c0;
-                    sample.server_cpu = s1 - s0;
+                    let (name, target, servers, round) = (
+                        self.subjects[i].name,
+                        self.target.clone(),
+                        self.servers.clone(),
+                        self.settings.round,
+                    );
+                    let sample = tokio::task::spawn_blocking(move || {
+                        run_child(name, &target, &servers, w, round)
+                    })
+                    .await
+                    .expect("the child's round");
                     samples[i].push(sample);
                 }
             }
