@@ -546,3 +546,18 @@ impl PermitsSql {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spliced_values_cannot_leave_their_literal() {
+        assert_eq!(literal("0123abcd"), "E'0123abcd'");
+        assert_eq!(literal(r"a'b\c"), r"E'a''b\\c'");
+        assert_eq!(literal("x\0'"), "E'x'''");
+        assert_eq!(hex(b"\0'k\xff"), "00276bff");
+        assert_eq!(key_literal(&hex(b"k")), "decode('6b', 'hex')");
+        assert_eq!(hex(b""), "");
+    }
+}
