@@ -3,8 +3,9 @@
 //! rounds after the normal one: the server paused (SIGSTOP) past the longest TTL, killed
 //! (`kill -9`) and restarted (crash recovery keeps every committed lock and the fence
 //! sequence), and one Locker's network blackholed past twice the longest TTL. No fault is
-//! allowed any violation. `DISTLOCK_SOAK_SECS` runs it longer, `DISTLOCK_CHECK_SEED`
-//! replays a seed.
+//! allowed any violation. In each mode: locks (alone and grouped), semaphores (permits)
+//! and reader-writer keys. `DISTLOCK_SOAK_SECS` runs it longer (the permits and
+//! reader-writer modes run 12 s without it), `DISTLOCK_CHECK_SEED` replays a seed.
 
 mod common;
 
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use distlock::postgres::PostgresBackend;
 use distlock::{Admin, Locker};
-use lock_conformance::exclusion::{Exclusion, ExclusionConfig, Fault};
+use lock_conformance::exclusion::{Exclusion, ExclusionConfig, Fault, Grants, Report, SOAK_ENV};
 use lock_testkit::{FaultProxy, PostgresServer, ProxyMode};
 use tokio::sync::Mutex;
 
@@ -26,7 +27,7 @@ async fn backend(addr: std::net::SocketAddr) -> PostgresBackend {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion_postgres() {
-    check(3, 3).await;
+    run(ExclusionConfig::from_env()).await.assert_clean();
 }
 
 /// Many tasks per Locker on more keys, so that acquisitions and releases queue and go as
@@ -35,10 +36,40 @@ async fn exclusion_postgres() {
 /// faults.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion_postgres_grouped() {
-    check(16, 12).await;
+    let mut config = ExclusionConfig::from_env();
+    config.tasks_per_locker = 16;
+    config.keys = 12;
+    run(config).await.assert_clean();
 }
 
-async fn check(tasks_per_locker: usize, keys: usize) {
+/// The checker in its permits mode: semaphores of 3 permits, claims of 1 or 2 (each a
+/// script under the key's advisory lock, beside the grouped statements of the locks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_postgres_permits() {
+    run(short().grants(Grants::Permits(3))).await.assert_clean();
+}
+
+/// The checker in its reader-writer mode: readers share a key, writers hold it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_postgres_reader_writer() {
+    run(short().grants(Grants::ReaderWriter))
+        .await
+        .assert_clean();
+}
+
+/// The configuration from the environment, 12 s long unless [`SOAK_ENV`] says otherwise.
+fn short() -> ExclusionConfig {
+    let config = ExclusionConfig::from_env();
+    if std::env::var_os(SOAK_ENV).is_some() {
+        config
+    } else {
+        config.duration(Duration::from_secs(12))
+    }
+}
+
+/// One run of the checker as `config` says, with the PostgreSQL fault rounds; whatever
+/// the run leaves on a key (a lock, a holder of permits) is reported.
+async fn run(config: ExclusionConfig) -> Report {
     let server = Arc::new(Mutex::new(PostgresServer::start().await));
     let addr = server.lock().await.addr();
     let mut proxies = Vec::new();
@@ -49,9 +80,7 @@ async fn check(tasks_per_locker: usize, keys: usize) {
         proxies.push(Arc::new(proxy));
     }
     let probe_backend = Arc::new(backend(addr).await);
-    let mut config = ExclusionConfig::from_env().ttl_range(Duration::from_millis(100), TTL_MAX);
-    config.tasks_per_locker = tasks_per_locker;
-    config.keys = keys;
+    let config = config.ttl_range(Duration::from_millis(100), TTL_MAX);
     let past_ttl = TTL_MAX + Duration::from_millis(500);
 
     let pause = {
@@ -113,5 +142,5 @@ async fn check(tasks_per_locker: usize, keys: usize) {
         .run()
         .await;
     drop(proxies);
-    report.assert_clean();
+    report
 }

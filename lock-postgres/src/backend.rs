@@ -18,8 +18,10 @@ use crate::error::{Failure, NAME};
 use crate::watch::ReleaseWatch;
 
 /// What the PostgreSQL backend promises: TTLs from 10 ms to 30 days in 1 ms steps
-/// (`timestamptz` keeps microseconds), fences from a sequence (strictly increasing),
-/// release notices by `NOTIFY`, no clock-drift allowance (one clock: the database's).
+/// (`timestamptz` keeps microseconds), fences from a sequence (strictly increasing across
+/// every grant of a key, locks and permits alike), release notices by `NOTIFY`, no
+/// clock-drift allowance (one clock: the database's), and claims of up to
+/// [`MAX_PERMITS`](lock_core::MAX_PERMITS) permits (semaphores, reader-writer keys).
 pub const CAPABILITIES: Capabilities = Capabilities::new(NAME)
     .min_ttl(Duration::from_millis(10))
     .ttl_granularity(Duration::from_millis(1))
@@ -27,12 +29,15 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(NAME)
     .monotonic_fencing(true)
     .release_notices(true)
     .cross_process(true)
-    .clock_drift(ClockDrift::NONE);
+    .clock_drift(ClockDrift::NONE)
+    // Semaphores and reader-writer keys: a row per holder in `<table>_perms` (`permits.rs`).
+    .max_permits(lock_core::MAX_PERMITS);
 
 /// What one raw cycle sends ([`Baseline::description`]).
 pub const BASELINE_CYCLE: &str = "INSERT ON CONFLICT DO NOTHING + DELETE";
 
-/// Locks in one PostgreSQL lease table: a [`Backend`] with hand-over, admin and a raw
+/// Locks in one PostgreSQL lease table, and permits (semaphores, reader-writer keys) in
+/// the holders' table beside it: a [`Backend`] with hand-over (of locks), admin and a raw
 /// baseline, and release notices from one `LISTEN` connection.
 ///
 /// Build it with [`PostgresBackend::connect`] from a URL or [`PostgresBackend::builder`],
@@ -42,7 +47,7 @@ pub const BASELINE_CYCLE: &str = "INSERT ON CONFLICT DO NOTHING + DELETE";
 pub struct PostgresBackend {
     /// The lock connection, behind the group commit of acquisitions and releases.
     batch: Arc<Batcher>,
-    notices: Arc<ReleaseNotices>,
+    pub(crate) notices: Arc<ReleaseNotices>,
     /// The release subscription, started by the first `listen`.
     watch: OnceLock<ReleaseWatch>,
 }
@@ -73,7 +78,7 @@ impl PostgresBackend {
         PostgresBuilder::from_url(url)?.build().await
     }
 
-    fn connection(&self) -> &Connection {
+    pub(crate) fn connection(&self) -> &Connection {
         &self.batch.sender().connection
     }
 
@@ -97,6 +102,14 @@ impl PostgresBackend {
     /// The quoted `"schema"."<table>_fires"` of the fire-time claims' table.
     pub fn fires_table(&self) -> &str {
         &self.connection().names.fires
+    }
+
+    /// The quoted `"schema"."<table>_perms"` of the holders of permits (semaphores,
+    /// reader-writer keys): one row per holder, while the lease table keeps the key's
+    /// marker row (owner `*<of>`, expiring with the latest holder) so that no lock is
+    /// granted beside them.
+    pub fn perms_table(&self) -> &str {
+        &self.connection().names.perms
     }
 
     /// The channel releases are announced on (`LISTEN "…"`).
@@ -136,32 +149,12 @@ impl PostgresBackend {
         row.try_get(i).map_err(|e| self.bad_reply(op, e))
     }
 
-    fn fence(&self, op: &'static str, value: i64) -> Result<u64> {
+    pub(crate) fn fence(&self, op: &'static str, value: i64) -> Result<u64> {
         u64::try_from(value).map_err(|_| self.bad_reply(op, format!("fence {value}")))
-    }
-
-    /// Runs a deletion answering `(live, notified)` rows; whether a live lock was deleted.
-    async fn delete(
-        &self,
-        op: &'static str,
-        pick: fn(&crate::connection::Statements) -> &tokio_postgres::Statement,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-        key: &str,
-    ) -> Result<Option<bool>> {
-        let rows = self.query(op, pick, params).await?;
-        match rows.as_slice() {
-            [] => Ok(None),
-            [row] => {
-                // Our own waiters learn it here, without the round trip through NOTIFY.
-                self.notices.notify(key);
-                Ok(Some(self.get(op, row, 0)?))
-            }
-            more => Err(self.bad_reply(op, format!("{} rows", more.len()))),
-        }
     }
 }
 
-fn ttl_ms(ttl: Ttl) -> i64 {
+pub(crate) fn ttl_ms(ttl: Ttl) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
 }
 
@@ -171,17 +164,21 @@ impl Backend for PostgresBackend {
         &CAPABILITIES
     }
 
-    /// One `INSERT … ON CONFLICT … DO UPDATE`: inserts the key, or takes over an expired
-    /// row, with the next fence of the sequence; a live holder's row is left as it was and
-    /// its time left answered.
-    // Locks only (`max_permits` 1): the Locker never sends another claim.
+    /// A lock: one `INSERT … ON CONFLICT … DO UPDATE`: inserts the key, or takes over an
+    /// expired row, with the next fence of the sequence; a live holder's row is left as it
+    /// was and its time left answered; a key held with permits (its marker row) is refused
+    /// with [`Error::InvalidPermits`](lock_core::Error::InvalidPermits). Other claims: one
+    /// script in one transaction under the key's advisory lock (`permits.rs`).
     async fn try_acquire(
         &self,
         key: &str,
         owner: Owner,
-        _permits: Permits,
+        permits: Permits,
         ttl: Ttl,
     ) -> Result<Attempt> {
+        if permits != Permits::LOCK {
+            return self.acquire_permits(key, owner, permits, ttl).await;
+        }
         const OP: &str = "acquire";
         let sent = Instant::now();
         let request = Request::Acquire {
@@ -198,6 +195,15 @@ impl Backend for PostgresBackend {
                 fence: self.fence(OP, fence)?,
                 valid_until: CAPABILITIES.validity(sent, ttl.get()),
             }),
+            Answer::Acquired {
+                permits_of: Some(of),
+                ..
+            } => Err(lock_core::Error::InvalidPermits {
+                reason: format!(
+                    "key {key:?} is held with several permits (a semaphore or a \
+                     reader-writer key of {of}), not as a lock"
+                ),
+            }),
             Answer::Acquired { left, .. } => Ok(Attempt::Taken {
                 expires_in: Some(Duration::from_millis(left.max(0) as u64)),
             }),
@@ -206,6 +212,9 @@ impl Backend for PostgresBackend {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
+        if lease.permits() != Permits::LOCK {
+            return self.extend_permits(lease, ttl).await;
+        }
         let sent = Instant::now();
         let rows = self
             .query(
@@ -230,6 +239,12 @@ impl Backend for PostgresBackend {
     /// not held.
     async fn release(&self, lease: &Lease) -> Result<()> {
         let key = lease.key();
+        if lease.permits() != Permits::LOCK {
+            return match self.release_permits(key, lease.owner()).await? {
+                Some(true) => Ok(()),
+                _ => Err(lease.not_held()),
+            };
+        }
         let request = Request::Release {
             key: key.as_bytes().to_vec(),
             owner: lease.owner().to_string(),
@@ -246,6 +261,22 @@ impl Backend for PostgresBackend {
             Some(true) => Ok(()),
             _ => Err(lease.not_held()),
         }
+    }
+
+    /// Releases whatever `owner` may hold of `key`, a lock or permits (the claim of the
+    /// attempt is not known here): the lock's release, then the permits' script. Requests
+    /// on one connection run in order, and a connection given up after a timeout is ended
+    /// first, so both run after the abandoned attempt.
+    async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
+        match self
+            .release(&Lease::new(key, owner, 0, Instant::now()))
+            .await
+        {
+            Ok(()) => return Ok(()),
+            Err(lock_core::Error::NotHeld { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        self.release_permits(key, owner).await.map(|_| ())
     }
 
     fn listen(&self, key: &str) -> Option<ReleaseListener> {
@@ -293,8 +324,17 @@ impl Backend for PostgresBackend {
 impl HandOver for PostgresBackend {
     /// One conditional `UPDATE`: the row passes from `from` to `to` with the next fence,
     /// only while it holds `from` unexpired; never free in between, so nothing is announced.
+    /// Locks only: permits are refused with
+    /// [`Error::Unsupported`](lock_core::Error::Unsupported) before any I/O, and the
+    /// Locker releases them instead.
     async fn hand_over(&self, from: &Lease, to: Owner, ttl: Ttl) -> Result<Attempt> {
         const OP: &str = "hand over";
+        if from.permits() != Permits::LOCK {
+            return Err(lock_core::Error::Unsupported {
+                backend: NAME,
+                operation: "hand-over of permits",
+            });
+        }
         let sent = Instant::now();
         let request = Request::HandOver {
             key: from.key().as_bytes().to_vec(),
@@ -315,32 +355,35 @@ impl HandOver for PostgresBackend {
 
 #[async_trait]
 impl Admin for PostgresBackend {
-    /// The owner, fence and time left of the key's unexpired row.
+    /// Every unexpired grant of the key: the lock's holder, or each holder of its permits,
+    /// with its owner, fence, time left and permits.
     async fn inspect(&self, key: &str) -> Result<Vec<Holder>> {
         const OP: &str = "inspect";
         let rows = self.query(OP, |s| &s.inspect, &[&key.as_bytes()]).await?;
-        let Some(row) = rows.first() else {
-            return Ok(Vec::new());
-        };
-        let owner: String = self.get(OP, row, 0)?;
-        let left: i64 = self.get(OP, row, 2)?;
-        Ok(vec![Holder::new(
-            Owner::parse(&owner),
-            Some(self.fence(OP, self.get(OP, row, 1)?)?),
-            Some(Duration::from_millis(left.max(0) as u64)),
-        )])
+        rows.iter()
+            .map(|row| {
+                let owner: String = self.get(OP, row, 0)?;
+                let left: i64 = self.get(OP, row, 2)?;
+                let (take, of): (i32, i32) = (self.get(OP, row, 3)?, self.get(OP, row, 4)?);
+                let permits = u32::try_from(take)
+                    .ok()
+                    .zip(u32::try_from(of).ok())
+                    .and_then(|(take, of)| Permits::new(take, of).ok())
+                    .ok_or_else(|| self.bad_reply(OP, format!("{take} of {of} permits")))?;
+                Ok(Holder::new(
+                    Owner::parse(&owner),
+                    Some(self.fence(OP, self.get(OP, row, 1)?)?),
+                    Some(Duration::from_millis(left.max(0) as u64)),
+                )
+                .permits(permits))
+            })
+            .collect()
     }
 
+    /// Deletes the key's lock row (or the marker of its permits) and every holder of its
+    /// permits, in one transaction under the key's advisory lock, and announces it.
     async fn force_release(&self, key: &str) -> Result<bool> {
-        let deleted = self
-            .delete(
-                "force release",
-                |s| &s.force_release,
-                &[&key.as_bytes(), &self.connection().names.channel],
-                key,
-            )
-            .await?;
-        Ok(deleted == Some(true))
+        self.force_release_all(key).await
     }
 }
 

@@ -52,6 +52,9 @@ pub(crate) enum Answer {
         granted: bool,
         fence: i64,
         left: i64,
+        /// When the key is held with permits (its row is their marker, owner `*<of>`,
+        /// see `permits.rs`): their `of`.
+        permits_of: Option<u32>,
     },
     /// The release: `None` when no row held the owner, else whether it was still live.
     Released { live: Option<bool> },
@@ -101,6 +104,7 @@ impl Statements {
             granted: self.get(OP, row, 0)?,
             fence: self.get(OP, row, 1)?,
             left: self.get(OP, row, 2)?,
+            permits_of: marker_of(self.get(OP, row, 3)?),
         })
     }
 
@@ -203,6 +207,7 @@ impl Statements {
                     granted: owner == request.owner(),
                     fence: this.get(OP, row, 2)?,
                     left: this.get(OP, row, 3)?,
+                    permits_of: marker_of(owner),
                 })
             },
             || None,
@@ -304,6 +309,12 @@ impl Statements {
     ) -> Result<T, RequestError> {
         row.try_get(i).map_err(|e| self.bad_reply(op, e))
     }
+}
+
+/// The `of` of a marker row's owner `*<of>` (a key held with permits); `None` for an owner
+/// token (a lock's holder).
+pub(crate) fn marker_of(owner: &str) -> Option<u32> {
+    owner.strip_prefix('*').map(|of| of.parse().unwrap_or(0))
 }
 
 impl Request {

@@ -159,8 +159,8 @@ impl PostgresBuilder {
     }
 
     /// The lease table; default `distlock_leases`. Created (with its fence sequence
-    /// `<table>_fence`, and `<table>_runs` and `<table>_fires`, the scheduler's run records
-    /// and fire-time claims) when missing.
+    /// `<table>_fence`, `<table>_perms`, the holders of permits, and `<table>_runs` and
+    /// `<table>_fires`, the scheduler's run records and fire-time claims) when missing.
     ///
     /// A plain identifier (an ASCII letter or `_`, then ASCII letters, digits or `_`, at most
     /// 57 bytes so that the sequence's name fits too), checked by `build` before any SQL is
@@ -292,6 +292,8 @@ pub(crate) struct Names {
     pub(crate) runs: String,
     /// `"schema"."table_fires"`, the fire-time claims.
     pub(crate) fires: String,
+    /// `"schema"."table_perms"`, the holders of permits (semaphores, reader-writer keys).
+    pub(crate) perms: String,
     /// The unquoted schema and table (for catalog look-ups, as parameters).
     pub(crate) raw_schema: String,
     pub(crate) raw_table: String,
@@ -316,6 +318,8 @@ impl Names {
             runs: format!("\"{schema}\".\"{table}_runs\""),
             // `_fires` is as long as `_fence` (`_claims` would not fit the longest table).
             fires: format!("\"{schema}\".\"{table}_fires\""),
+            // `_perms` is as long as `_fence` too.
+            perms: format!("\"{schema}\".\"{table}_perms\""),
             raw_schema: schema.to_owned(),
             raw_table: table.to_owned(),
             channel,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls, Row, Statement};
+use tokio_postgres::{Client, NoTls, Row, SimpleQueryMessage, SimpleQueryRow, Statement};
 
 use crate::config::{Names, PostgresBuilder};
 use crate::error::{Failure, RequestError};
@@ -23,7 +23,6 @@ pub(crate) struct Statements {
     pub(crate) hand_over: Statement,
     pub(crate) hand_over_many: Statement,
     pub(crate) inspect: Statement,
-    pub(crate) force_release: Statement,
     pub(crate) raw_set: Statement,
     pub(crate) raw_del: Statement,
     pub(crate) append_run: Statement,
@@ -112,6 +111,45 @@ impl Connection {
                 .await;
         let failure = match answer {
             Ok(Ok(rows)) => return Ok(rows),
+            Ok(Err(e)) => Failure::Client(e),
+            Err(_) => Failure::Timeout,
+        };
+        if failure.breaks_connection() {
+            self.discard(&live);
+        }
+        Err(self.error(op, failure))
+    }
+
+    /// Runs `script`, several statements in one simple query (one implicit transaction),
+    /// as [`query`](Self::query) runs a prepared statement: connecting first if needed,
+    /// within one operation timeout, the connection replaced after a timeout or a break.
+    /// Answers the rows of its last statement.
+    pub(crate) async fn script(
+        &self,
+        op: &'static str,
+        script: &str,
+    ) -> Result<Vec<SimpleQueryRow>, RequestError> {
+        let deadline = Instant::now() + self.timeout;
+        let live = match tokio::time::timeout_at(deadline, self.live()).await {
+            Ok(live) => live.map_err(|failure| self.error(op, failure))?,
+            Err(_) => return Err(self.error(op, Failure::Timeout)),
+        };
+        let answer = tokio::time::timeout_at(deadline, live.client.simple_query(script)).await;
+        let failure = match answer {
+            Ok(Ok(messages)) => {
+                // Each statement's rows, then its `CommandComplete`: keep the last one's.
+                let (mut last, mut current) = (Vec::new(), Vec::new());
+                for message in messages {
+                    match message {
+                        SimpleQueryMessage::Row(row) => current.push(row),
+                        SimpleQueryMessage::CommandComplete(_) => {
+                            last = std::mem::take(&mut current);
+                        }
+                        _ => {}
+                    }
+                }
+                return Ok(last);
+            }
             Ok(Err(e)) => Failure::Client(e),
             Err(_) => Failure::Timeout,
         };
@@ -219,11 +257,10 @@ impl Connection {
                 client.prepare(&sql.release),
                 client.prepare(&sql.release_many),
             )?;
-            let (hand_over, hand_over_many, inspect, force_release, raw_set, raw_del) = futures::try_join!(
+            let (hand_over, hand_over_many, inspect, raw_set, raw_del) = futures::try_join!(
                 client.prepare(&sql.hand_over),
                 client.prepare(&sql.hand_over_many),
                 client.prepare(&sql.inspect),
-                client.prepare(&sql.force_release),
                 client.prepare(&sql.raw_set),
                 client.prepare(&sql.raw_del),
             )?;
@@ -243,7 +280,6 @@ impl Connection {
                 hand_over,
                 hand_over_many,
                 inspect,
-                force_release,
                 raw_set,
                 raw_del,
                 append_run,
@@ -269,7 +305,8 @@ impl Connection {
     }
 
     /// Creates the schema, the lease table, its sequence, the raw baseline's table, the
-    /// run records' table and the fire-time claims' table, when one is missing.
+    /// permits' holders' table, the run records' table and the fire-time claims' table,
+    /// when one is missing.
     async fn create_table(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
         let names = &self.names;
         let row = client
@@ -282,6 +319,7 @@ impl Connection {
                     &names.raw_schema,
                     &names.runs,
                     &names.fires,
+                    &names.perms,
                 ],
             )
             .await?;

@@ -7,6 +7,7 @@
 // and what it builds name each other):
 // - claims: the fire-time claims (`FireClaims`) in `<table>_fires`;
 // - records: the run records (`RunRecords`) in `<table>_runs`;
+// - permits: the claims of several permits (semaphores, reader-writer keys);
 // - backend: `PostgresBackend`, the `Backend`, `HandOver`, `Admin` and `Baseline`;
 // - watch: the `LISTEN` connection feeding the release notices;
 // - batch: the group commit of acquisitions and releases (single or array statements);
@@ -19,6 +20,7 @@ mod claims;
 mod config;
 mod connection;
 mod error;
+mod permits;
 mod records;
 mod sql;
 mod watch;

@@ -12,6 +12,7 @@ mod faults;
 mod grants;
 mod grouped;
 mod notify;
+mod permits;
 mod records;
 
 use std::sync::Arc;
