@@ -6,7 +6,11 @@
 //! - Redis: the raw protocol of an expiring semaphore, a sorted set of holders scored by
 //!   their expiry: one script `ZREMRANGEBYSCORE key -inf now` + `ZCARD` + `ZADD` (retried
 //!   every millisecond while full), then `ZREM` (no fencing, no owner check beyond the
-//!   member, no notices, no queue).
+//!   member, no notices, no queue);
+//! - PostgreSQL: the same in SQL, one simple-query transaction per acquisition (the key's
+//!   transaction advisory lock, delete the expired holders, insert a holder row when fewer
+//!   than 4 live ones are there; retried every millisecond while full), then a `DELETE` of
+//!   the row; a logged table, as distlock's holder table is.
 //!
 //! distlock's subjects use `locker.acquire(key, &opts.permits(Permits::new(1, 4)))` with the
 //! Locker's default options otherwise (watchdog on), ended by `release().await` (`ours`) or
@@ -22,7 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{named, ratio, Bench, Child, Distlock, End, Ratio, Settings, Subject, Workload};
 use distlock::Permits;
-use lock_testkit::RedisServer;
+use lock_testkit::{PostgresServer, RedisServer};
 use redis::aio::MultiplexedConnection;
 
 /// Permits on the key.
@@ -123,6 +127,70 @@ impl Subject for RawSemaphore {
     }
 }
 
+/// The raw PostgreSQL semaphore (see the module's documentation).
+struct RawSql {
+    client: tokio_postgres::Client,
+    release: tokio_postgres::Statement,
+}
+
+impl Subject for RawSql {
+    type Guard = String;
+    async fn lock(&self, key: Arc<str>) -> String {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let owner = format!("{}:{}", std::process::id(), NEXT.fetch_add(1, Relaxed));
+        // Bench keys are hex digits and slashes, owners digits and a colon: nothing to quote.
+        let acquire = format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('{key}')); \
+             DELETE FROM bench_sem WHERE key = '{key}' AND expires_at < now(); \
+             INSERT INTO bench_sem (key, owner, expires_at) \
+               SELECT '{key}', '{owner}', now() + interval '30 s' \
+               WHERE (SELECT count(*) FROM bench_sem WHERE key = '{key}') < {PERMITS} \
+               RETURNING 1; COMMIT"
+        );
+        loop {
+            let messages = self
+                .client
+                .simple_query(&acquire)
+                .await
+                .expect("raw acquire");
+            let granted = messages
+                .iter()
+                .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(_)));
+            if granted {
+                return owner;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    async fn unlock(&self, owner: String) {
+        self.client
+            .execute(&self.release, &[&owner])
+            .await
+            .expect("raw release");
+    }
+}
+
+async fn raw_sql(url: &str) -> Arc<RawSql> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to postgres");
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS bench_sem \
+             (key text, owner text, expires_at timestamptz, PRIMARY KEY (key, owner))",
+        )
+        .await
+        .expect("raw table");
+    let release = client
+        .prepare("DELETE FROM bench_sem WHERE owner = $1")
+        .await
+        .expect("prepare");
+    Arc::new(RawSql { client, release })
+}
+
 fn ratios(peer: &'static str) -> impl Fn(Workload) -> Vec<Ratio> {
     move |_| {
         vec![
@@ -137,11 +205,12 @@ fn ratios(peer: &'static str) -> impl Fn(Workload) -> Vec<Ratio> {
 async fn main() {
     if let Some(child) = Child::from_env() {
         let url = child.target().to_owned();
-        match (url.starts_with("memory:"), child.subject()) {
+        match (url.split(':').next().unwrap_or(""), child.subject()) {
             (_, "ours") => child.run(&ours(&url, End::Release).await).await,
             (_, "ours-drop") => child.run(&ours(&url, End::Drop).await).await,
-            (true, "semaphore-map") => child.run(&Arc::new(SemaphoreMap::default())).await,
-            (false, "raw") => {
+            ("memory", "semaphore-map") => child.run(&Arc::new(SemaphoreMap::default())).await,
+            ("postgres", "raw") => child.run(&raw_sql(&url).await).await,
+            ("redis", "raw") => {
                 let conn = redis::Client::open(url)
                     .expect("a Redis URL")
                     .get_multiplexed_async_connection()
@@ -180,4 +249,18 @@ async fn main() {
     };
     let measured = redis.run(&WORKLOADS).await;
     redis.report(&measured, ratios("raw"));
+    drop(server);
+
+    let server = PostgresServer::start().await;
+    let postgres = Bench {
+        backend: "postgres-permits",
+        peers: "a raw SQL semaphore (advisory-locked insert-if-fewer + delete), 1 of 4 permits per grant, one postgres",
+        subjects: vec![named("ours"), named("ours-drop"), named("raw")],
+        target: server.url(),
+        servers: server.pid().into_iter().collect(),
+        raw: None,
+        settings,
+    };
+    let measured = postgres.run(&WORKLOADS).await;
+    postgres.report(&measured, ratios("raw"));
 }

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-BACKENDS = ["memory", "redis", "redlock", "etcd", "postgres", "memory-permits", "redis-permits"]
+BACKENDS = ["memory", "redis", "redlock", "etcd", "postgres", "memory-permits", "redis-permits", "postgres-permits"]
 PEER = {
     "memory": "mutex-map",
     "redis": "rslock",
@@ -21,6 +21,7 @@ PEER = {
     "postgres": "advisory",
     "memory-permits": "semaphore-map",
     "redis-permits": "raw",
+    "postgres-permits": "raw",
 }
 START, END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
 
