@@ -12,6 +12,7 @@ mod extend;
 mod faults;
 mod fencing;
 mod handover;
+mod permits;
 mod raw_baseline;
 mod records;
 mod settings;
