@@ -12,8 +12,8 @@ use crate::batch::Answer;
 use crate::error::{acquire_failed, is_lease_not_found, timed_out, unexpected, NAME};
 use crate::held::Held;
 use crate::leases::{secs, EtcdLease, Renewal};
-use crate::shared::Shared;
 use crate::permits::{Claim, Grants, Next, CONTENDED_ROUNDS};
+use crate::shared::Shared;
 use crate::txn::Seen;
 
 /// How many leases of other processes' grants a refused attempt asks etcd about.

@@ -24,15 +24,13 @@ impl Shared {
                 .await
                 .map_err(failed("inspecting"))?;
             let grants = Grants::read(&current);
-            let claims = grants
-                .lock
-                .iter()
-                .map(|seen| (seen, Permits::LOCK))
-                .chain(grants.holders.iter().map(|h| {
+            let claims = grants.lock.iter().map(|seen| (seen, Permits::LOCK)).chain(
+                grants.holders.iter().map(|h| {
                     // A key of the range that is not one of ours is shown as holding it all.
                     let claim = h.permits.unwrap_or(Permits::LOCK);
                     (&h.seen, claim)
-                }));
+                }),
+            );
             let mut holders = Vec::new();
             for (seen, permits) in claims {
                 let holder = Holder::new(

@@ -85,10 +85,13 @@ impl Grants {
     /// The reads of a transaction whose operations (of the branch it took) are the
     /// lock key's, then the holder range's.
     pub(crate) fn read(response: &TxnResponse) -> Grants {
-        let mut gets = response.op_responses().into_iter().filter_map(|op| match op {
-            TxnOpResponse::Get(get) => Some(get),
-            _ => None,
-        });
+        let mut gets = response
+            .op_responses()
+            .into_iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(get) => Some(get),
+                _ => None,
+            });
         let lock = gets.next().and_then(|get| get.kvs().first().map(seen));
         let holders = gets
             .next()
@@ -204,7 +207,9 @@ impl<'a> Claim<'a> {
             };
         }
         if grants.lock.is_some() {
-            return refuse(format!("key {name:?} is held as a lock, not with {of} permits"));
+            return refuse(format!(
+                "key {name:?} is held as a lock, not with {of} permits"
+            ));
         }
         let mut taken = u64::from(self.permits.take());
         for holder in &grants.holders {

@@ -41,7 +41,9 @@ async fn keys_of(server: &EtcdServer, prefix: &str, name: &str) -> Vec<String> {
         .await
         .unwrap();
     let key = format!("{prefix}{name}");
-    let options = etcd_client::GetOptions::new().with_prefix().with_keys_only();
+    let options = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_keys_only();
     let found = client.get(key.clone(), Some(options)).await.unwrap();
     found
         .kvs()
@@ -237,8 +239,8 @@ async fn racing_claims_answer_within_the_timeout_and_stay_within_the_permits() {
                             let now = held.fetch_add(take, Ordering::SeqCst) + take;
                             assert!(now <= OF as usize, "{now} permits held of {OF}");
                             held.fetch_sub(take, Ordering::SeqCst);
-                            let lease =
-                                Lease::new(k.as_str(), owner, fence, valid_until).with_permits(permits);
+                            let lease = Lease::new(k.as_str(), owner, fence, valid_until)
+                                .with_permits(permits);
                             backend.release(&lease).await.expect("release");
                             granted += 1;
                         }
