@@ -239,6 +239,75 @@ impl<'a> Claim<'a> {
 mod tests {
     use super::*;
 
+    fn held(owner: u128, permits: Option<Permits>) -> HolderSeen {
+        HolderSeen {
+            seen: Seen {
+                owner: Some(Owner::from_u128(owner)),
+                lease: 7,
+                fence: 3,
+            },
+            permits,
+        }
+    }
+
+    fn decide(claim: Permits, grants: &Grants) -> Next {
+        Claim::new("p/k", Owner::random(), claim).next("k", grants, 10, 7)
+    }
+
+    fn refusal(next: Next) -> String {
+        match next {
+            Next::Refused(Error::InvalidPermits { reason }) => reason,
+            Next::Refused(e) => panic!("refused with {e}"),
+            Next::Taken => panic!("taken"),
+            Next::Again(_) => panic!("again"),
+        }
+    }
+
+    /// The reads of a refused transaction decide: a lock and permits refuse each other, as
+    /// do claims of another `of`; permits that do not fit are taken; permits that fit go
+    /// again (conditional on no holder changing), and so does a key found free.
+    #[test]
+    fn refused_reads_decide_the_next_step() {
+        let one_of_three = Permits::new(1, 3).unwrap();
+        let two_of_three = Permits::new(2, 3).unwrap();
+        let locked = Grants {
+            lock: Some(held(1, None).seen),
+            holders: Vec::new(),
+        };
+        assert!(matches!(decide(Permits::LOCK, &locked), Next::Taken));
+        let reason = refusal(decide(one_of_three, &locked));
+        assert!(
+            reason.contains("held as a lock, not with 3 permits"),
+            "{reason}"
+        );
+        let semaphore = Grants {
+            lock: None,
+            holders: vec![held(1, Some(one_of_three)), held(2, Some(one_of_three))],
+        };
+        let reason = refusal(decide(Permits::LOCK, &semaphore));
+        assert!(reason.contains("not as a lock"), "{reason}");
+        let reason = refusal(decide(Permits::new(1, 4).unwrap(), &semaphore));
+        assert!(reason.contains("held with 3 permits, not 4"), "{reason}");
+        assert!(matches!(decide(one_of_three, &semaphore), Next::Again(_)));
+        assert!(matches!(decide(two_of_three, &semaphore), Next::Taken));
+        // A key under the range that is not one of ours is taken to hold every permit.
+        let foreign = Grants {
+            lock: None,
+            holders: vec![held(1, None)],
+        };
+        assert!(matches!(decide(one_of_three, &foreign), Next::Taken));
+        // Readers share; a writer is alone.
+        let reader = Grants {
+            lock: None,
+            holders: vec![held(1, Some(Permits::read()))],
+        };
+        assert!(matches!(decide(Permits::read(), &reader), Next::Again(_)));
+        assert!(matches!(decide(Permits::write(), &reader), Next::Taken));
+        for claim in [Permits::LOCK, one_of_three, Permits::write()] {
+            assert!(matches!(decide(claim, &Grants::default()), Next::Again(_)));
+        }
+    }
+
     #[test]
     fn holder_keys_sit_beside_their_lock_key_only() {
         let owner = Owner::random();

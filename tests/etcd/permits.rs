@@ -245,7 +245,10 @@ async fn racing_claims_answer_within_the_timeout_and_stay_within_the_permits() {
                             granted += 1;
                         }
                         Ok(Attempt::Taken { .. }) => {}
-                        Err(e) if e.is_transient() => {
+                        // The contended key's bounded retries, or a timeout: both the
+                        // transient `Unavailable` the Locker retries.
+                        Err(e @ Error::Unavailable { .. }) => {
+                            assert!(e.is_transient(), "{e}");
                             backend.abandon(&k, owner).await.expect("abandon");
                             transient += 1;
                         }
