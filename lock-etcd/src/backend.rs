@@ -138,8 +138,8 @@ impl Backend for EtcdBackend {
     /// granted.
     ///
     /// A lock is the lock key; other claims are holder keys beside it, granted by
-    /// optimistic transactions (see the design notes, "Permits"): a key whose holders keep
-    /// changing under the attempt ends it with the transient `Unavailable` after a few
+    /// optimistic transactions (see the design notes, "Permits"): a key that keeps
+    /// gaining holders under the attempt ends it with the transient `Unavailable` after a few
     /// transactions.
     async fn try_acquire(
         &self,

@@ -10,9 +10,11 @@
 //!
 //! etcd cannot add up the holders' takes inside a transaction, so a grant is optimistic:
 //! a transaction reads the lock key and the holder range at revision `R`; the next one
-//! puts the holder key only if no holder key changed since (every key of the range has a
-//! `mod_revision` below `R + 1`; deletions only free permits) and no lock key exists,
-//! having checked from the reads that the takes and this one fit within `of`. The first
+//! puts the holder key only if no holder key was created since (every key of the range has
+//! a `create_revision` below `R + 1`) and no lock key exists, having checked from the reads
+//! that the takes and this one fit within `of`. A holder key's name is its claim, so a key
+//! that existed at `R` claims what was counted whatever happened to it since (a move to a
+//! new lease rewrites it, keeping its creation), and deleted holders only free permits. The first
 //! transaction of an attempt is the one for a free key (no lock key, no holder), so an
 //! uncontended grant costs one transaction, as a lock does.
 
@@ -25,8 +27,8 @@ use crate::txn::{seen, Seen};
 /// The byte between a lock key and the owner part of its holder keys.
 const HOLDER_MARK: u8 = 0xFF;
 
-/// How many transactions one attempt sends before it gives up on a key whose holders keep
-/// changing under it: with the transient [`Error::Unavailable`], after which the Locker
+/// How many transactions one attempt sends before it gives up on a key that keeps gaining
+/// holders under it: with the transient [`Error::Unavailable`], after which the Locker
 /// tries again with backoff, rather than racing on without bound.
 pub(crate) const CONTENDED_ROUNDS: u32 = 8;
 
@@ -176,14 +178,14 @@ impl<'a> Claim<'a> {
     }
 
     /// The transaction after reads at revision `read` that left the permits free: put the
-    /// grant on `lease` while no lock key exists and no holder key changed since `read`;
-    /// otherwise read the key's grants again.
+    /// grant on `lease` while no lock key exists and no holder key was created since
+    /// `read`; otherwise read the key's grants again.
     fn after(&self, read: i64, lease: i64) -> Txn {
         let holders = holders_of(self.full);
         Txn::new()
             .when([
                 Compare::create_revision(self.full, CompareOp::Equal, 0),
-                Compare::mod_revision(holders, CompareOp::Less, read.saturating_add(1))
+                Compare::create_revision(holders, CompareOp::Less, read.saturating_add(1))
                     .with_prefix(),
             ])
             .and_then([put(self.key.clone(), &self.value, lease)])
@@ -265,7 +267,7 @@ mod tests {
 
     /// The reads of a refused transaction decide: a lock and permits refuse each other, as
     /// do claims of another `of`; permits that do not fit are taken; permits that fit go
-    /// again (conditional on no holder changing), and so does a key found free.
+    /// again (conditional on no new holder), and so does a key found free.
     #[test]
     fn refused_reads_decide_the_next_step() {
         let one_of_three = Permits::new(1, 3).unwrap();
