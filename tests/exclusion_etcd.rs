@@ -9,7 +9,9 @@
 //! it. The pause round then allows that overlap, and its view through the fence, listed in
 //! the report; every other check stays. The kill round allows nothing on any release: a
 //! killed leader revokes nothing, and a restarted member comes back as a follower.
-//! `DISTLOCK_SOAK_SECS` runs it longer, `DISTLOCK_CHECK_SEED` replays a seed.
+//! Each mode runs on a cluster of its own: locks, semaphores (permits) and reader-writer
+//! keys. `DISTLOCK_SOAK_SECS` runs it longer (the permits and reader-writer modes run 12 s
+//! without it), `DISTLOCK_CHECK_SEED` replays a seed.
 
 mod common;
 
@@ -18,7 +20,9 @@ use std::time::Duration;
 
 use distlock::etcd::EtcdBackend;
 use distlock::{Admin, Backend, Locker};
-use lock_conformance::exclusion::{Exclusion, ExclusionConfig, Fault, ViolationKind};
+use lock_conformance::exclusion::{
+    Exclusion, ExclusionConfig, Fault, Grants, Report, ViolationKind, SOAK_ENV,
+};
 use lock_testkit::EtcdCluster;
 use tokio::sync::Mutex;
 
@@ -28,6 +32,36 @@ async fn backend(endpoints: &[String]) -> EtcdBackend {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusion_etcd() {
+    run(ExclusionConfig::from_env()).await.assert_clean();
+}
+
+/// The checker in its permits mode: semaphores of 3 permits, claims of 1 or 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_etcd_permits() {
+    run(short().grants(Grants::Permits(3))).await.assert_clean();
+}
+
+/// The checker in its reader-writer mode: readers share a key, writers hold it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_etcd_reader_writer() {
+    run(short().grants(Grants::ReaderWriter))
+        .await
+        .assert_clean();
+}
+
+/// The configuration from the environment, 12 s long unless [`SOAK_ENV`] says otherwise.
+fn short() -> ExclusionConfig {
+    let config = ExclusionConfig::from_env();
+    if std::env::var_os(SOAK_ENV).is_some() {
+        config
+    } else {
+        config.duration(Duration::from_secs(12))
+    }
+}
+
+/// One run of the checker as `config` says, on a new 3-member cluster, with the etcd fault
+/// rounds.
+async fn run(config: ExclusionConfig) -> Report {
     let cluster = Arc::new(Mutex::new(EtcdCluster::start(3).await));
     let endpoints = cluster.lock().await.endpoints();
     let mut lockers = Vec::new();
@@ -37,7 +71,7 @@ async fn exclusion_etcd() {
     let probe_backend = Arc::new(backend(&endpoints).await);
     // Fewer keys and more tasks than the default: whole-second TTLs make few iterations,
     // and hand-overs (with renewals overlapping them) need siblings queued on one key.
-    let config = ExclusionConfig::from_env().keys(2).tasks_per_locker(4);
+    let config = config.keys(2).tasks_per_locker(4);
     // The checker's TTLs for etcd: whole seconds from the backend's minimum, up to 3×.
     let min_ttl = probe_backend
         .capabilities()
@@ -109,5 +143,5 @@ async fn exclusion_etcd() {
         })
         .run()
         .await;
-    report.assert_clean();
+    report
 }

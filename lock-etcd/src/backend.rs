@@ -14,7 +14,7 @@ use lock_core::{
 use crate::detached::detached;
 use crate::shared::Shared;
 
-/// Locks on an etcd cluster. Build a [`Locker`](lock_core::Locker) over it with
+/// Locks, semaphores and reader-writer keys on an etcd cluster. Build a [`Locker`](lock_core::Locker) over it with
 /// `Locker::new(EtcdBackend::connect(&url).await?)`, or configure it with
 /// [`EtcdBackend::builder`].
 ///
@@ -136,19 +136,23 @@ impl Backend for EtcdBackend {
     /// Runs on a task of its own, so that an attempt dropped half-way (its caller
     /// cancelled) still finishes; [`abandon`](Self::abandon) then gives back what it was
     /// granted.
-    // Locks only (`max_permits` 1): the Locker never sends another claim.
+    ///
+    /// A lock is the lock key; other claims are holder keys beside it, granted by
+    /// optimistic transactions (see the design notes, "Permits"): a key that keeps
+    /// gaining holders under the attempt ends it with the transient `Unavailable` after a few
+    /// transactions.
     async fn try_acquire(
         &self,
         key: &str,
         owner: Owner,
-        _permits: Permits,
+        permits: Permits,
         ttl: Ttl,
     ) -> Result<Attempt> {
         let ttl_secs = Shared::lease_secs(ttl);
         let ttl = ttl.get();
         let key: Arc<str> = Arc::from(key);
         detached(&self.shared, owner, move |shared| async move {
-            shared.attempt(&key, owner, ttl, ttl_secs).await
+            shared.attempt(&key, owner, permits, ttl, ttl_secs).await
         })
         .await
     }
@@ -230,12 +234,7 @@ impl Admin for EtcdBackend {
     async fn inspect(&self, key: &str) -> Result<Vec<Holder>> {
         let (member, _) = self.shared.members.pick();
         let result = self.shared.inspect(key).await;
-        Ok(self
-            .shared
-            .members
-            .note(member, result)?
-            .into_iter()
-            .collect())
+        self.shared.members.note(member, result)
     }
 
     async fn force_release(&self, key: &str) -> Result<bool> {

@@ -127,7 +127,9 @@ impl EtcdBackend {
                 .monotonic_fencing(true)
                 .release_notices(true)
                 .cross_process(true)
-                .clock_drift(lock_core::ClockDrift::NONE),
+                .clock_drift(lock_core::ClockDrift::NONE)
+                // Semaphores and reader-writer keys: a holder key per grant (`permits.rs`).
+                .max_permits(lock_core::MAX_PERMITS),
             notices,
             announcer,
             demand,

@@ -1,11 +1,11 @@
-//! The locks this backend granted and has not released yet: their lease, TTL, validity
-//! and value fence, by owner token, and the move to a new lease an extension may have left
+//! The grants (locks and permits) this backend made and has not released yet: their lease,
+//! TTL, validity, value fence and claim, by owner token, and the move to a new lease an extension may have left
 //! unanswered.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use lock_core::Owner;
+use lock_core::{Owner, Permits};
 
 use crate::leases::EtcdLease;
 
@@ -35,6 +35,10 @@ pub(crate) struct Held {
     /// new lease is granted; cleared once the outcome is known (see
     /// [`Shared::finish_move`](crate::shared::Shared::finish_move)).
     pub(crate) moving: Option<Move>,
+    /// What the grant claims: [`Permits::LOCK`] (its key is the lock key) or permits (its
+    /// key is a holder key, see `permits.rs`). Recorded here because an abandoned
+    /// attempt's clean-up knows only the owner.
+    pub(crate) permits: Permits,
 }
 
 /// The target of a move to a new lease.

@@ -16,6 +16,7 @@ mod error;
 mod held;
 mod leases;
 mod members;
+mod permits;
 mod records;
 mod release;
 mod renew;

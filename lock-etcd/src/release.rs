@@ -5,11 +5,12 @@ use std::time::{Duration, Instant};
 
 use lock_core::group::GroupKey;
 use lock_core::sync::lock;
-use lock_core::{Attempt, Error, Lease, Owner, Result};
+use lock_core::{Attempt, Error, Lease, Owner, Permits, Result};
 
 use crate::error::{failed, unexpected, NAME};
 use crate::held::{Held, Outcome};
 use crate::leases::EtcdLease;
+use crate::permits::grant_key;
 use crate::shared::Shared;
 use crate::txn::{hand_over_txn, release_txn};
 
@@ -24,11 +25,21 @@ impl Shared {
     ) -> Result<Attempt> {
         let started = Instant::now();
         let valid_until = started + ttl;
+        let permits_refused = Error::Unsupported {
+            backend: NAME,
+            operation: "hand_over of permits (a semaphore or a reader-writer key)",
+        };
+        if from.permits() != Permits::LOCK {
+            return Err(permits_refused);
+        }
         let entry = {
             let mut held = lock(&self.held);
             let owner = from.owner().as_u128();
             match held.map.get(&owner) {
                 None => return Ok(Attempt::Taken { expires_in: None }),
+                // Holder keys name their owner: the next holder's grant is a key of its
+                // own, so it goes the long way.
+                Some(entry) if entry.permits != Permits::LOCK => return Err(permits_refused),
                 // The new holder keeps the lease, which serves one TTL only: another TTL
                 // goes the long way (release, then acquisition).
                 Some(entry) if entry.ttl_secs != ttl_secs => {
@@ -99,17 +110,21 @@ impl Shared {
         })
     }
 
-    /// Deletes the key while it is still `lease`'s, then frees or revokes its etcd lease.
+    /// Deletes the grant's key (the lock key, or its holder key) while it is still
+    /// `lease`'s, then frees or revokes its etcd lease.
     /// A move an extension left unanswered is finished first, so the key's lease and value
     /// are known.
     pub(crate) async fn release(&self, lease: &Lease) -> Result<()> {
         let sent = Instant::now();
         let mut entry = lock(&self.held).map.remove(&lease.owner().as_u128());
         let full = self.full_key(lease.key());
+        // An abandoned attempt's lease does not know its claim; its held entry does.
+        let permits = entry.as_ref().map_or(lease.permits(), |e| e.permits);
+        let at = grant_key(&full, lease.owner(), permits);
         let deleted = self
             .within("releasing", async {
                 if let Some(pending) = entry.as_ref().and_then(Held::pending) {
-                    let outcome = self.finish_move(&full, lease.owner(), pending).await?;
+                    let outcome = self.finish_move(&at, lease.owner(), pending).await?;
                     if outcome == Outcome::Lost {
                         return Ok((false, 0));
                     }
@@ -118,7 +133,7 @@ impl Shared {
                     }
                 }
                 let value_fence = entry.as_ref().and_then(|e| e.value_fence);
-                let txn = release_txn(&full, lease.owner(), value_fence);
+                let txn = release_txn(&at, lease.owner(), value_fence);
                 self.batch
                     .send(GroupKey::of(full.as_str()), txn, self.timeout)
                     .await

@@ -1,4 +1,5 @@
-//! Extension: renew the lock's lease, or move the key onto a new lease for a new TTL.
+//! Extension: renew the grant's lease, or move its key (the lock key, or a holder key of
+//! permits) onto a new lease for a new TTL.
 //!
 //! A move whose answer never came (cut off by the operation timeout, its future dropped,
 //! the connection lost) may have been applied by etcd, or may still be, later: the key may
@@ -71,7 +72,7 @@ impl Shared {
         let Some(pending) = pending else {
             return Ok(());
         };
-        let full = self.full_key(lease.key());
+        let full = self.grant_key(lease.key(), owner, lease.permits());
         let outcome = self.finish_move(&full, owner, pending).await?;
         let mut held = lock(&self.held);
         let Some(entry) = held.map.get_mut(&owner.as_u128()) else {
@@ -105,7 +106,7 @@ impl Shared {
     /// nothing when the first copy landed, and a first copy landing after it does nothing.
     pub(crate) async fn finish_move(
         &self,
-        full: &str,
+        full: &[u8],
         owner: Owner,
         pending: Pending,
     ) -> Result<Outcome> {
@@ -146,7 +147,7 @@ impl Shared {
     ) -> Result<Instant> {
         let mut slot =
             slot.unwrap_or_else(|| EtcdLease::known(lease_id, ttl_secs, lease.valid_until()));
-        let full = self.full_key(lease.key());
+        let full = self.grant_key(lease.key(), lease.owner(), lease.permits());
         let client = self.client();
         let mut kv = client.kv_client();
         let (renewal, current) = futures::join!(slot.keep_alive(&client), kv.get(full, None));
@@ -215,7 +216,7 @@ impl Shared {
                 return Err(e);
             }
         };
-        let full = self.full_key(lease.key());
+        let full = self.grant_key(lease.key(), owner, lease.permits());
         let txn = move_txn(&full, owner, value_fence, old.id, to.fence, to.lease_id);
         let response = match self.client().kv_client().txn(txn).await {
             Ok(response) => response,

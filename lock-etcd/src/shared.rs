@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, LeaseGrantOptions};
 use lock_core::sync::lock;
-use lock_core::{Capabilities, ReleaseNotices, Result, Ttl};
+use lock_core::{Capabilities, Owner, Permits, ReleaseNotices, Result, Ttl};
 
 use crate::batch::Batcher;
 use crate::error::{failed, is_lease_not_found, timed_out, unexpected};
@@ -52,6 +52,17 @@ impl Shared {
         full.push_str(&self.prefix);
         full.push_str(key);
         full
+    }
+
+    /// The etcd key where `owner`'s grant of `permits` of `name` lives: the lock key for a
+    /// lock, its holder key otherwise (`permits.rs`). The claim recorded with a held grant
+    /// wins over `permits`, which an abandoned attempt's clean-up does not know.
+    pub(crate) fn grant_key(&self, name: &str, owner: Owner, permits: Permits) -> Vec<u8> {
+        let permits = lock(&self.held)
+            .map
+            .get(&owner.as_u128())
+            .map_or(permits, |entry| entry.permits);
+        crate::permits::grant_key(&self.full_key(name), owner, permits)
     }
 
     /// The root of a key space of the backend's own beside the locks: the lock prefix with

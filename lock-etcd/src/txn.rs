@@ -1,4 +1,6 @@
-//! The transactions on a lock key, and what their answers show.
+//! The transactions on a grant's key (a lock key; a holder key of permits, see
+//! `permits.rs`, for release and extension), and what their answers show. A lock's
+//! acquisition is `permits.rs`'s [`Claim::first`](crate::permits::Claim::first).
 
 use etcd_client::{
     Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
@@ -11,18 +13,6 @@ pub(crate) struct Seen {
     pub(crate) lease: i64,
     /// The holder's fencing token.
     pub(crate) fence: i64,
-}
-
-/// Acquire: if the key does not exist, put it with `value` on `lease`; otherwise read it.
-pub(crate) fn acquire_txn(full: &str, value: &str, lease: i64) -> Txn {
-    Txn::new()
-        .when([Compare::create_revision(full, CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(
-            full,
-            value,
-            Some(PutOptions::new().with_lease(lease)),
-        )])
-        .or_else([TxnOp::get(full, None)])
 }
 
 /// Hand-over: if the key still holds `from`'s value, put it with `to`'s, on `lease`.
@@ -46,8 +36,9 @@ pub(crate) fn hand_over_txn(
         )])
 }
 
-/// Release: delete the key only while it holds `owner`'s value.
-pub(crate) fn release_txn(full: &str, owner: Owner, value_fence: Option<u64>) -> Txn {
+/// Release: delete the grant's key (a lock key, or a holder key of permits) only while it
+/// holds `owner`'s value.
+pub(crate) fn release_txn(full: &[u8], owner: Owner, value_fence: Option<u64>) -> Txn {
     Txn::new()
         .when([Compare::value(
             full,
@@ -57,11 +48,11 @@ pub(crate) fn release_txn(full: &str, owner: Owner, value_fence: Option<u64>) ->
         .and_then([TxnOp::delete(full, None)])
 }
 
-/// Move to a new lease: while the key holds `owner`'s value on lease `old`, put it again on
+/// Move to a new lease: while the grant's key (a lock key or a holder key) holds `owner`'s value on lease `old`, put it again on
 /// lease `new`, its value now carrying `fence`; otherwise read it. Sent twice, the second
 /// copy does nothing (the key is no longer on `old`).
 pub(crate) fn move_txn(
-    full: &str,
+    full: &[u8],
     owner: Owner,
     value_fence: Option<u64>,
     old: i64,

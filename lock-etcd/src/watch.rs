@@ -13,6 +13,7 @@ use etcd_client::{
 use tokio::sync::Notify;
 
 use crate::members::Members;
+use crate::permits::name_of;
 use futures::FutureExt;
 use lock_core::sync::lock;
 use lock_core::ReleaseNotices;
@@ -306,7 +307,8 @@ async fn follow(
                         continue;
                     }
                     let Some(kv) = event.kv() else { continue };
-                    let key = kv.key().strip_prefix(prefix).map(std::str::from_utf8);
+                    // A holder key of permits announces a release of its lock's name.
+                    let key = kv.key().strip_prefix(prefix).map(|key| std::str::from_utf8(name_of(key)));
                     if let Some(Ok(key)) = key {
                         announcer.deleted(key, kv.mod_revision());
                     }

@@ -2,7 +2,8 @@
 //! on one member (directly and through `distlock::connect`) and on a 3-member cluster; the
 //! shared fault rules on one member (restart, kill, pause, blackholed network) and on a
 //! cluster (a majority killed); then the cluster's own faults (killed leader, hung member),
-//! the Jepsen rule for waiters, fencing across holders, bad input, and the raw baseline.
+//! the Jepsen rule for waiters, fencing across holders, bad input, semaphores and
+//! reader-writer keys (the holder keys beside a lock key), and the raw baseline.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -12,6 +13,7 @@ mod extend;
 mod faults;
 mod fencing;
 mod handover;
+mod permits;
 mod raw_baseline;
 mod records;
 mod settings;
