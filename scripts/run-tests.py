@@ -32,10 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Longest first (seconds on the 2-core machine), so the slow ones do not start last.
 WEIGHTS = {
-    "etcd": 75, "redlock": 50, "postgres": 45, "redis": 42, "redis_sentinel": 42,
-    "cron": 60, "backends": 40, "exclusion_etcd": 33, "exclusion_postgres": 30,
-    "exclusion_redis": 29, "exclusion_redis_cluster": 27, "exclusion_redlock": 26,
-    "exclusion_memory": 25, "memory": 21, "etcd_tls": 18,
+    "etcd": 105, "cron": 94, "postgres": 68, "redis": 66, "redlock": 57,
+    "exclusion_etcd": 54, "memory": 52, "scheduler_clocks": 49, "exclusion_postgres": 46,
+    "redis_sentinel": 42, "etcd_tls": 39, "exclusion_fire_times": 38, "backends": 30,
+    "exclusion_redis": 30, "exclusion_redis_cluster": 30, "exclusion_redlock": 26,
+    "exclusion_memory": 25, "redis_cluster": 22, "redis_tls": 19, "redis5": 18,
 }
 
 
