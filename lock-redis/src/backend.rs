@@ -212,18 +212,31 @@ impl Backend for RedisBackend {
 
 #[async_trait]
 impl HandOver for RedisBackend {
-    /// One script: the key passes from `from` to `to` with the next fence, never free in
-    /// between (`RedisNode::hand_over`). Locks only: permits are refused with
-    /// [`Error::Unsupported`](lock_core::Error::Unsupported), and the Locker releases them
-    /// instead (the waiter then acquires as any other).
+    /// One script: the grant passes from `from` to `to` with the key's next fence, never
+    /// free in between: a lock (`RedisNode::hand_over`) or permits of a semaphore or a
+    /// reader-writer key, `to` taking exactly what `from` held (`hand_over_permits` in
+    /// `permits.rs`).
+    ///
+    /// Rules kept: nothing changes hands unless the server still holds the grant for
+    /// `from` (unexpired, and for permits the same `take` of the same `of`); otherwise the
+    /// answer is `Taken` and no grant changes. Fences strictly increase: `to`'s is above
+    /// every earlier grant's on the key, `from`'s included. No release is announced, since
+    /// nothing was freed. `to`'s validity counts from before the request, its expiry on the
+    /// server's clock.
+    ///
+    /// # Cancel safety
+    /// A dropped call may still hand the grant over (the script runs whole or not at
+    /// all): `to` then holds it and `from` does not. The Locker abandons `to` then, whose
+    /// tombstone also refuses this hand-over should it reach the server later.
     async fn hand_over(&self, from: &Lease, to: Owner, ttl: Ttl) -> Result<Attempt> {
-        if from.permits() != Permits::LOCK {
-            return Err(lock_core::Error::Unsupported {
-                backend: CAPABILITIES.name,
-                operation: "hand-over of permits",
-            });
+        let (key, permits) = (from.key(), from.permits());
+        if permits == Permits::LOCK {
+            self.node.hand_over(key, from.owner(), to, ttl).await
+        } else {
+            self.node
+                .hand_over_permits(key, from.owner(), to, permits, ttl)
+                .await
         }
-        self.node.hand_over(from.key(), from.owner(), to, ttl).await
     }
 }
 

@@ -56,6 +56,52 @@ impl RedisNode {
         self.attempt_reply("acquire_permits", name, permits, started + ttl.get(), reply)
     }
 
+    /// Passes the `permits` (not [`Permits::LOCK`]) that `from` holds of key `name`
+    /// straight to `to` for `ttl`, with the key's next fence, if `from` still holds exactly
+    /// that claim unexpired: one script, the permits never free in between (nothing is
+    /// announced). `Taken` when `from` no longer holds them, or `to`'s attempt was
+    /// abandoned; nothing changes then. Asked again after a lost reply, it grants `to`
+    /// again with the same fence.
+    ///
+    /// # Errors
+    /// As [`try_acquire_permits`](Self::try_acquire_permits); after an error the hand-over
+    /// may or may not have happened.
+    pub(crate) async fn hand_over_permits(
+        &self,
+        name: &str,
+        from: Owner,
+        to: Owner,
+        permits: Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt> {
+        let ttl_ms = ttl.as_millis();
+        let started = Instant::now();
+        let keys = [
+            self.holders_key(name),
+            self.permits_key(name),
+            self.fence_key(name),
+            self.tombstone_key(name, to),
+        ];
+        let (from, to) = (hex(from), hex(to));
+        let reply = self
+            .eval(&scripts::HAND_OVER_PERMITS, "hand_over_permits", |cmd| {
+                cmd.arg(keys.len());
+                for key in &keys {
+                    cmd.arg(key);
+                }
+                cmd.arg(&from[..])
+                    .arg(&to[..])
+                    .arg(permits.take())
+                    .arg(permits.of())
+                    .arg(ttl_ms)
+                    .arg(ttl_ms + millis(FENCE_RETENTION));
+            })
+            .await?;
+        let numbers = integers(&reply, 2).map_err(|f| self.failure("hand_over_permits", f))?;
+        let reply = (numbers[0], numbers[1]);
+        self.attempt_reply("hand_over_permits", name, permits, started + ttl.get(), reply)
+    }
+
     /// Pushes the expiry of `owner`'s permits of key `name` to `ttl` from now if it still
     /// holds them: `Some(valid_until)` (from the instant before the request), `None` when
     /// not held.

@@ -16,6 +16,9 @@
 //! so nothing stays behind. A key is never held as a lock and with permits at once: each
 //! acquire refuses the other kind while it is held (the permits script answers `-2`; so
 //! does [`ACQUIRE`](super::ACQUIRE)).
+//!
+//! A holder's grant passes to the Locker's next waiter of the same claim in one step
+//! ([`HAND_OVER_PERMITS`]), as a lock does ([`HAND_OVER`](super::HAND_OVER)).
 
 use super::Script;
 
@@ -78,6 +81,72 @@ redis.call('HSET', permits, 'of', ARGV[3], owner, ARGV[2] .. ' ' .. ms(fence))
 redis.call('HINCRBY', permits, 'taken', take)
 keep_until_latest(holders, permits)
 return {1, fence}
+"#
+));
+
+/// Pass a holder's permits straight to the next owner, with a new fence. KEYS: holders,
+/// permits, fence counter, tombstone of the next owner. ARGV: holder, next owner, take,
+/// of, ttl ms, counter retention ms. Returns `1, fence` when handed over; `0, pttl` (as
+/// [`ACQUIRE_PERMITS`] answers a refusal, without marking the key awaited) when the holder
+/// no longer holds an unexpired grant of exactly `take` of `of`, or when the next owner's
+/// attempt was abandoned (its tombstone exists, see [`ABANDON`](super::ABANDON)); nothing
+/// of the grants changes then.
+///
+/// One atomic step, the lock's [`HAND_OVER`](super::HAND_OVER) for permits: the holder's
+/// member and hash entry go, and the next owner's come with the same `take`, an expiry of
+/// `ttl` from the server's clock and the next fence of the key's one counter
+/// (`next_fence`), so fences strictly increase across the hand-over as across every grant
+/// of the key. The permits never become free in between: `taken` is unchanged, nothing is
+/// published, and the `awaited` mark stays for waiters elsewhere (as the lock's mark
+/// passes to its next owner). The fence counter is written first: when it is refused
+/// (e.g. `OOM`), the holder keeps its grant, the next owner gets nothing, and the error is
+/// the script's. Asked again after a lost reply (the next owner holds the permits
+/// already), it answers as [`ACQUIRE_PERMITS`] does: the same fence, a fresh TTL.
+pub(crate) static HAND_OVER_PERMITS: Script = Script::new(concat!(
+    permits_helpers!(),
+    r#"
+local holders, permits, counter, tombstone = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local from, to, take, of, ttl, retention =
+  ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local clock = server_clock()
+local now_ms = clock / 1000
+local function first_free()
+  local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
+  if #first == 0 then return -2 end
+  return math.max(tonumber(first[2]) - now_ms, 0)
+end
+if redis.call('EXISTS', tombstone) == 1 then return {0, first_free()} end
+local live = prune(holders, permits, now_ms)
+-- The fence of `owner`'s unexpired grant of exactly this claim, or nil.
+local function held_by(owner)
+  if not live or tonumber(redis.call('HGET', permits, 'of')) ~= of then return nil end
+  local grant = redis.call('HGET', permits, owner)
+  local t, f = string.match(grant or '', '^(%d+) (%d+)$')
+  if tonumber(t) ~= take then return nil end
+  return tonumber(f)
+end
+local expiry = ms(now_ms + ttl)
+local fence, err
+if held_by(from) then
+"#,
+    next_fence!(),
+    r#"
+  if not fence then return redis.error_reply(tostring(err)) end
+  redis.call('ZREM', holders, from)
+  forget(permits, from)
+  redis.call('ZADD', holders, expiry, to)
+  redis.call('HSET', permits, to, ARGV[3] .. ' ' .. ms(fence))
+  redis.call('HINCRBY', permits, 'taken', take)
+  keep_until_latest(holders, permits)
+  return {1, fence}
+end
+fence = held_by(to)
+if fence then
+  redis.call('ZADD', holders, expiry, to)
+  keep_until_latest(holders, permits)
+  return {1, fence}
+end
+return {0, first_free()}
 "#
 ));
 
