@@ -10,7 +10,7 @@
 // - baseline: the raw `SET NX PX` + `DEL` cycle of a node and of the backend (`Baseline`);
 // - backend: `RedisBackend`, the `Backend` over one node, with its release notices;
 // - permits: the operations of `RedisNode` on keys claimed with several permits
-//   (semaphores, reader-writer keys: acquire, extend, release, inspect);
+//   (semaphores, reader-writer keys: acquire, hand over, extend, release, inspect);
 // - node: the lock operations of `RedisNode` (acquire, hand over, extend, release,
 //   abandon, force-release, inspect, raise a fence), `CAPABILITIES`;
 // - handle: `RedisNode` itself: its connection, group commit, key names, and how one

@@ -99,7 +99,13 @@ impl RedisNode {
             .await?;
         let numbers = integers(&reply, 2).map_err(|f| self.failure("hand_over_permits", f))?;
         let reply = (numbers[0], numbers[1]);
-        self.attempt_reply("hand_over_permits", name, permits, started + ttl.get(), reply)
+        self.attempt_reply(
+            "hand_over_permits",
+            name,
+            permits,
+            started + ttl.get(),
+            reply,
+        )
     }
 
     /// Pushes the expiry of `owner`'s permits of key `name` to `ttl` from now if it still

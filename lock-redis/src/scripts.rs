@@ -348,9 +348,9 @@ return out
 /// Forget an attempt whose answer never came. KEYS: lock, tombstone of the owner, holders
 /// and permits of the key ([`ACQUIRE_PERMITS`]). ARGV: owner, channel, notice, tombstone
 /// retention ms. Writes the tombstone (so that the attempt, should it still arrive, is
-/// refused by [`ACQUIRE`], [`HAND_OVER`] or [`ACQUIRE_PERMITS`]), then deletes the lock if
-/// the owner holds it, or removes the owner's permits (it was granted), announcing it
-/// when it was awaited. Returns 1 when a grant was removed, 0 otherwise. The tombstone is
+/// refused by [`ACQUIRE`], [`HAND_OVER`], [`ACQUIRE_PERMITS`] or [`HAND_OVER_PERMITS`]),
+/// then deletes the lock if the owner holds it, or removes the owner's permits (it was
+/// granted), announcing it when it was awaited. Returns 1 when a grant was removed, 0 otherwise. The tombstone is
 /// written in both cases: a request can have been sent twice (re-sent on a new connection
 /// after the first looked lost).
 ///
@@ -362,6 +362,7 @@ return out
 /// `RedisNode::abandon_retention` for the reasoning).
 ///
 /// [`ACQUIRE_PERMITS`]: permits::ACQUIRE_PERMITS
+/// [`HAND_OVER_PERMITS`]: permits::HAND_OVER_PERMITS
 pub(crate) static ABANDON: Script = Script::new(concat!(
     awaited_helpers!(),
     permits_helpers!(),

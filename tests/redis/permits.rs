@@ -340,7 +340,10 @@ async fn permits_are_handed_over_only_by_their_holder() {
     // Released: nothing to hand over.
     backend.release(&c).await.unwrap();
     let released = HandOver::hand_over(&backend, &c, Owner::random(), valid_ttl(ttl)).await;
-    assert!(matches!(released, Ok(Attempt::Taken { .. })), "{released:?}");
+    assert!(
+        matches!(released, Ok(Attempt::Taken { .. })),
+        "{released:?}"
+    );
     assert_eq!(
         holders(&backend, "hand/sem").await,
         [(b.owner(), b.fence(), one)]
@@ -377,7 +380,10 @@ async fn readers_and_writers_are_handed_over() {
     assert!(r3.fence() > r2.fence());
     assert_eq!(
         holders(&backend, "hand/rw").await,
-        [(r2.owner(), r2.fence(), read), (r3.owner(), r3.fence(), read)]
+        [
+            (r2.owner(), r2.fence(), read),
+            (r3.owner(), r3.fence(), read)
+        ]
     );
     let writer = backend
         .try_acquire("hand/rw", Owner::random(), Permits::write(), valid_ttl(ttl))
@@ -414,7 +420,13 @@ async fn a_locker_hands_permits_to_its_waiter() {
     let settle = Duration::from_millis(200);
     // Loads the hand-over script: the one call counted below is then not sent twice
     // (`EVALSHA`, then `EVAL` after `NOSCRIPT`).
-    let warm = grant(&backend, "hand/warm", Permits::write(), Duration::from_secs(5)).await;
+    let warm = grant(
+        &backend,
+        "hand/warm",
+        Permits::write(),
+        Duration::from_secs(5),
+    )
+    .await;
     let warm = handed_over(&backend, &warm, Duration::from_secs(5)).await;
     backend.release(&warm).await.unwrap();
     for (key, permits) in [
@@ -442,6 +454,9 @@ async fn a_locker_hands_permits_to_its_waiter() {
             [(next.lease().owner(), next.fence(), permits)]
         );
         next.release().await.unwrap();
-        assert_eq!(permits_keys_left(&server, backend.node(), key).await, [""; 0]);
+        assert_eq!(
+            permits_keys_left(&server, backend.node(), key).await,
+            [""; 0]
+        );
     }
 }
