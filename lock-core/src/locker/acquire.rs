@@ -57,20 +57,24 @@ pub(super) async fn queued(
     loop {
         // Listen before attempting, so a release right after a refusal is not missed.
         let mut listener = shared.proto().listen(key);
-        // A sibling holds the key: its release (or loss) ends the wait, and a refused
-        // attempt would only cost the server work.
-        // Only a sibling whose permits and ours cannot be held together makes a refusal
-        // certain (any sibling, for a lock); otherwise the server decides.
-        let sibling = queue
-            .turn
-            .local_holder()
-            .filter(|holder| !noticed && holder.permits().excludes(opts.permits));
-        if let Some(holder) = sibling {
+        // Siblings hold what we claim: an attempt is certain to be refused and would only
+        // cost the server work, so the end of any of them (or a release notice) ends the
+        // wait instead. Certain means one sibling whose claim and ours cannot be held
+        // together (any sibling, for a lock), or siblings holding the key's permits between
+        // them ([`QueueEntry::blocking`](super::queue::QueueEntry::blocking)); otherwise the
+        // server decides. After a notice the server decides too: a release may have been
+        // announced before the sibling's answer came back.
+        let siblings = if noticed {
+            Vec::new()
+        } else {
+            queue.turn.blocking(opts.permits)
+        };
+        if !siblings.is_empty() {
             announce(&mut announced);
             let woken = handover::wait_behind(
                 shared,
                 &queue.turn,
-                holder,
+                siblings,
                 (opts.permits, ttl),
                 &mut listener,
                 deadline,
@@ -93,7 +97,7 @@ pub(super) async fn queued(
                     }
                     tracing::debug!(key, fence = lease.fence(), "lock handed over");
                     let guard = LockGuard::new(shared, lease, ttl, opts, Instant::now());
-                    queue.turn.set_holder(guard.downgrade());
+                    queue.turn.add_holder(guard.downgrade());
                     return Ok(guard);
                 }
                 // Not handed over: the holder released it on the server meanwhile.
@@ -107,7 +111,7 @@ pub(super) async fn queued(
         let pause = match within(deadline, attempt(shared, shared_key, ttl, opts)).await {
             None => break,
             Some(Ok(Ok(guard))) => {
-                queue.turn.set_holder(guard.downgrade());
+                queue.turn.add_holder(guard.downgrade());
                 queue.turn.handed.store(0, Ordering::SeqCst);
                 return Ok(guard);
             }

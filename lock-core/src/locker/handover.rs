@@ -1,11 +1,13 @@
 //! The hand-over protocol, whole: a key passes from a guard's release straight to the head
 //! waiter of the same Locker in one server step ([`HandOver`](crate::HandOver)).
 //!
-//! - The head waiter, finding a live local holder, registers a request (a fresh owner
-//!   token and its TTL) on the key's queue entry and waits ([`wait_behind`]).
-//! - The holder's release, once its own renewals have stopped, takes the request
-//!   ([`take`]) and sends one hand-over in place of the release ([`give`]); the server
-//!   passes the lock only while it still holds it for the holder.
+//! - The head waiter, finding live local holders that make its attempt certain to be
+//!   refused, registers a request (a fresh owner token, its claim and its TTL) on the
+//!   key's queue entry and waits ([`wait_behind`]).
+//! - The release of one of those holders, once its own renewals have stopped, takes the
+//!   request if the waiter claims what it holds ([`take`]) and sends one hand-over in place
+//!   of the release ([`give`]); the server passes the grant only while it still holds it
+//!   for the holder.
 //! - The waiter receives the new lease (or, when the hand-over did not happen, nothing)
 //!   and checks its validity before returning it; an expired one is released.
 //!
@@ -33,11 +35,11 @@ use crate::sync::lock;
 /// chance at it.
 pub(crate) const MAX_HAND_OVERS: u32 = 16;
 
-/// How the head waiter's wait behind a sibling holder ended.
+/// How the head waiter's wait behind its sibling holders ended.
 pub(crate) enum Woken {
-    /// The holder handed the key over (`Some`), or answered that it did not (`None`).
+    /// A holder handed its grant over (`Some`), or answered that it did not (`None`).
     HandedOver(Option<Lease>),
-    /// The holder's guard ended (released, lost or expired).
+    /// One of the holders' guards ended (released, lost or expired).
     Ended,
     /// A release notice for the key.
     Notice,
@@ -45,13 +47,14 @@ pub(crate) enum Woken {
     Deadline,
 }
 
-/// Waits behind `holder`, the live local guard holding the key of `entry`: until it hands
-/// the key over (when the backend can), its hold ends, a release notice comes, or the
-/// deadline passes. A request the holder took is waited for to its answer.
+/// Waits behind `holders`, the live local guards of the key of `entry` that make an attempt
+/// for `permits` certain to be refused (one, for a lock): until one of them hands its
+/// grant over (when the backend can), any of them ends, a release notice comes, or the
+/// deadline passes. A request a holder took is waited for to its answer.
 pub(crate) async fn wait_behind(
     shared: &Shared,
     entry: &QueueEntry,
-    holder: Arc<dyn LocalHolder>,
+    holders: Vec<Arc<dyn LocalHolder>>,
     (permits, ttl): (Permits, Ttl),
     listener: &mut Option<ReleaseListener>,
     deadline: Option<Instant>,
@@ -66,6 +69,12 @@ pub(crate) async fn wait_behind(
             None => std::future::pending().await,
         }
     };
+    let ended = async {
+        if holders.is_empty() {
+            return std::future::pending().await;
+        }
+        futures::future::select_all(holders.into_iter().map(|h| h.ended())).await;
+    };
     let released = async {
         match listener.as_mut() {
             Some(l) => l.released().await,
@@ -74,12 +83,12 @@ pub(crate) async fn wait_behind(
     };
     let woken = futures::select_biased! {
         lease = handed.fuse() => Woken::HandedOver(lease),
-        _ = holder.ended().fuse() => Woken::Ended,
+        _ = ended.fuse() => Woken::Ended,
         _ = released.fuse() => Woken::Notice,
         _ = sleep_until_deadline(deadline).fuse() => Woken::Deadline,
     };
     match (woken, request) {
-        // The holder took the request: its answer (a lease, or none when the hand-over did
+        // A holder took the request: its answer (a lease, or none when the hand-over did
         // not happen) is on its way.
         (Woken::Ended | Woken::Notice, Some(mut h)) if !h.withdraw() => {
             match within(deadline, &mut h.reply).await {
@@ -91,7 +100,8 @@ pub(crate) async fn wait_behind(
     }
 }
 
-/// Takes the request of the head waiter queued behind `holder` on `key`, when the backend
+/// Takes the request of the head waiter queued behind `holder` on `key`, when `holder` is
+/// one of the key's recorded local holders, the waiter claims the same permits, the backend
 /// hands keys over and the key may be handed over once more (not after shutdown, and not
 /// more than [`MAX_HAND_OVERS`] times in a row). Called by the holder's release only, once
 /// its own renewals have stopped.

@@ -1,6 +1,7 @@
 //! The per-key FIFO queues of a Locker: only the waiter holding a key's turn attempts on
-//! the backend, and the queue remembers which local guard holds the key, so the head waiter
-//! waits for that guard's end instead of spending refused attempts on the server.
+//! the backend, and the queue remembers which local guards hold the key, so the head waiter
+//! waits for one of them to end instead of spending attempts the server is certain to
+//! refuse ([`QueueEntry::blocking`]).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,6 +13,9 @@ use crate::capabilities::Ttl;
 use crate::lease::{Lease, Owner};
 use crate::permits::Permits;
 use crate::sync::lock;
+
+/// Local holders of one key: few (at most its permits' worth held at once, in practice).
+type Holders = Vec<Weak<dyn LocalHolder>>;
 
 /// What the queue knows of the local guard holding a key.
 pub(crate) trait LocalHolder: Send + Sync {
@@ -32,14 +36,17 @@ pub(crate) fn holder_id(holder: &dyn LocalHolder) -> *const () {
     holder as *const dyn LocalHolder as *const ()
 }
 
-/// A key's local queue: the turn its waiters take in order, and the guard of the waiter
-/// that last won it through the queue.
+/// A key's local queue: the turn its waiters take in order, and the guards of this Locker
+/// known to hold the key (those that won it through the queue, and dropped guards whose
+/// release is on its way).
 #[derive(Default)]
 pub(crate) struct QueueEntry {
     pub(crate) turn: tokio::sync::Mutex<()>,
-    holder: Mutex<Option<Weak<dyn LocalHolder>>>,
-    /// The head waiter's request to be handed the key by that holder (backends that hand
-    /// over, see [`handover`](super::handover)).
+    /// Each recorded holder once; pruned of ended and not-live ones when one is added or
+    /// ends.
+    holders: Mutex<Holders>,
+    /// The head waiter's request to be handed the key by one of those holders (backends
+    /// that hand over, see [`handover`](super::handover)).
     pub(crate) hand_over: Mutex<Option<HandOverRequest>>,
     /// Hand-overs in a row since a waiter last won the key through the server.
     pub(crate) handed: AtomicU32,
@@ -56,24 +63,74 @@ pub(crate) struct HandOverRequest {
 }
 
 impl QueueEntry {
-    /// The guard of this Locker that holds the key, if one does and it is live.
-    pub(crate) fn local_holder(&self) -> Option<Arc<dyn LocalHolder>> {
-        lock(&self.holder)
-            .as_ref()
-            .and_then(Weak::upgrade)
-            .filter(|g| g.is_live())
+    /// The live local holders that make a claim of `permits` certain to be refused, or none
+    /// when the server is to decide.
+    ///
+    /// A refusal is certain when one holder's claim and ours cannot be held together
+    /// ([`Permits::excludes`]: any holder, for a lock; a reader for a writer and the other
+    /// way round), or when the takes of the holders of a key of the same `of` as ours,
+    /// with our take, come to more than `of` (a semaphore whose permits the Locker's own
+    /// guards hold). The holders returned are those that rule counts: any one of them
+    /// ending may free what we claim. Only live holders count: one whose validity passed
+    /// blocks nobody, and the server tells when the key is free.
+    pub(crate) fn blocking(&self, permits: Permits) -> Vec<Arc<dyn LocalHolder>> {
+        let live: Vec<Arc<dyn LocalHolder>> = lock(&self.holders)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|h| h.is_live())
+            .collect();
+        let counted = |h: &Arc<dyn LocalHolder>| {
+            let held = h.permits();
+            held.excludes(permits) || held.of() == permits.of()
+        };
+        let alone = live.iter().any(|h| h.permits().excludes(permits));
+        let taken: u64 = live
+            .iter()
+            .map(|h| h.permits())
+            .filter(|held| held.of() == permits.of())
+            .map(|held| u64::from(held.take()))
+            .sum();
+        if alone || taken + u64::from(permits.take()) > u64::from(permits.of()) {
+            live.into_iter().filter(counted).collect()
+        } else {
+            Vec::new()
+        }
     }
 
-    /// Records the guard that won the key through this queue.
-    pub(crate) fn set_holder(&self, holder: Weak<dyn LocalHolder>) {
-        *lock(&self.holder) = Some(holder);
+    /// Whether a recorded holder is live (then the entry stays, for the waiters to come).
+    fn has_live_holder(&self) -> bool {
+        lock(&self.holders)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .any(|h| h.is_live())
     }
 
-    /// Whether `holder` is the guard recorded as this key's holder.
+    /// Records a guard of this Locker holding the key: one that won it through this queue,
+    /// or a dropped one whose release is on its way. A guard recorded twice (won through
+    /// the queue, then dropped) is kept once; ended and not-live holders are let go.
+    pub(crate) fn add_holder(&self, holder: Weak<dyn LocalHolder>) {
+        let mut holders = lock(&self.holders);
+        let id = holder.as_ptr() as *const ();
+        holders.retain(|h| {
+            h.as_ptr() as *const () != id && h.upgrade().is_some_and(|h| h.is_live())
+        });
+        holders.push(holder);
+    }
+
+    /// Forgets `holder`, which has ended (and any other holder found ended meanwhile).
+    fn remove_holder(&self, holder: &dyn LocalHolder) {
+        let id = holder_id(holder);
+        lock(&self.holders).retain(|h| {
+            h.as_ptr() as *const () != id && h.upgrade().is_some_and(|h| h.is_live())
+        });
+    }
+
+    /// Whether `holder` is one of the guards recorded as holding this key.
     pub(crate) fn is_holder(&self, holder: &dyn LocalHolder) -> bool {
-        lock(&self.holder)
-            .as_ref()
-            .is_some_and(|h| h.as_ptr() as *const () == holder_id(holder))
+        let id = holder_id(holder);
+        lock(&self.holders)
+            .iter()
+            .any(|h| h.as_ptr() as *const () == id)
     }
 }
 
@@ -118,9 +175,9 @@ impl Queues {
         }
     }
 
-    /// Records `holder` as the local guard holding `key` (a dropped guard whose release is
-    /// on its way), making the key's entry if it has none; the entry goes when the holder
-    /// ends ([`holder_ended`](Self::holder_ended)) and nobody is queued.
+    /// Records `holder` as a local guard holding `key` (a dropped guard whose release is on
+    /// its way), making the key's entry if it has none; the entry goes when no recorded
+    /// holder is live any more ([`holder_ended`](Self::holder_ended)) and nobody is queued.
     pub(crate) fn hold(&self, key: &Arc<str>, holder: Weak<dyn LocalHolder>) {
         let mut map = lock(&self.map);
         let entry = match map.get(&**key) {
@@ -132,7 +189,7 @@ impl Queues {
                 entry
             }
         };
-        entry.set_holder(holder);
+        entry.add_holder(holder);
     }
 
     /// Runs `f` on `key`'s entry, if the key has one.
@@ -143,8 +200,8 @@ impl Queues {
         lock(&self.map).get(key).map(|entry| f(entry))
     }
 
-    /// Removes `key`'s queue entry when `holder`, the guard it was kept for, has ended and
-    /// nobody is queued.
+    /// Forgets `holder`, one of `key`'s local holders, which has ended; removes the key's
+    /// entry when nobody is queued and no live holder is left.
     pub(crate) fn holder_ended(&self, holder: &dyn LocalHolder, key: &str) {
         if self.queued.load(Ordering::SeqCst) == 0 {
             return;
@@ -153,7 +210,8 @@ impl Queues {
         let Some(entry) = map.get(key) else {
             return;
         };
-        if Arc::strong_count(entry) == 1 && entry.is_holder(holder) {
+        entry.remove_holder(holder);
+        if Arc::strong_count(entry) == 1 && !entry.has_live_holder() {
             map.remove(key);
             self.queued.fetch_sub(1, Ordering::SeqCst);
         }
@@ -171,10 +229,10 @@ pub(crate) struct QueueSlot<'a> {
 impl Drop for QueueSlot<'_> {
     fn drop(&mut self) {
         let mut map = lock(&self.queues.map);
-        // The map holds one reference and we hold one: nobody else is queued. A key whose
-        // holder won it through the queue keeps its entry until that guard ends
-        // ([`Queues::holder_ended`]), so that the next waiter queues behind it.
-        if Arc::strong_count(&self.turn) == 2 && self.turn.local_holder().is_none() {
+        // The map holds one reference and we hold one: nobody else is queued. A key with a
+        // live local holder keeps its entry until the last one ends
+        // ([`Queues::holder_ended`]), so that the next waiter queues behind them.
+        if Arc::strong_count(&self.turn) == 2 && !self.turn.has_live_holder() {
             map.remove(self.key);
             self.queues.queued.fetch_sub(1, Ordering::SeqCst);
         }
