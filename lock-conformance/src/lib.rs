@@ -94,6 +94,7 @@ pub async fn run_all(t: &Target) {
         fences_increase_across_every_grant_of_a_key,
         permits_come_back_after_a_holders_ttl,
         a_permit_waiter_wakes_on_release,
+        a_permit_waiter_behind_its_siblings_spends_no_refused_attempt,
         reader_writer_waiters_are_served_in_order,
     );
 }

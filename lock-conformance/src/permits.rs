@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::target::{opts, slack, Target};
-use lock_core::{Attempt, Error, LockOptions, Owner, Permits, RW_PERMITS};
+use super::target::{opts, slack, spawn_acquire, Target};
+use lock_core::{Attempt, Error, LockOptions, Locker, Owner, Permits, RW_PERMITS};
 
 /// Whether the target keeps semaphores and reader-writer keys; when it does not, checks
 /// that it refuses them before any I/O, as its capabilities say.
@@ -273,6 +273,82 @@ pub async fn a_permit_waiter_wakes_on_release(t: &Target) {
     );
     got.release().await.unwrap();
     g2.release().await.unwrap();
+}
+
+/// A Locker's waiter for permits that its own guards hold between them waits for one of
+/// them to end without an attempt the server is certain to refuse, and is granted promptly
+/// when one of them releases (whichever it is).
+pub async fn a_permit_waiter_behind_its_siblings_spends_no_refused_attempt(t: &Target) {
+    if !keeps_permits(t).await {
+        return;
+    }
+    let counting = Arc::new(super::safety::Counting {
+        inner: t.backend.clone(),
+        extends: Default::default(),
+        refused: Default::default(),
+    });
+    let (locker, other) = (Locker::with_backend(counting.clone()), t.locker());
+    let key = t.key("permits-siblings");
+    let ttl = t.ttl(Duration::from_secs(20)).get();
+    let two = Permits::new(1, 2).unwrap();
+    let wait = opts(ttl)
+        .permits(two)
+        .wait_for(Duration::from_secs(20))
+        .watchdog(false);
+    for round in 0..3 {
+        // Both permits held by another Locker, so that both siblings win theirs through the
+        // queue, one after the other.
+        let mut blockers = Vec::new();
+        for _ in 0..2 {
+            blockers.push(other.acquire(&key, &opts(ttl).permits(two)).await.unwrap());
+        }
+        let first = spawn_acquire(&locker, &key, &wait);
+        tokio::time::sleep(slack(t)).await;
+        let second = spawn_acquire(&locker, &key, &wait);
+        tokio::time::sleep(slack(t)).await;
+        let mut siblings = Vec::new();
+        for (blocker, sibling) in blockers.into_iter().zip([first, second]) {
+            blocker.release().await.unwrap();
+            let sibling = tokio::time::timeout(slack(t) * 4, sibling)
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: a sibling is granted"))
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            siblings.push(sibling);
+        }
+        let before = counting.refused.load(Ordering::SeqCst);
+        let third = spawn_acquire(&locker, &key, &wait);
+        tokio::time::sleep(slack(t)).await;
+        assert!(!third.is_finished(), "round {round}: granted beyond 2 permits");
+        assert_eq!(
+            counting.refused.load(Ordering::SeqCst),
+            before,
+            "round {round}: an attempt refused while the Locker's own guards held both permits"
+        );
+        // The sibling that won its permit first: not the one the queue saw last.
+        let released = Instant::now();
+        siblings.remove(0).release().await.unwrap();
+        let third = tokio::time::timeout(slack(t) * 4, third)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the waiter is granted after a release"))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let after = released.elapsed();
+        assert!(
+            after < slack(t),
+            "round {round}: granted {after:?} after a sibling's release"
+        );
+        assert_eq!(
+            counting.refused.load(Ordering::SeqCst),
+            before,
+            "round {round}: an attempt refused between a sibling's release and the grant"
+        );
+        third.release().await.unwrap();
+        siblings.remove(0).release().await.unwrap();
+    }
+    locker.settle().await;
+    let stats = locker.stats();
+    assert_eq!((stats.held, stats.queued_keys), (0, 0), "{stats:?}");
 }
 
 /// Within a Locker, waiters are served in order whatever they claim: a reader arriving
