@@ -319,7 +319,10 @@ pub async fn a_permit_waiter_behind_its_siblings_spends_no_refused_attempt(t: &T
         let before = counting.refused.load(Ordering::SeqCst);
         let third = spawn_acquire(&locker, &key, &wait);
         tokio::time::sleep(slack(t)).await;
-        assert!(!third.is_finished(), "round {round}: granted beyond 2 permits");
+        assert!(
+            !third.is_finished(),
+            "round {round}: granted beyond 2 permits"
+        );
         assert_eq!(
             counting.refused.load(Ordering::SeqCst),
             before,

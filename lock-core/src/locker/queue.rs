@@ -111,18 +111,16 @@ impl QueueEntry {
     pub(crate) fn add_holder(&self, holder: Weak<dyn LocalHolder>) {
         let mut holders = lock(&self.holders);
         let id = holder.as_ptr() as *const ();
-        holders.retain(|h| {
-            h.as_ptr() as *const () != id && h.upgrade().is_some_and(|h| h.is_live())
-        });
+        holders
+            .retain(|h| h.as_ptr() as *const () != id && h.upgrade().is_some_and(|h| h.is_live()));
         holders.push(holder);
     }
 
     /// Forgets `holder`, which has ended (and any other holder found ended meanwhile).
     fn remove_holder(&self, holder: &dyn LocalHolder) {
         let id = holder_id(holder);
-        lock(&self.holders).retain(|h| {
-            h.as_ptr() as *const () != id && h.upgrade().is_some_and(|h| h.is_live())
-        });
+        lock(&self.holders)
+            .retain(|h| h.as_ptr() as *const () != id && h.upgrade().is_some_and(|h| h.is_live()));
     }
 
     /// Whether `holder` is one of the guards recorded as holding this key.
