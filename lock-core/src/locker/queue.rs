@@ -74,27 +74,30 @@ impl QueueEntry {
     /// ending may free what we claim. Only live holders count: one whose validity passed
     /// blocks nobody, and the server tells when the key is free.
     pub(crate) fn blocking(&self, permits: Permits) -> Vec<Arc<dyn LocalHolder>> {
-        let live: Vec<Arc<dyn LocalHolder>> = lock(&self.holders)
-            .iter()
-            .filter_map(Weak::upgrade)
-            .filter(|h| h.is_live())
-            .collect();
-        let counted = |h: &Arc<dyn LocalHolder>| {
-            let held = h.permits();
-            held.excludes(permits) || held.of() == permits.of()
+        let holders = lock(&self.holders);
+        let live = || {
+            holders
+                .iter()
+                .filter_map(Weak::upgrade)
+                .filter(|h| h.is_live())
         };
-        let alone = live.iter().any(|h| h.permits().excludes(permits));
-        let taken: u64 = live
-            .iter()
-            .map(|h| h.permits())
-            .filter(|held| held.of() == permits.of())
-            .map(|held| u64::from(held.take()))
-            .sum();
-        if alone || taken + u64::from(permits.take()) > u64::from(permits.of()) {
-            live.into_iter().filter(counted).collect()
-        } else {
-            Vec::new()
+        // Decided first without allocating: most turns find the server to decide.
+        let (mut alone, mut taken) = (false, u64::from(permits.take()));
+        for held in live().map(|h| h.permits()) {
+            alone |= held.excludes(permits);
+            if held.of() == permits.of() {
+                taken += u64::from(held.take());
+            }
         }
+        if !alone && taken <= u64::from(permits.of()) {
+            return Vec::new();
+        }
+        live()
+            .filter(|h| {
+                let held = h.permits();
+                held.excludes(permits) || held.of() == permits.of()
+            })
+            .collect()
     }
 
     /// Whether a recorded holder is live (then the entry stays, for the waiters to come).
