@@ -7,6 +7,7 @@ mod backend;
 mod capabilities;
 pub mod claims;
 mod error;
+mod forward;
 // Group commit and the poison-free mutex helper are for the distlock backend crates, which
 // depend on this crate at exactly its version: public only with the `internals` feature,
 // and outside the semver promise even then.

@@ -21,6 +21,7 @@ mod config;
 mod connection;
 mod error;
 mod permits;
+mod permits_sql;
 mod records;
 mod sql;
 mod watch;

@@ -1,6 +1,6 @@
 //! Keys claimed with several permits (semaphores, reader-writer keys): `PostgresBackend`'s
 //! operations on them. A lock (1 of 1) keeps the lease table's protocol (`backend.rs`);
-//! the layout of the other claims and their scripts are in `sql.rs` (`PermitsSql`).
+//! the layout of the other claims and their scripts are in `permits_sql.rs` (`PermitsSql`).
 //!
 //! Each operation is one simple-query script, ONE implicit transaction that first takes
 //! the key's advisory lock (the one the lock's granting statements take), so every grant,
