@@ -28,8 +28,6 @@ impl RedisNode {
         permits: Permits,
         ttl: Ttl,
     ) -> Result<Attempt> {
-        let ttl_ms = ttl.as_millis();
-        let started = Instant::now();
         let keys = [
             self.lock_key(name),
             self.holders_key(name),
@@ -37,23 +35,10 @@ impl RedisNode {
             self.fence_key(name),
             self.tombstone_key(name, owner),
         ];
-        let owner = hex(owner);
-        let reply = self
-            .eval(&scripts::ACQUIRE_PERMITS, "acquire_permits", |cmd| {
-                cmd.arg(keys.len());
-                for key in &keys {
-                    cmd.arg(key);
-                }
-                cmd.arg(&owner[..])
-                    .arg(permits.take())
-                    .arg(permits.of())
-                    .arg(ttl_ms)
-                    .arg(ttl_ms + millis(FENCE_RETENTION));
-            })
-            .await?;
-        let numbers = integers(&reply, 2).map_err(|f| self.failure("acquire_permits", f))?;
-        let reply = (numbers[0], numbers[1]);
-        self.attempt_reply("acquire_permits", name, permits, started + ttl.get(), reply)
+        let op = "acquire_permits";
+        let script = &scripts::ACQUIRE_PERMITS;
+        self.grant_permits(script, op, name, &keys, &[hex(owner)], permits, ttl)
+            .await
     }
 
     /// Passes the `permits` (not [`Permits::LOCK`]) that `from` holds of key `name`
@@ -74,37 +59,57 @@ impl RedisNode {
         permits: Permits,
         ttl: Ttl,
     ) -> Result<Attempt> {
-        let ttl_ms = ttl.as_millis();
-        let started = Instant::now();
         let keys = [
             self.holders_key(name),
             self.permits_key(name),
             self.fence_key(name),
             self.tombstone_key(name, to),
         ];
-        let (from, to) = (hex(from), hex(to));
+        let (op, script) = ("hand_over_permits", &scripts::HAND_OVER_PERMITS);
+        let owners = [hex(from), hex(to)];
+        self.grant_permits(script, op, name, &keys, &owners, permits, ttl)
+            .await
+    }
+
+    /// Runs a script that may grant `permits` of key `name` for `ttl` (the permits'
+    /// acquire or hand-over): `keys`, then the `owners` (hex), take, of, TTL and the fence
+    /// counter's retention; its answer read as one attempt whose validity counts from
+    /// before the request.
+    #[allow(clippy::too_many_arguments)]
+    async fn grant_permits(
+        &self,
+        script: &crate::scripts::Script,
+        op: &'static str,
+        name: &str,
+        keys: &[String],
+        owners: &[[u8; 32]],
+        permits: Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt> {
+        let ttl_ms = ttl.as_millis();
+        let started = Instant::now();
         let reply = self
-            .eval(&scripts::HAND_OVER_PERMITS, "hand_over_permits", |cmd| {
+            .eval(script, op, |cmd| {
                 cmd.arg(keys.len());
-                for key in &keys {
+                for key in keys {
                     cmd.arg(key);
                 }
-                cmd.arg(&from[..])
-                    .arg(&to[..])
-                    .arg(permits.take())
+                for owner in owners {
+                    cmd.arg(&owner[..]);
+                }
+                cmd.arg(permits.take())
                     .arg(permits.of())
                     .arg(ttl_ms)
                     .arg(ttl_ms + millis(FENCE_RETENTION));
             })
             .await?;
-        let numbers = integers(&reply, 2).map_err(|f| self.failure("hand_over_permits", f))?;
-        let reply = (numbers[0], numbers[1]);
+        let numbers = integers(&reply, 2).map_err(|f| self.failure(op, f))?;
         self.attempt_reply(
-            "hand_over_permits",
+            op,
             name,
             permits,
             started + ttl.get(),
-            reply,
+            (numbers[0], numbers[1]),
         )
     }
 

@@ -113,17 +113,13 @@ impl QueueEntry {
     /// the queue, then dropped) is kept once; ended and not-live holders are let go.
     pub(crate) fn add_holder(&self, holder: Weak<dyn LocalHolder>) {
         let mut holders = lock(&self.holders);
-        let id = holder.as_ptr() as *const ();
-        holders
-            .retain(|h| h.as_ptr() as *const () != id && h.upgrade().is_some_and(|h| h.is_live()));
+        forget(&mut holders, holder.as_ptr() as *const ());
         holders.push(holder);
     }
 
     /// Forgets `holder`, which has ended (and any other holder found ended meanwhile).
     fn remove_holder(&self, holder: &dyn LocalHolder) {
-        let id = holder_id(holder);
-        lock(&self.holders)
-            .retain(|h| h.as_ptr() as *const () != id && h.upgrade().is_some_and(|h| h.is_live()));
+        forget(&mut lock(&self.holders), holder_id(holder));
     }
 
     /// Whether `holder` is one of the guards recorded as holding this key.
@@ -133,6 +129,12 @@ impl QueueEntry {
             .iter()
             .any(|h| h.as_ptr() as *const () == id)
     }
+}
+
+/// Drops the holder whose address is `id` from `holders`, and every holder ended or no
+/// longer live.
+fn forget(holders: &mut Holders, id: *const ()) {
+    holders.retain(|h| h.as_ptr() as *const () != id && h.upgrade().is_some_and(|h| h.is_live()));
 }
 
 /// A shared handle on a key's queue entry.
