@@ -104,8 +104,11 @@ macro_rules! current_fence {
 ///
 /// - `forget(permits, owner)` removes `owner`'s grant from the permits hash, its `take`
 ///   leaving the `taken` count;
-/// - `prune(holders, permits, now_ms)` drops the grants expired at `now_ms` (a score of
-///   `now_ms` or less); true when a grant is left, otherwise both keys are gone;
+/// - `prune(holders, permits, now_ms)` drops the grants expired at `now_ms` (a score below
+///   `now_ms`; true when a grant is left, otherwise both keys are gone). Not at `now_ms`
+///   itself: `now_ms` is the time rounded down, so a grant whose expiry equals it may have
+///   up to a millisecond left for its holder, whose validity counts from before the
+///   request; Redis expires a key the same way (only once its time is past);
 /// - `keep_until_latest(holders, permits)` sets both keys to expire with the latest grant
 ///   (`PEXPIREAT` its expiry), so that a key whose holders all vanished goes by itself;
 /// - `let_go(holders, permits, owner, channel, notice, now_ms)` removes `owner`'s grant
@@ -129,10 +132,10 @@ local function forget(permits, owner)
   redis.call('HDEL', permits, owner)
 end
 local function prune(holders, permits, now_ms)
-  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', ms(now_ms))
+  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', '(' .. ms(now_ms))
   if #gone > 0 then
     for _, owner in ipairs(gone) do forget(permits, owner) end
-    redis.call('ZREMRANGEBYSCORE', holders, '-inf', ms(now_ms))
+    redis.call('ZREMRANGEBYSCORE', holders, '-inf', '(' .. ms(now_ms))
   end
   if redis.call('EXISTS', holders) == 1 then return true end
   redis.call('DEL', permits)

@@ -460,3 +460,41 @@ async fn a_locker_hands_permits_to_its_waiter() {
         );
     }
 }
+
+/// A grant's permits are the server's until its expiry has passed, not at the millisecond
+/// it names: the scripts read the time rounded down to the millisecond, so a grant expiring
+/// at `E` still has up to a millisecond left for its holder (whose validity counts from
+/// before its request) while the server's clock reads `E`. A claim of all the permits that
+/// keeps asking across that millisecond is granted only once the clock is past it. Fences
+/// on a fresh key are the server's clock in ms × 1000, which tells when each grant was made.
+/// (The exclusion checker once saw four of three permits believed held: a grant at `E`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_are_not_granted_again_in_their_expiry_millisecond() {
+    let server = RedisServer::start().await;
+    let backend = backend(&server.url()).await;
+    let all = Permits::new(2, 2).unwrap();
+    let ttl = Duration::from_millis(100);
+    for round in 0..5 {
+        let key = format!("expiry-ms/{round}");
+        let first = grant(&backend, &key, all, ttl).await;
+        let expiry_ms = first.fence() / 1000 + ttl.as_millis() as u64;
+        tokio::time::sleep(ttl - Duration::from_millis(10)).await;
+        let next = Owner::random();
+        let give_up = Instant::now() + Duration::from_secs(2);
+        let fence = loop {
+            match backend
+                .try_acquire(&key, next, all, valid_ttl(ttl))
+                .await
+                .unwrap()
+            {
+                Attempt::Granted { fence, .. } => break fence,
+                _ => assert!(Instant::now() < give_up, "never granted again"),
+            }
+        };
+        assert!(
+            fence / 1000 > expiry_ms,
+            "round {round}: granted at {} ms, in the millisecond the first grant expires ({expiry_ms})",
+            fence / 1000
+        );
+    }
+}

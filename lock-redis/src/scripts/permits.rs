@@ -196,7 +196,7 @@ if owner then
   out[1] = {owner, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '', '1', '1'}
 end
 local now_ms = server_clock() / 1000
-local live = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. ms(now_ms), '+inf', 'WITHSCORES')
+local live = redis.call('ZRANGEBYSCORE', KEYS[3], ms(now_ms), '+inf', 'WITHSCORES')
 if #live > 0 then
   local of = redis.call('HGET', KEYS[4], 'of') or ''
   for i = 1, #live, 2 do
