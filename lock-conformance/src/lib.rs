@@ -33,6 +33,7 @@ macro_rules! run_rules {
 
 mod basic;
 mod claims;
+mod election;
 pub mod exclusion;
 mod faults;
 mod jobs;
@@ -45,6 +46,7 @@ mod waiting;
 
 pub use basic::*;
 pub use claims::*;
+pub use election::*;
 pub use faults::*;
 pub use jobs::*;
 pub use permits::*;
@@ -96,5 +98,10 @@ pub async fn run_all(t: &Target) {
         a_permit_waiter_wakes_on_release,
         a_permit_waiter_behind_its_siblings_spends_no_refused_attempt,
         reader_writer_waiters_are_served_in_order,
+        one_leader_per_term,
+        proclaim_keeps_the_term,
+        resign_hands_over_without_waiting_for_the_ttl,
+        a_follower_observes_every_change_in_order,
+        a_paused_leader_is_superseded_and_its_term_refused,
     );
 }

@@ -332,4 +332,7 @@ impl Backend for Counting {
     fn fire_claims(&self) -> Option<&dyn lock_core::claims::FireClaims> {
         self.inner.fire_claims()
     }
+    fn leader_values(&self) -> Option<&dyn lock_core::election::LeaderValues> {
+        self.inner.leader_values()
+    }
 }

@@ -307,6 +307,13 @@ pub trait Backend: Send + Sync + 'static {
     fn fire_claims(&self) -> Option<&dyn crate::claims::FireClaims> {
         None
     }
+
+    /// Leaders' values published beside their locks, for elections
+    /// ([`LeaderValues`](crate::election::LeaderValues)); `None` (the default) when the
+    /// backend offers no elections (Redlock: see its crate documentation).
+    fn leader_values(&self) -> Option<&dyn crate::election::LeaderValues> {
+        None
+    }
 }
 
 /// A backend's one-step hand-over: the lock passes from its holder straight to the next

@@ -62,6 +62,9 @@ macro_rules! forward_backend {
             fn fire_claims(&self) -> Option<&dyn crate::claims::FireClaims> {
                 (**self).fire_claims()
             }
+            fn leader_values(&self) -> Option<&dyn crate::election::LeaderValues> {
+                (**self).leader_values()
+            }
         }
     };
 }

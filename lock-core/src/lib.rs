@@ -6,6 +6,7 @@
 mod backend;
 mod capabilities;
 pub mod claims;
+pub mod election;
 mod error;
 mod forward;
 // Group commit and the poison-free mutex helper are for the distlock backend crates, which
@@ -38,7 +39,8 @@ pub use capabilities::{Capabilities, ClockDrift, Ttl};
 pub use error::{find_cause, BoxError, Error, NodeErrors, Report, Result};
 pub use lease::{Lease, LockKey, Owner};
 pub use locker::{
-    validate_key, Event, LockGuard, Locker, LockerStats, Observer, Outcome, MAX_KEY_LEN,
+    validate_key, Election, Event, LeaderWatch, Leadership, LockGuard, Locker, LockerStats,
+    Observer, Outcome, MAX_KEY_LEN,
 };
 pub use notices::{ReleaseListener, ReleaseNotices};
 pub use options::{Backoff, LockOptions, WaitStrategy};

@@ -43,6 +43,10 @@ pub struct LockOptions {
     /// What each grant claims of its key (default [`Permits::LOCK`]: a lock). See
     /// [`permits`](Self::permits).
     pub permits: Permits,
+    /// Whether a release of the grant is announced to the key's observers in every process
+    /// ([`LeaderValues::announce`](crate::election::LeaderValues::announce)): set by
+    /// [`Election::campaign`](crate::Election::campaign) for leaderships.
+    pub(crate) announce: bool,
 }
 
 impl Default for LockOptions {
@@ -55,6 +59,7 @@ impl Default for LockOptions {
             at_least: None,
             metrics_label: None,
             permits: Permits::LOCK,
+            announce: false,
         }
     }
 }

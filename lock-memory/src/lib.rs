@@ -6,6 +6,7 @@
 mod claims;
 mod coarse;
 mod config;
+mod leaders;
 mod records;
 
 use lock_core::sync::lock;
@@ -116,6 +117,7 @@ pub struct MemoryBackend {
     history: records::History,
     /// The scheduler's fire-time claims, kept beside the locks.
     claims: claims::Claims,
+    leaders: leaders::Leaders,
 }
 
 impl Default for MemoryBackend {
@@ -151,6 +153,7 @@ impl MemoryBackend {
             clock: coarse::CoarseClock::new(),
             history: records::History::default(),
             claims: claims::Claims::default(),
+            leaders: leaders::Leaders::default(),
         }
     }
 
@@ -239,6 +242,10 @@ impl Backend for MemoryBackend {
 
     fn fire_claims(&self) -> Option<&dyn lock_core::claims::FireClaims> {
         Some(&self.claims)
+    }
+
+    fn leader_values(&self) -> Option<&dyn lock_core::election::LeaderValues> {
+        Some(self)
     }
 }
 

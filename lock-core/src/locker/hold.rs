@@ -67,6 +67,8 @@ pub(super) struct GuardShared {
     granted_at: Instant,
     /// The key label of the hold's metrics.
     key_label: Option<&'static str>,
+    /// Whether the release is announced to the key's observers (a leadership).
+    announce: bool,
 }
 
 impl GuardShared {
@@ -302,8 +304,21 @@ impl GuardShared {
             }
         }
         let result = self.locker.proto().release(&lease).await;
+        if self.announce && result.is_ok() {
+            self.announce_release().await;
+        }
         drop(request);
         self.released(result.and_then(|()| self.held_until(sent)))
+    }
+
+    /// Tells the key's observers in every process that its leader released it. A failure
+    /// costs them only time: they learn of it at the leadership's expiry.
+    async fn announce_release(&self) {
+        if let Some(values) = self.locker.proto().leader_values() {
+            if let Err(e) = values.announce(self.key()).await {
+                tracing::debug!(key = self.key(), error = %e.report(), "announcing a resignation failed; observers learn of it at its expiry");
+            }
+        }
     }
 
     /// `Ok` when this guard's validity lasted until `sent`, `NotHeld` otherwise.
@@ -474,6 +489,7 @@ impl GuardShared {
                 watchdog: opts.watchdog,
                 granted_at,
                 key_label: opts.metrics_label,
+                announce: opts.announce,
             });
             (shared.clone() as Arc<dyn Held>, shared)
         });
