@@ -1,6 +1,6 @@
 //! The randomized exclusion checker on the memory backend: Lockers over one shared
 //! in-process backend (it has no server for separate instances to share), no faults; in
-//! each mode: locks, semaphores (permits) and reader-writer keys.
+//! each mode: locks, semaphores (permits), reader-writer keys and elections.
 //! `DISTLOCK_SOAK_SECS` runs it longer, `DISTLOCK_CHECK_SEED` replays a seed.
 
 use std::sync::Arc;
@@ -45,6 +45,21 @@ async fn exclusion_memory_reader_writer() {
         .collect();
     let report = Exclusion::new(lockers)
         .config(short().grants(Grants::ReaderWriter))
+        .run()
+        .await;
+    report.assert_clean();
+}
+
+/// The checker in its election mode: candidates campaign, proclaim, resign and drop;
+/// observers check that terms never go back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_memory_election() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let lockers: Vec<Locker> = (0..3)
+        .map(|_| Locker::with_backend(backend.clone()))
+        .collect();
+    let report = Exclusion::new(lockers)
+        .config(short().grants(Grants::Election))
         .run()
         .await;
     report.assert_clean();

@@ -56,6 +56,11 @@ pub enum Grants {
     Permits(u32),
     /// Reader-writer keys: readers (most claims) share, a writer holds alone.
     ReaderWriter,
+    /// Elections: each key is an election whose candidates campaign, sometimes proclaim a
+    /// new value, and resign (release) or drop their leadership; one leader believes it
+    /// leads at a time, a superseded term's write is refused, and an observer per Locker
+    /// and key checks that the terms it is told never go back.
+    Election,
 }
 
 impl Default for ExclusionConfig {

@@ -172,6 +172,20 @@ impl Exclusion {
             counters: Mutex::default(),
             next_id: AtomicU64::new(1),
         });
+        let (stop_observing, observing) = tokio::sync::watch::channel(false);
+        let observers: Vec<_> = match self.config.grants {
+            Grants::Election => self
+                .lockers
+                .iter()
+                .enumerate()
+                .flat_map(|(l, locker)| (0..keys.len()).map(move |k| (l, locker, k)))
+                .map(|(l, locker, k)| {
+                    let observer = observe(state.clone(), locker.clone(), l, k, observing.clone());
+                    tokio::spawn(observer)
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         let round_len = self.config.duration / phases.len() as u32;
         // An iteration waits at most 2 × ttl_max, holds at most 3 × ttl_max, plus slack.
         let drain = ttl_max * 12 + Duration::from_secs(10);
@@ -248,6 +262,16 @@ impl Exclusion {
                 );
             }
         }
+        let _ = stop_observing.send(true);
+        for observer in observers {
+            if tokio::time::timeout(drain, observer).await.is_err() {
+                state.violation(
+                    ViolationKind::Hang,
+                    "",
+                    format!("an election observer did not stop within {drain:?}"),
+                );
+            }
+        }
         lock(&state.phase).name = "final".into();
         lock(&state.phase).allowed.clear();
         for (l, locker) in self.lockers.iter().enumerate() {
@@ -289,6 +313,53 @@ impl Exclusion {
         };
         eprintln!("{report}");
         report
+    }
+}
+
+/// Follows the election `state.keys[key]` through `locker` until `stop`: every answer's
+/// term must be at least the last one's (a term never goes back).
+async fn observe(
+    state: Arc<State>,
+    locker: Locker,
+    l: usize,
+    key: usize,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let name = state.keys[key].clone();
+    let mut watch = match locker.election(&name) {
+        Ok(election) => election.observe(),
+        Err(e) => {
+            let detail = format!("L{l}: no election to observe: {e}");
+            return state.violation(ViolationKind::UnexpectedError, &name, detail);
+        }
+    };
+    let mut last: Option<u64> = None;
+    loop {
+        let answer = tokio::select! {
+            _ = stop.wait_for(|stop| *stop) => return,
+            answer = watch.changed() => answer,
+        };
+        match answer {
+            Ok(leader) => {
+                state.count(|c| c.observed += 1);
+                let Some(leader) = leader else { continue };
+                if let Some(before) = last.filter(|t| leader.term < *t) {
+                    let detail = format!(
+                        "L{l}'s observer was told term {} after term {before}",
+                        leader.term
+                    );
+                    state.violation(ViolationKind::ObservedOrder, &name, detail);
+                }
+                last = Some(last.map_or(leader.term, |t| t.max(leader.term)));
+            }
+            Err(e) if e.is_transient() => {
+                tokio::time::sleep(state.ttl_min).await;
+            }
+            Err(e) => {
+                let detail = format!("L{l}'s observer failed with {e}");
+                return state.violation(ViolationKind::UnexpectedError, &name, detail);
+            }
+        }
     }
 }
 

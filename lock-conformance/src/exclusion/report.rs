@@ -28,6 +28,8 @@ pub enum ViolationKind {
     Hang,
     /// An operation failed with an error that is neither transient nor expected.
     UnexpectedError,
+    /// An election's observer was told a term lower than one it was told before.
+    ObservedOrder,
 }
 
 /// One broken rule, with what the checker saw.
@@ -95,6 +97,10 @@ pub struct Counters {
     pub ends: (u64, u64),
     /// `run` outcomes: ran, skipped, timed out, lock lost.
     pub runs: [u64; 4],
+    /// Election mode: proclamations that succeeded / failed.
+    pub proclaims: (u64, u64),
+    /// Election mode: leadership changes the observers were told.
+    pub observed: u64,
 }
 
 /// The result of a run: its seed, what it did, and the rules it found broken.
@@ -156,7 +162,8 @@ impl fmt::Display for Report {
             f,
             "  did: {} iterations, {} acquired, {} refused, {} cancelled, {} transient errors, \
              {} writes, {} fence refusals, {} not-believing skips, {} unconfirmed, extends \
-             {}/{} ok/failed, ends {}/{} release/drop, runs {:?} ran/skipped/timed-out/lost",
+             {}/{} ok/failed, ends {}/{} release/drop, runs {:?} ran/skipped/timed-out/lost, \
+             proclaims {}/{} ok/failed, {} leadership changes observed",
             c.iterations,
             c.acquired,
             c.refused,
@@ -170,7 +177,10 @@ impl fmt::Display for Report {
             c.extends.1,
             c.ends.0,
             c.ends.1,
-            c.runs
+            c.runs,
+            c.proclaims.0,
+            c.proclaims.1,
+            c.observed
         )?;
         if self.is_clean() {
             writeln!(f, "  no violations")?;

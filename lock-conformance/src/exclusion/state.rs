@@ -122,6 +122,7 @@ impl State {
             }
             Grants::ReaderWriter if rng.random_bool(0.7) => Permits::read(),
             Grants::ReaderWriter => Permits::write(),
+            Grants::Election => Permits::LOCK,
         }
     }
 

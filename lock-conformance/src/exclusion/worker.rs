@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::RngExt;
 
+use super::config::Grants;
 use super::report::ViolationKind;
 use super::state::{Belief, Holding, State};
 use lock_core::sync::lock;
-use lock_core::{Error, LockGuard, LockOptions, Locker, Outcome, WaitStrategy};
+use lock_core::{Error, LockGuard, LockOptions, Locker, Outcome, Result, WaitStrategy};
 
 pub(super) struct Worker {
     pub(super) state: Arc<State>,
@@ -62,9 +63,12 @@ impl Worker {
         let ttl = self.draw_ttl();
         let watchdog = self.rng.random_bool(0.5);
         let ttl_max = self.state.ttl_max;
+        let election = self.state.grants == Grants::Election;
         let step = match self.rng.random_range(0..10) {
             0..=5 => Step::Acquire,
             6 | 7 => Step::Cancelled(self.upto(ttl_max)),
+            // A leadership is not a job's lock: candidates campaign instead.
+            _ if election => Step::Acquire,
             _ => Step::Run,
         };
         if let Step::Run = step {
@@ -81,17 +85,23 @@ impl Worker {
             .wait(wait)
             .watchdog(watchdog)
             .permits(permits);
-        let result = match step {
-            Step::Cancelled(after) => {
-                match tokio::time::timeout(after, self.locker.acquire(&*key, &opts)).await {
-                    Ok(result) => result,
-                    Err(_) => {
-                        self.state.count(|c| c.cancelled += 1);
-                        return;
-                    }
-                }
+        let proclaim = election && self.rng.random_bool(0.3);
+        let acquire = async {
+            if election {
+                self.campaign(&key, &opts, proclaim).await
+            } else {
+                self.locker.acquire(&*key, &opts).await
             }
-            _ => self.locker.acquire(&*key, &opts).await,
+        };
+        let result = match step {
+            Step::Cancelled(after) => match tokio::time::timeout(after, acquire).await {
+                Ok(result) => result,
+                Err(_) => {
+                    self.state.count(|c| c.cancelled += 1);
+                    return;
+                }
+            },
+            _ => acquire.await,
         };
         match result {
             Ok(guard) => {
@@ -100,6 +110,27 @@ impl Worker {
             }
             Err(e) => self.acquire_failed(&key, e).await,
         }
+    }
+
+    /// A campaign in the election `key`, proclaiming a second value at once when
+    /// `proclaim`; the leadership as the lock it is made of.
+    async fn campaign(&self, key: &str, opts: &LockOptions, proclaim: bool) -> Result<LockGuard> {
+        let election = self.locker.election(key)?;
+        let mut leadership = election.campaign(self.who.as_bytes(), opts).await?;
+        if proclaim {
+            match leadership.proclaim(format!("{} again", self.who)).await {
+                Ok(()) => self.state.count(|c| c.proclaims.0 += 1),
+                // Lost meanwhile, or a server that did not answer: the hold finds out.
+                Err(Error::NotHeld { .. }) => self.state.count(|c| c.proclaims.1 += 1),
+                Err(e) if e.is_transient() => self.state.count(|c| c.proclaims.1 += 1),
+                Err(e) => self.state.violation(
+                    ViolationKind::UnexpectedError,
+                    key,
+                    format!("{}: proclaim failed with {e}", self.who),
+                ),
+            }
+        }
+        Ok(leadership.into_guard())
     }
 
     pub(super) async fn acquire_failed(&mut self, key: &str, e: Error) {
