@@ -5,6 +5,7 @@ mod baseline;
 mod bench;
 mod common;
 mod cron;
+mod elect;
 mod exit;
 mod fire;
 mod job;
@@ -96,6 +97,13 @@ enum Command {
     /// Measure lock throughput and latency of one or more lock servers.
     #[command(after_help = bench::AFTER_HELP)]
     Bench(bench::BenchArgs),
+    /// Run CMD only while this process leads the election NAME; stop it when leadership
+    /// is lost, resign when it ends.
+    #[command(after_help = elect::ELECT_HELP)]
+    Elect(elect::ElectArgs),
+    /// Show the leader of the election NAME (value, term, time left), or follow it.
+    #[command(after_help = elect::LEADER_HELP)]
+    Leader(elect::LeaderArgs),
     /// Show whether KEY is held, its fencing token and its remaining validity.
     #[command(after_help = status::AFTER_HELP)]
     Status(status::StatusArgs),
@@ -141,6 +149,8 @@ fn main() {
         Command::Run(args) => block_on(run::run(args)),
         Command::Bench(args) => block_on(bench::run(args)),
         Command::Status(args) => block_on(status::run(args)),
+        Command::Elect(args) => block_on(elect::elect(args)),
+        Command::Leader(args) => block_on(elect::leader(args)),
         Command::Cron(args) => block_on(cron::run(args)),
         Command::Completions(args) => manual::completions(args, Cli::command()),
         Command::Man(args) => manual::man(args, Cli::command()),

@@ -21,14 +21,14 @@ pub use crate::run_args::{RunArgs, AFTER_HELP};
 
 /// How long to wait for a held lock.
 #[derive(Clone, Copy, Debug)]
-enum WaitFor {
+pub(crate) enum WaitFor {
     Not,
     AtMost(Duration),
     Forever,
 }
 
 /// Why distlock stopped the command.
-enum Stop {
+pub(crate) enum Stop {
     Lost,
     TimedOut(Duration),
     Signal(i32),
@@ -179,11 +179,7 @@ async fn run_locked(args: &RunArgs, ran: &mut Option<Duration>) -> Result<Exit, 
         }
     }
 
-    let mut wait = match (args.no_wait, args.wait) {
-        (true, _) => WaitFor::Not,
-        (false, Some(d)) => WaitFor::AtMost(d),
-        (false, None) => WaitFor::Forever,
-    };
+    let mut wait = WaitFor::from_args(args.no_wait, args.wait);
     if let Some(claimed) = &claimed {
         // A fire time waits for an earlier run at most until its lateness bound.
         let left = claimed
@@ -229,7 +225,22 @@ async fn run_locked(args: &RunArgs, ran: &mut Option<Duration>) -> Result<Exit, 
 
     let started = Instant::now();
     let scheduled_at = claimed.as_ref().map(Claimed::scheduled_at);
-    let mut outcome = hold(&guard, args, scheduled_at, &mut signals).await;
+    let mut env = vec![
+        ("DISTLOCK_KEY", args.key.clone()),
+        ("DISTLOCK_FENCE", guard.fence().to_string()),
+    ];
+    if let Some(at) = scheduled_at {
+        env.push(("DISTLOCK_SCHEDULED_AT", at));
+    }
+    let command = Command {
+        what: "lock",
+        key: &args.key,
+        command: &args.command,
+        env,
+        timeout: args.timeout,
+        grace: args.grace,
+    };
+    let mut outcome = hold(&guard, &command, &mut signals).await;
     if outcome.is_ok() {
         *ran = Some(started.elapsed());
     }
@@ -253,9 +264,18 @@ async fn run_locked(args: &RunArgs, ran: &mut Option<Duration>) -> Result<Exit, 
     finish(guard, &target, &args.key, &locker, outcome).await
 }
 
-/// Waits for the lock as `wait` says, noting on stderr (through the Locker's observer)
-/// when the key is held elsewhere, when the server fails while distlock keeps trying, and
-/// when it answers again.
+impl WaitFor {
+    /// `--no-wait` and `--wait DUR` as a wait: `-n` wins, no `-w` waits forever.
+    pub(crate) fn from_args(no_wait: bool, wait: Option<Duration>) -> Self {
+        match (no_wait, wait) {
+            (true, _) => WaitFor::Not,
+            (false, Some(d)) => WaitFor::AtMost(d),
+            (false, None) => WaitFor::Forever,
+        }
+    }
+}
+
+/// Waits for the lock as `wait` says (see [`waiting`]).
 async fn acquire(
     locker: &Locker,
     target: &Target,
@@ -263,6 +283,23 @@ async fn acquire(
     opts: &LockOptions,
     wait: WaitFor,
 ) -> Result<LockGuard, CliError> {
+    let opts = waiting(locker, target, opts, wait);
+    match locker.acquire(key, &opts).await {
+        Ok(guard) => Ok(guard),
+        Err(Error::Timeout { waited, .. }) => Err(not_acquired_after(key, waited)),
+        Err(e) => Err(target.error(e)),
+    }
+}
+
+/// `opts` waiting as `wait` says; notes on stderr (through the Locker's observer) when the
+/// key is held elsewhere, when the server fails while distlock keeps trying, and when it
+/// answers again.
+pub(crate) fn waiting(
+    locker: &Locker,
+    target: &Target,
+    opts: &LockOptions,
+    wait: WaitFor,
+) -> LockOptions {
     let (opts, until) = match wait {
         WaitFor::Not => (opts.clone().skip(), String::new()),
         WaitFor::AtMost(d) => (
@@ -287,29 +324,28 @@ async fn acquire(
         }
         _ => {}
     });
-    match locker.acquire(key, &opts).await {
-        Ok(guard) => Ok(guard),
-        Err(Error::Timeout { waited, .. }) => Err(not_acquired_after(key, waited)),
-        Err(e) => Err(target.error(e)),
-    }
+    opts
 }
 
-/// Runs the command while the lock is held; returns its exit status, or why and with what
-/// status distlock stopped it.
-async fn hold(
+/// The command distlock runs while a grant is held, and how.
+pub(crate) struct Command<'a> {
+    /// What the grant is, in messages: `lock`, `leadership`.
+    pub(crate) what: &'static str,
+    pub(crate) key: &'a str,
+    pub(crate) command: &'a [std::ffi::OsString],
+    pub(crate) env: Vec<(&'static str, String)>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) grace: Duration,
+}
+
+/// Runs the command while the grant is held; returns its exit status, or why and with
+/// what status distlock stopped it.
+pub(crate) async fn hold(
     guard: &LockGuard,
-    args: &RunArgs,
-    scheduled_at: Option<String>,
+    args: &Command<'_>,
     signals: &mut Signals,
 ) -> Result<(std::process::ExitStatus, Option<Stop>), CliError> {
-    let mut env = vec![
-        ("DISTLOCK_KEY", args.key.clone()),
-        ("DISTLOCK_FENCE", guard.fence().to_string()),
-    ];
-    if let Some(at) = scheduled_at {
-        env.push(("DISTLOCK_SCHEDULED_AT", at));
-    }
-    let mut job = Job::spawn(&args.command, &env)?;
+    let mut job = Job::spawn(args.command, &args.env)?;
     let lost = guard.lost();
     let timeout = async {
         match args.timeout {
@@ -333,9 +369,9 @@ async fn hold(
     let first = match stop {
         Stop::Lost => {
             eprintln!(
-                "distlock: lost lock {:?} while the command ran (renewal refused or the server \
+                "distlock: lost {} {:?} while the command ran (renewal refused or the server \
                  stopped answering); stopping it: SIGTERM, SIGKILL after {grace}",
-                args.key
+                args.what, args.key
             );
             libc::SIGTERM
         }
@@ -354,7 +390,7 @@ async fn hold(
 }
 
 /// Releases the lock and decides the exit.
-async fn finish(
+pub(crate) async fn finish(
     guard: LockGuard,
     target: &Target,
     key: &str,
