@@ -8,6 +8,7 @@ mod error;
 mod fire;
 mod history;
 mod job;
+mod leader;
 mod observe;
 mod plan;
 mod runner;
@@ -19,6 +20,7 @@ pub use clock::{Clock, ManualClock, OffsetClock, Sleep, SystemClock, MAX_SLEEP_S
 pub use error::{Error, Result};
 pub use history::per_fire_time;
 pub use job::{Job, JobContext, OnBusy};
+pub use leader::{LeaderMode, DEFAULT_LEADER_TTL};
 pub use observe::metric_names;
 pub use plan::Plan;
 pub use schedule::Schedule;

@@ -90,6 +90,15 @@ pub(crate) fn start(inner: &Arc<Inner>) -> Result<()> {
             backend: inner.locker.capabilities().name,
         });
     }
+    if let Some(mode) = &inner.leader {
+        inner.locker.election(&mode.election)?;
+        if let Err(e) = inner.locker.capabilities().effective_ttl(mode.ttl) {
+            return Err(Error::InvalidOption {
+                job: mode.election.clone(),
+                reason: e.to_string(),
+            });
+        }
+    }
     {
         // Jobs, then the started state, as `Scheduler::add` takes them: a job added
         // meanwhile is started once, by one of the two.
@@ -101,6 +110,10 @@ pub(crate) fn start(inner: &Arc<Inner>) -> Result<()> {
         let control = Control::new();
         *started = Some(control.clone());
         observe::describe();
+        if let Some(mode) = &inner.leader {
+            let lead = crate::leader::lead(inner.clone(), control.clone(), mode.clone());
+            lock(&control.state.loops).spawn(lead);
+        }
         for job in jobs.values() {
             control.spawn_job(inner, job.clone());
         }
@@ -215,6 +228,11 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
         let now = inner.server_now();
         if now > at + plan.lateness {
             after = record_missed(&inner, &job, &zone, fire, now, LATE).await;
+            continue;
+        }
+        if !crate::leader::may_fire(&inner, &control, at + plan.lateness).await {
+            // Another replica leads: the fire time is its to run (and to claim).
+            after = at;
             continue;
         }
         let task = run_fire(inner.clone(), control.clone(), job.clone(), fire, plan);

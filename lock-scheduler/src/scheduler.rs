@@ -14,6 +14,7 @@ use lock_core::Locker;
 use crate::clock::{Clock, OffsetClock, SystemClock};
 use crate::error::{Error, Result};
 use crate::job::Job;
+use crate::leader::LeaderMode;
 use crate::schedule::zone_named;
 use crate::state::{Inner, ShutdownReport};
 
@@ -100,6 +101,7 @@ pub struct SchedulerBuilder {
     zone: ZoneChoice,
     clock: Option<Arc<dyn Clock>>,
     keep: usize,
+    leader: Option<LeaderMode>,
 }
 
 enum ZoneChoice {
@@ -158,6 +160,21 @@ impl SchedulerBuilder {
         self
     }
 
+    /// Leader mode: only the replica elected in `mode`'s election fires jobs; the others
+    /// stand by and take over within the leadership's TTL when it dies. Each run still
+    /// claims its fire time and takes the job's lock, so a change of leader neither runs a
+    /// fire time twice nor overlaps two runs. Default: every replica fires, and each fire
+    /// time's claim decides which replica runs it.
+    ///
+    /// Choose it when the jobs should run where one process keeps their state (a cache, a
+    /// connection pool), or to keep every replica but one from contending at each fire
+    /// time; keep the default when any replica may run any fire time (the default spreads
+    /// runs over replicas and needs no election).
+    pub fn leader(mut self, mode: LeaderMode) -> Self {
+        self.leader = Some(mode);
+        self
+    }
+
     /// The scheduler.
     ///
     /// # Errors
@@ -177,6 +194,8 @@ impl SchedulerBuilder {
                 jobs: Mutex::new(BTreeMap::new()),
                 started: Mutex::new(None),
                 offset: Mutex::new(None),
+                leader: self.leader,
+                leading: tokio::sync::watch::Sender::new(None),
             }),
         })
     }
@@ -216,6 +235,7 @@ impl Scheduler {
             zone: ZoneChoice::Named("UTC".to_owned()),
             clock: None,
             keep: DEFAULT_KEEP,
+            leader: None,
         }
     }
 
@@ -255,6 +275,12 @@ impl Scheduler {
             scheduler: self.clone(),
             stopped: false,
         })
+    }
+
+    /// The term this replica leads in, in leader mode ([`SchedulerBuilder::leader`]);
+    /// `None` while it stands by, and always outside leader mode.
+    pub fn leading(&self) -> Option<u64> {
+        *self.inner.leading.borrow()
     }
 
     /// The replica id written in this scheduler's records.

@@ -30,6 +30,10 @@ pub(crate) struct Inner {
     /// on the server's clock by it, so a replica whose clock is fast does not claim a fire
     /// time before the earlier ones were claimed.
     pub(crate) offset: Mutex<Option<jiff::SignedDuration>>,
+    /// Leader mode, when set: only the elected replica fires.
+    pub(crate) leader: Option<crate::leader::LeaderMode>,
+    /// The term this replica leads in, while it leads (leader mode).
+    pub(crate) leading: tokio::sync::watch::Sender<Option<u64>>,
 }
 
 impl Inner {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use async_trait::async_trait;
 use lock_core::{Attempt, Backend, Capabilities, Lease, Locker, Owner, ReleaseListener, Ttl};
 use lock_memory::MemoryBackend;
-use lock_scheduler::{BoxError, Error, Job, ManualClock, Scheduler};
+use lock_scheduler::{BoxError, Error, Job, LeaderMode, ManualClock, Scheduler};
 
 /// The memory backend without its run records (every lock operation forwarded), and
 /// without its fire-time claims too when the flag is off.
@@ -62,6 +62,30 @@ fn a_server_without_claims_is_refused_at_the_start() {
             assert!(e.to_string().contains("fire-time claims"), "{e}");
         }
         other => panic!("expected ClaimsNotKept, got {:?}", other.map(|_| ())),
+    }
+}
+
+/// Leader mode on a lock server without elections is refused at the start, naming the
+/// backend and the operation.
+#[test]
+fn leader_mode_without_elections_is_refused_at_the_start() {
+    let scheduler = Scheduler::builder(Locker::new(Forgetful(MemoryBackend::new(), true)))
+        .replica("a")
+        .leader(LeaderMode::new("sched/leader"))
+        .build()
+        .unwrap();
+    scheduler
+        .add(
+            Job::every("plain", Duration::from_secs(10))
+                .unwrap()
+                .run(|_ctx| async { Ok::<_, BoxError>(()) }),
+        )
+        .unwrap();
+    match scheduler.start() {
+        Err(Error::Lock(lock_core::Error::Unsupported { backend, operation })) => {
+            assert_eq!((backend, operation), ("memory", "leader election"));
+        }
+        other => panic!("expected Unsupported, got {:?}", other.map(|_| ())),
     }
 }
 

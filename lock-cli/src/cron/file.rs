@@ -40,6 +40,10 @@ pub struct CronFile {
     pub shutdown_grace: Duration,
     /// Run records kept per job in the lock server.
     pub history: usize,
+    /// `mode = "leader"`: one elected replica fires every job (the election's name and
+    /// the leadership's TTL); `None` (`mode = "each"`, the default): every replica fires
+    /// and each fire time's claim picks the one that runs it.
+    pub leader: Option<distlock::scheduler::LeaderMode>,
     /// The jobs, in file order.
     pub jobs: Vec<JobSpec>,
     /// What may not work as meant but does not keep the file from running (a grace longer
@@ -51,6 +55,8 @@ pub struct CronFile {
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 /// See [`CronFile::shutdown_grace`].
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// The election of `mode = "leader"` when the file names none.
+pub const DEFAULT_ELECTION: &str = "distlock-cron/leader";
 /// See [`CronFile::history`].
 pub const DEFAULT_HISTORY: usize = distlock::scheduler::DEFAULT_KEEP;
 const TOP_FIELDS: &[&str] = &[
@@ -63,6 +69,9 @@ const TOP_FIELDS: &[&str] = &[
     "grace",
     "shutdown_grace",
     "history",
+    "mode",
+    "election",
+    "leader_ttl",
     "job",
 ];
 const JOB_FIELDS: &[&str] = &[
@@ -165,6 +174,41 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
             return Err(FileError {
                 place: top("history"),
                 message: "must be a whole number of at least 1 (records kept per job)".into(),
+            })
+        }
+    };
+
+    let leader = match fields.text("mode")?.as_deref() {
+        None | Some("each") => {
+            for field in ["election", "leader_ttl"] {
+                if table.contains_key(field) {
+                    return Err(FileError {
+                        place: top(field),
+                        message: "applies only with mode = \"leader\"".into(),
+                    });
+                }
+            }
+            None
+        }
+        Some("leader") => {
+            let election = fields
+                .text("election")?
+                .unwrap_or_else(|| DEFAULT_ELECTION.to_owned());
+            if let Err(e) = distlock::validate_key(&election) {
+                return Err(FileError {
+                    place: top("election"),
+                    message: e.to_string(),
+                });
+            }
+            let ttl = fields
+                .positive_duration("leader_ttl")?
+                .unwrap_or(distlock::scheduler::DEFAULT_LEADER_TTL);
+            Some(distlock::scheduler::LeaderMode::new(election).ttl(ttl))
+        }
+        Some(other) => {
+            return Err(FileError {
+                place: top("mode"),
+                message: format!("must be \"each\" (the default) or \"leader\", not {other:?}"),
             })
         }
     };
@@ -326,6 +370,7 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
         grace,
         shutdown_grace,
         history,
+        leader,
         jobs,
         warnings,
     })
@@ -529,5 +574,47 @@ command = ["b"]
             e.message
         );
         assert!(e.message.contains("second field"), "{}", e.message);
+    }
+
+    #[test]
+    fn mode_leader_names_an_election_and_a_ttl() {
+        let job = "[[job]]\nname = \"n\"\nschedule = \"every 10s\"\ncommand = [\"x\"]\n";
+        let file = parse(job).unwrap();
+        assert_eq!(file.leader, None, "every replica fires by default");
+        let file = parse(&format!("mode = \"leader\"\n{job}")).unwrap();
+        let mode = file.leader.expect("leader mode");
+        assert_eq!(mode.election, DEFAULT_ELECTION);
+        assert_eq!(mode.ttl, distlock::scheduler::DEFAULT_LEADER_TTL);
+        let file = parse(&format!(
+            "mode = \"leader\"\nelection = \"ops/cron\"\nleader_ttl = \"5s\"\n{job}"
+        ))
+        .unwrap();
+        let mode = file.leader.expect("leader mode");
+        assert_eq!(
+            (mode.election.as_str(), mode.ttl),
+            ("ops/cron", Duration::from_secs(5))
+        );
+        let top = |field: &str| Place::Top {
+            field: field.to_owned(),
+        };
+        for (text, field) in [
+            (format!("mode = \"single\"\n{job}"), "mode"),
+            (format!("election = \"x\"\n{job}"), "election"),
+            (
+                format!("mode = \"each\"\nleader_ttl = \"5s\"\n{job}"),
+                "leader_ttl",
+            ),
+            (
+                format!("mode = \"leader\"\nelection = \"\"\n{job}"),
+                "election",
+            ),
+            (
+                format!("mode = \"leader\"\nleader_ttl = \"0s\"\n{job}"),
+                "leader_ttl",
+            ),
+        ] {
+            let (place, message) = place_of(&text);
+            assert_eq!(place, top(field), "{text}\n{message}");
+        }
     }
 }

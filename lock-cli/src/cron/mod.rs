@@ -39,6 +39,12 @@ first six may also be set per job.
   grace = \"10s\"                 # stopping a command: SIGTERM, then SIGKILL after this
   shutdown_grace = \"30s\"        # on SIGTERM/Ctrl-C: how long running commands may finish
   history = 100                 # run records kept per job in the lock server
+  mode = \"each\"                 # each: every replica fires, each fire time's claim picks
+                                # the one that runs it | leader: one elected replica fires
+                                # every job, the others stand by (see below)
+  election = \"distlock-cron/leader\"  # mode = leader: the election (one per schedule file)
+  leader_ttl = \"15s\"            # mode = leader: a standby takes over this long after the
+                                # leader died (at once when it shuts down)
 
   [[job]]
   name = \"nightly-report\"       # also the lock's key
@@ -58,6 +64,13 @@ until the fire time + at_least. A run of the same job still holding the lock mak
 fire time skipped-busy. Outcomes: ok, failed, skipped-busy, timed-out, lock-lost, missed,
 cut. The URL must be named (--url or DISTLOCK_URL; --url memory:// runs the jobs in this
 process alone), and its backend must keep claims (not redlock://).
+
+mode = \"leader\" keeps every job on one replica (its in-process state, its connections)
+and spares the standbys a claim at every fire time; each run still claims its fire time
+and locks the job, so a change of leader neither repeats nor overlaps runs. A fire time
+due while no replica leads (up to leader_ttl after a leader died) runs if a standby leads
+within its lateness, else runs nowhere. Keep the default when any replica may run any
+fire time.
 
 The command gets DISTLOCK_JOB, DISTLOCK_SCHEDULED_AT (the fire time, RFC 3339 in UTC),
 DISTLOCK_FENCE (the fencing token of this run's lock) and DISTLOCK_REPLICA. It runs in its
@@ -209,6 +222,9 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     if let Some(ms) = args.clock_offset {
         builder = builder.clock_offset(jiff::SignedDuration::from_millis(ms));
     }
+    if let Some(mode) = &file.leader {
+        builder = builder.leader(mode.clone());
+    }
     let scheduler = builder
         .build()
         .map_err(|e| CliError::new(INTERNAL, format!("cannot build the scheduler: {e}")))?;
@@ -250,6 +266,9 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     }
     let running = scheduler.start().map_err(|e| match e {
         scheduler::Error::ClaimsNotKept { .. } => CliError::new(UNAVAILABLE, e.to_string()),
+        scheduler::Error::Lock(e @ distlock::Error::Unsupported { .. }) => {
+            CliError::new(UNAVAILABLE, format!("mode = \"leader\": {e}"))
+        }
         e => CliError::new(INTERNAL, format!("cannot start the scheduler: {e}")),
     })?;
     note!(
