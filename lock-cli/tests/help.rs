@@ -9,6 +9,18 @@ use std::process::Stdio;
 
 use common::{distlock, finish, Finished, PROMPT};
 
+/// Every subcommand, as `distlock --help` lists them.
+const SUBCOMMANDS: [&str; 8] = [
+    "run",
+    "bench",
+    "status",
+    "elect",
+    "leader",
+    "cron",
+    "completions",
+    "man",
+];
+
 async fn distlock_with(args: &[&str]) -> Finished {
     finish(distlock(args), PROMPT).await
 }
@@ -162,32 +174,14 @@ async fn bash_complete(script: &Path, words: &[&str]) -> Vec<String> {
 async fn completions_complete_subcommands_and_flags() {
     let out = distlock_with(&["completions", "bash"]).await;
     out.expect_code(0);
-    for sub in [
-        "run",
-        "bench",
-        "status",
-        "elect",
-        "leader",
-        "cron",
-        "completions",
-        "man",
-    ] {
+    for sub in SUBCOMMANDS {
         assert!(out.stdout.contains(sub), "the script lacks {sub}");
     }
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("distlock.bash");
     std::fs::write(&script, &out.stdout).unwrap();
     let subs = bash_complete(&script, &["distlock", ""]).await;
-    for sub in [
-        "run",
-        "bench",
-        "status",
-        "elect",
-        "leader",
-        "cron",
-        "completions",
-        "man",
-    ] {
+    for sub in SUBCOMMANDS {
         assert!(subs.iter().any(|s| s == sub), "{sub} not offered: {subs:?}");
     }
     let flags = bash_complete(&script, &["distlock", "run", "--no"]).await;
@@ -246,16 +240,7 @@ async fn man_pages_are_valid_roff() {
     );
     assert!(out.stdout.contains(".TH distlock 1"), "{}", out.stdout);
     let text = render_man(&out.stdout).await;
-    for sub in [
-        "run",
-        "bench",
-        "status",
-        "elect",
-        "leader",
-        "cron",
-        "completions",
-        "man",
-    ] {
+    for sub in SUBCOMMANDS {
         // Each subcommand is listed with its own page, which `distlock man SUB` prints.
         assert!(
             text.contains(&format!("distlock-{sub}(1)")),

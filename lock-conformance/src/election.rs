@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::target::{opts, slack, Target};
 use lock_core::election::{Leader, MAX_LEADER_VALUE};
-use lock_core::{Error, LockOptions, Locker};
+use lock_core::{Error, Leadership, LockOptions, Locker};
 
 /// Whether the target offers elections; when it does not, checks that it refuses them.
 fn elects(t: &Target) -> bool {
@@ -27,6 +27,16 @@ fn campaign_opts(t: &Target, ttl: Duration) -> LockOptions {
         .wait_for(Duration::from_secs(10))
 }
 
+/// `locker`'s campaign in the election `name` for `value`, which must win.
+async fn lead(locker: &Locker, name: &str, value: &str, opts: &LockOptions) -> Leadership {
+    locker
+        .election(name)
+        .unwrap()
+        .campaign(value, opts)
+        .await
+        .unwrap_or_else(|e| panic!("{value}'s campaign in {name}: {e}"))
+}
+
 async fn leader(locker: &Locker, name: &str) -> Option<Leader> {
     locker.election(name).unwrap().leader().await.unwrap()
 }
@@ -42,12 +52,7 @@ pub async fn one_leader_per_term(t: &Target) {
     let name = t.key("election-one");
     let ttl = Duration::from_secs(10);
     assert_eq!(leader(&a, &name).await, None, "nobody leads a new election");
-    let first = a
-        .election(&name)
-        .unwrap()
-        .campaign("a", &campaign_opts(t, ttl))
-        .await
-        .unwrap();
+    let first = lead(&a, &name, "a", &campaign_opts(t, ttl)).await;
     let seen = leader(&b, &name).await.expect("a leads");
     assert_eq!(seen.value, b"a");
     assert_eq!(seen.term, first.term());
@@ -63,12 +68,7 @@ pub async fn one_leader_per_term(t: &Target) {
         None,
         "nobody leads after a resignation"
     );
-    let second = b
-        .election(&name)
-        .unwrap()
-        .campaign("b", &campaign_opts(t, ttl))
-        .await
-        .unwrap();
+    let second = lead(&b, &name, "b", &campaign_opts(t, ttl)).await;
     assert!(second.term() > term, "terms strictly increase");
     assert_eq!(
         leader(&a, &name).await.map(|l| l.value),
@@ -88,12 +88,7 @@ pub async fn proclaim_keeps_the_term(t: &Target) {
     let name = t.key("election-proclaim");
     let ttl = t.short_ttl();
     let opts = campaign_opts(t, ttl).watchdog(false);
-    let mut leading = a
-        .election(&name)
-        .unwrap()
-        .campaign("v1", &opts)
-        .await
-        .unwrap();
+    let mut leading = lead(&a, &name, "v1", &opts).await;
     leading.proclaim("v2").await.unwrap();
     let seen = leader(&b, &name).await.expect("a leads");
     assert_eq!(
@@ -112,12 +107,7 @@ pub async fn proclaim_keeps_the_term(t: &Target) {
     ));
     // Lost: the TTL passes without renewal, and another candidate leads.
     tokio::time::sleep(ttl + slack(t)).await;
-    let next = b
-        .election(&name)
-        .unwrap()
-        .campaign("b", &opts)
-        .await
-        .unwrap();
+    let next = lead(&b, &name, "b", &opts).await;
     assert!(next.term() > leading.term());
     assert!(leading.is_lost());
     assert!(matches!(
@@ -138,12 +128,7 @@ pub async fn resign_hands_over_without_waiting_for_the_ttl(t: &Target) {
     let (a, b) = (t.locker(), t.locker());
     let name = t.key("election-resign");
     let ttl = Duration::from_secs(30);
-    let first = a
-        .election(&name)
-        .unwrap()
-        .campaign("a", &campaign_opts(t, ttl))
-        .await
-        .unwrap();
+    let first = lead(&a, &name, "a", &campaign_opts(t, ttl)).await;
     let election = b.election(&name).unwrap();
     let opts = campaign_opts(t, ttl);
     let waiting = tokio::spawn(async move { election.campaign("b", &opts).await });
@@ -183,12 +168,7 @@ pub async fn a_follower_observes_every_change_in_order(t: &Target) {
         None,
         "the first answer is the state now"
     );
-    let mut leading = a
-        .election(&name)
-        .unwrap()
-        .campaign("a1", &campaign_opts(t, ttl))
-        .await
-        .unwrap();
+    let mut leading = lead(&a, &name, "a1", &campaign_opts(t, ttl)).await;
     let seen = next(&mut watch).await.expect("a leads");
     assert_eq!(
         (seen.value.as_slice(), seen.term),
@@ -203,12 +183,7 @@ pub async fn a_follower_observes_every_change_in_order(t: &Target) {
     let term = leading.term();
     leading.resign().await.unwrap();
     assert_eq!(next(&mut watch).await, None, "a resignation is observed");
-    let second = b
-        .election(&name)
-        .unwrap()
-        .campaign("b", &campaign_opts(t, ttl))
-        .await
-        .unwrap();
+    let second = lead(&b, &name, "b", &campaign_opts(t, ttl)).await;
     let seen = next(&mut watch).await.expect("b leads");
     assert_eq!(
         (seen.value.as_slice(), seen.term),
@@ -253,12 +228,7 @@ pub async fn a_paused_leader_is_superseded_and_its_term_refused(t: &Target) {
     };
     assert!(write(paused.term()));
     let started = Instant::now();
-    let next = b
-        .election(&name)
-        .unwrap()
-        .campaign("b", &campaign_opts(t, ttl))
-        .await
-        .unwrap();
+    let next = lead(&b, &name, "b", &campaign_opts(t, ttl)).await;
     assert!(
         started.elapsed() < ttl + Duration::from_secs(3),
         "the next leader waited {:?} for a TTL of {ttl:?}",
