@@ -9,6 +9,21 @@ use distlock::Locker;
 
 use crate::exit::CliError;
 
+/// `--url URL` (or `DISTLOCK_URL`), as the subcommands that talk to one lock server take
+/// it (`#[command(flatten)]`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct UrlArg {
+    /// Lock server URL (the forms are in `distlock --help`) [default: memory://].
+    #[arg(
+        short = 'u',
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_URL",
+        hide_env_values = true
+    )]
+    pub url: Option<String>,
+}
+
 /// Where the lock-server URL came from, for messages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Origin {

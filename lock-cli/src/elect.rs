@@ -9,7 +9,7 @@ use distlock::election::Leader;
 use distlock::{Error, LockOptions};
 use serde::Serialize;
 
-use crate::common::{parse_duration, parse_positive_duration, print_stdout, Target};
+use crate::common::{parse_duration, parse_positive_duration, print_stdout, Target, UrlArg};
 use crate::exit::{not_acquired_after, CliError, Exit, NOT_ACQUIRED};
 use crate::job::Signals;
 use crate::run::{finish, hold, waiting, Command, WaitFor};
@@ -39,15 +39,8 @@ pub struct ElectArgs {
     /// The election's name (the key its leader holds).
     #[arg(value_name = "NAME")]
     name: String,
-    /// Lock server URL (the forms are in `distlock --help`) [default: memory://].
-    #[arg(
-        short = 'u',
-        long,
-        value_name = "URL",
-        env = "DISTLOCK_URL",
-        hide_env_values = true
-    )]
-    url: Option<String>,
+    #[command(flatten)]
+    server: UrlArg,
     /// The value this candidate publishes while it leads (an address, a host name), shown
     /// by `distlock leader` [default: empty].
     #[arg(long, value_name = "VALUE", default_value = "")]
@@ -79,7 +72,7 @@ pub struct ElectArgs {
 /// Bad input, an unreachable server, a backend without elections, leadership not won, or
 /// a command that cannot start.
 pub async fn elect(args: ElectArgs) -> Result<Exit, CliError> {
-    let target = Target::choose(args.url.clone());
+    let target = Target::choose(args.server.url.clone());
     distlock::validate_key(&args.name).map_err(|e| target.error(e))?;
     let mut signals = Signals::catch()?;
     let locker = tokio::select! {
@@ -166,15 +159,8 @@ pub struct LeaderArgs {
     /// The election's name.
     #[arg(value_name = "NAME")]
     name: String,
-    /// Lock server URL (the forms are in `distlock --help`) [default: memory://].
-    #[arg(
-        short = 'u',
-        long,
-        value_name = "URL",
-        env = "DISTLOCK_URL",
-        hide_env_values = true
-    )]
-    url: Option<String>,
+    #[command(flatten)]
+    server: UrlArg,
     /// Follow the leadership: print every change until interrupted.
     #[arg(long)]
     watch: bool,
@@ -228,7 +214,7 @@ fn report(name: &str, leader: Option<&Leader>, json: bool) -> String {
 /// # Errors
 /// Bad input, an unreachable server, a backend without elections.
 pub async fn leader(args: LeaderArgs) -> Result<Exit, CliError> {
-    let target = Target::choose(args.url.clone());
+    let target = Target::choose(args.server.url.clone());
     distlock::validate_key(&args.name).map_err(|e| target.error(e))?;
     let mut signals = Signals::catch()?;
     let locker = target.connect().await?;

@@ -3,7 +3,7 @@
 use clap::Args;
 use serde::Serialize;
 
-use crate::common::{print_stdout, Target};
+use crate::common::{print_stdout, Target, UrlArg};
 use crate::exit::{CliError, Exit};
 use crate::units::fmt_duration;
 use crate::verbosity::note;
@@ -24,15 +24,8 @@ pub struct StatusArgs {
     #[arg(value_name = "KEY")]
     key: String,
 
-    /// Lock server URL (the forms are in `distlock --help`) [default: memory://].
-    #[arg(
-        short = 'u',
-        long,
-        value_name = "URL",
-        env = "DISTLOCK_URL",
-        hide_env_values = true
-    )]
-    url: Option<String>,
+    #[command(flatten)]
+    server: UrlArg,
 
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -74,7 +67,7 @@ struct HolderReport {
 /// # Errors
 /// Bad input, an unreachable server, or a backend that cannot inspect locks.
 pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
-    let target = Target::choose(args.url);
+    let target = Target::choose(args.server.url);
     distlock::validate_key(&args.key).map_err(|e| target.error(e))?;
     let locker = target.connect().await?;
     let caps = locker.capabilities().clone();
