@@ -251,3 +251,39 @@ async fn an_observer_in_another_process_is_woken_by_publish_and_announce() {
     drop(warm);
     println!("a publication heard by another process after {heard:?}");
 }
+
+/// The leaders' table is made beside the lease table: for the longest table name, and by
+/// the next backend that connects when only it is missing (a deployment made before
+/// elections).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leaders_table_is_made_beside_the_lease_table() {
+    let server = PostgresServer::start().await;
+    let raw = server.client().await;
+    let longest = "l".repeat(distlock::postgres::MAX_IDENTIFIER_LEN - 6);
+    let url = postgres_url(server.addr(), &format!("table={longest}"));
+    let first = backend(&url).await;
+    assert_eq!(
+        first.leaders_table(),
+        format!("\"public\".\"{longest}_leads\"")
+    );
+    drop(first);
+    raw.batch_execute(&format!("DROP TABLE public.{longest}_leads"))
+        .await
+        .unwrap();
+    let backend = Arc::new(backend(&url).await);
+    let locker = Locker::with_backend(backend.clone());
+    let name = key("made");
+    let leading = locker
+        .election(&name)
+        .unwrap()
+        .campaign("v", &campaign(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let seen = values(&backend)
+        .leader(&name)
+        .await
+        .unwrap()
+        .expect("leads");
+    assert_eq!((seen.value, seen.term), (b"v".to_vec(), leading.term()));
+    leading.resign().await.unwrap();
+}
