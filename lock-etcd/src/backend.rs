@@ -24,6 +24,7 @@ use crate::shared::Shared;
 pub struct EtcdBackend {
     pub(crate) shared: Arc<Shared>,
     pub(crate) watch: tokio::task::AbortHandle,
+    pub(crate) leaders_watch: tokio::task::AbortHandle,
 }
 
 impl EtcdBackend {
@@ -89,6 +90,7 @@ impl EtcdBackend {
 impl Drop for EtcdBackend {
     fn drop(&mut self) {
         self.watch.abort();
+        self.leaders_watch.abort();
         let mut leases = lock(&self.shared.pool).drain();
         leases.extend(
             lock(&self.shared.held)
@@ -208,6 +210,12 @@ impl Backend for EtcdBackend {
     /// Keys of their own beside the lock prefix, without a clock (see the design notes,
     /// "Fire-time claims").
     fn fire_claims(&self) -> Option<&dyn lock_core::claims::FireClaims> {
+        Some(self)
+    }
+
+    /// A value key per election beside the lock prefix, put only while the lock key holds
+    /// the publisher (see the design notes, "Leaders' values").
+    fn leader_values(&self) -> Option<&dyn lock_core::election::LeaderValues> {
         Some(self)
     }
 }

@@ -111,6 +111,18 @@ impl EtcdBackend {
             announcer.clone(),
             timeout,
             demand.clone(),
+            watch::Kind::Releases,
+        ))
+        .abort_handle();
+        // Observers of elections: published values and announcements (`leaders.rs`).
+        let leaders_demand = Arc::new(watch::Demand::new(notices.clone()));
+        let leaders_watch = tokio::spawn(watch::run(
+            members.clone(),
+            crate::leaders::root(&cfg.prefix),
+            announcer.clone(),
+            timeout,
+            leaders_demand.clone(),
+            watch::Kind::Leaders,
         ))
         .abort_handle();
         let shared = Shared {
@@ -133,6 +145,7 @@ impl EtcdBackend {
             notices,
             announcer,
             demand,
+            leaders_demand,
             held: Mutex::new(HeldTable::default()),
             running: Default::default(),
             pool: Mutex::new(Pool::default()),
@@ -141,6 +154,7 @@ impl EtcdBackend {
         Ok(EtcdBackend {
             shared: Arc::new(shared),
             watch,
+            leaders_watch,
         })
     }
 }

@@ -14,6 +14,7 @@ mod connect;
 mod detached;
 mod error;
 mod held;
+mod leaders;
 mod leases;
 mod members;
 mod permits;

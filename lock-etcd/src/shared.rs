@@ -31,6 +31,8 @@ pub(crate) struct Shared {
     pub(crate) announcer: Arc<watch::Announcer>,
     /// Opens the watch when a refused attempt needs it.
     pub(crate) demand: Arc<watch::Demand>,
+    /// Opens the leaders' watch when an election's leader is read (`leaders.rs`).
+    pub(crate) leaders_demand: Arc<watch::Demand>,
     pub(crate) held: Mutex<HeldTable>,
     /// Attempts and hand-overs still on their way, for `abandon`.
     pub(crate) running: Running,
@@ -71,16 +73,7 @@ impl Shared {
     /// at the prefix's last character, so no key under it is a lock key (whatever the lock's
     /// name) and the release watch, over the prefix, never sees it.
     pub(crate) fn beside_prefix(&self, name: &str) -> String {
-        let prefix = &self.prefix;
-        // The prefix is never empty (the builder refuses it).
-        let (cut, last) = prefix.char_indices().next_back().unwrap_or((0, '/'));
-        let mark = if last == '.' { '_' } else { '.' };
-        let mut root = String::with_capacity(cut + name.len() + 2);
-        root.push_str(&prefix[..cut]);
-        root.push(mark);
-        root.push_str(name);
-        root.push('/');
-        root
+        beside_prefix(&self.prefix, name)
     }
 
     /// The lease TTL for a lock TTL: the [`Ttl`] is whole seconds already, at least the
@@ -158,4 +151,17 @@ impl Shared {
             }
         }
     }
+}
+
+/// [`Shared::beside_prefix`] of the lock prefix `prefix`.
+pub(crate) fn beside_prefix(prefix: &str, name: &str) -> String {
+    // The prefix is never empty (the builder refuses it).
+    let (cut, last) = prefix.char_indices().next_back().unwrap_or((0, '/'));
+    let mark = if last == '.' { '_' } else { '.' };
+    let mut root = String::with_capacity(cut + name.len() + 2);
+    root.push_str(&prefix[..cut]);
+    root.push(mark);
+    root.push_str(name);
+    root.push('/');
+    root
 }

@@ -1,5 +1,6 @@
 //! Release notices: one watch over the whole key prefix, for delete events only, open
-//! while some waiter of this backend listens.
+//! while some waiter of this backend listens; and the leaders' watch over the key space of
+//! leaders' values (`leaders.rs`), for every event, open while some observer listens.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -83,6 +84,17 @@ impl Announcer {
     }
 }
 
+/// What a watch covers and whom its events wake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Deletes under the lock prefix (releases, expiries, forced releases): each wakes the
+    /// listeners of the lock it frees, once (the [`Announcer`]).
+    Releases,
+    /// Every event under the leaders' root: a published value or an announcement wakes
+    /// the listeners of its election.
+    Leaders,
+}
+
 /// An open watch: its id, the handle to send requests on and the stream of responses.
 #[derive(Debug)]
 pub(crate) struct Open {
@@ -91,17 +103,18 @@ pub(crate) struct Open {
     pub(crate) responses: WatchResponseStream,
 }
 
-/// Opens the watch: every delete under `prefix` (releases, expiries, forced releases),
-/// from revision `from` on.
+/// Opens the watch: every delete under `prefix` (releases, expiries, forced releases), or
+/// every event for [`Kind::Leaders`], from revision `from` on.
 pub(crate) async fn open(
     client: &Client,
     prefix: &str,
     from: i64,
+    kind: Kind,
 ) -> Result<Open, etcd_client::Error> {
-    let options = WatchOptions::new()
-        .with_prefix()
-        .with_filters([WatchFilterType::NoPut])
-        .with_start_revision(from);
+    let mut options = WatchOptions::new().with_prefix().with_start_revision(from);
+    if kind == Kind::Releases {
+        options = options.with_filters([WatchFilterType::NoPut]);
+    }
     // The first answer says whether etcd created the watch; a panic in the client must not
     // take the watch task down with it.
     let opening = async {
@@ -227,6 +240,7 @@ pub(crate) async fn run(
     announcer: Arc<Announcer>,
     timeout: Duration,
     demand: Arc<Demand>,
+    kind: Kind,
 ) {
     let notices = &announcer.notices;
     let mut retry = lock_core::Backoff::new(RETRY_MIN, RETRY_MAX);
@@ -234,11 +248,11 @@ pub(crate) async fn run(
         let mut from = demand.wanted().await;
         loop {
             let (member, client) = members.pick();
-            let opened = tokio::time::timeout(timeout, open(&client, &prefix, from)).await;
+            let opened = tokio::time::timeout(timeout, open(&client, &prefix, from, kind)).await;
             if let Ok(Ok(open)) = opened {
                 retry.reset();
                 let prefix = prefix.as_bytes();
-                if follow(open, prefix, &announcer, timeout, &demand).await {
+                if follow(open, prefix, &announcer, timeout, &demand, kind).await {
                     break;
                 }
                 tracing::debug!("the etcd release watch ended; opening a new one");
@@ -276,7 +290,31 @@ pub(crate) async fn current_revision(
         .ok_or_else(|| etcd_client::Error::InvalidArgs("a read without a header".into()))
 }
 
-/// Dispatches delete events until nobody listens (true), or the stream fails, is
+/// Wakes the listeners `event` is for: a delete under the lock prefix wakes its lock's
+/// (a holder key of permits its name's), any event under the leaders' root its election's.
+fn dispatch(event: &etcd_client::Event, prefix: &[u8], announcer: &Announcer, kind: Kind) {
+    let Some(kv) = event.kv() else { return };
+    let Some(rest) = kv.key().strip_prefix(prefix) else {
+        return;
+    };
+    match kind {
+        Kind::Releases => {
+            if event.event_type() != EventType::Delete {
+                return;
+            }
+            if let Ok(key) = std::str::from_utf8(name_of(rest)) {
+                announcer.deleted(key, kv.mod_revision());
+            }
+        }
+        Kind::Leaders => {
+            if let Some(key) = crate::leaders::election_of(rest) {
+                announcer.notices.notify(key);
+            }
+        }
+    }
+}
+
+/// Dispatches events until nobody listens (true), or the stream fails, is
 /// cancelled, or stays silent too long (false).
 async fn follow(
     open: Open,
@@ -284,6 +322,7 @@ async fn follow(
     announcer: &Announcer,
     timeout: Duration,
     demand: &Demand,
+    kind: Kind,
 ) -> bool {
     let Open {
         id,
@@ -303,15 +342,7 @@ async fn follow(
                     return false;
                 }
                 for event in response.events() {
-                    if event.event_type() != EventType::Delete {
-                        continue;
-                    }
-                    let Some(kv) = event.kv() else { continue };
-                    // A holder key of permits announces a release of its lock's name.
-                    let key = kv.key().strip_prefix(prefix).map(|key| std::str::from_utf8(name_of(key)));
-                    if let Some(Ok(key)) = key {
-                        announcer.deleted(key, kv.mod_revision());
-                    }
+                    dispatch(event, prefix, announcer, kind);
                 }
             }
             _ = tick.tick().fuse() => {

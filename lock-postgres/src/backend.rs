@@ -112,6 +112,12 @@ impl PostgresBackend {
         &self.connection().names.perms
     }
 
+    /// The quoted `"schema"."<table>_leads"` of the leaders' values of elections: one row
+    /// per election, the value its last publishing leader published.
+    pub fn leaders_table(&self) -> &str {
+        &self.connection().names.leads
+    }
+
     /// The channel releases are announced on (`LISTEN "…"`).
     pub fn channel(&self) -> &str {
         &self.connection().names.channel
@@ -316,6 +322,12 @@ impl Backend for PostgresBackend {
 
     /// The table `<table>_fires` beside the lease table (see `claims.rs`).
     fn fire_claims(&self) -> Option<&dyn lock_core::claims::FireClaims> {
+        Some(self)
+    }
+
+    /// The table `<table>_leads` beside the lease table, and notices on the release channel
+    /// (see `leaders.rs`).
+    fn leader_values(&self) -> Option<&dyn lock_core::election::LeaderValues> {
         Some(self)
     }
 }

@@ -160,7 +160,8 @@ impl PostgresBuilder {
 
     /// The lease table; default `distlock_leases`. Created (with its fence sequence
     /// `<table>_fence`, `<table>_perms`, the holders of permits, and `<table>_runs` and
-    /// `<table>_fires`, the scheduler's run records and fire-time claims) when missing.
+    /// `<table>_fires`, the scheduler's run records and fire-time claims, and
+    /// `<table>_leads`, the leaders' values of elections) when missing.
     ///
     /// A plain identifier (an ASCII letter or `_`, then ASCII letters, digits or `_`, at most
     /// 57 bytes so that the sequence's name fits too), checked by `build` before any SQL is
@@ -294,6 +295,8 @@ pub(crate) struct Names {
     pub(crate) fires: String,
     /// `"schema"."table_perms"`, the holders of permits (semaphores, reader-writer keys).
     pub(crate) perms: String,
+    /// `"schema"."table_leads"`, the leaders' values of elections.
+    pub(crate) leads: String,
     /// The unquoted schema and table (for catalog look-ups, as parameters).
     pub(crate) raw_schema: String,
     pub(crate) raw_table: String,
@@ -320,6 +323,8 @@ impl Names {
             fires: format!("\"{schema}\".\"{table}_fires\""),
             // `_perms` is as long as `_fence` too.
             perms: format!("\"{schema}\".\"{table}_perms\""),
+            // `_leads` too (`_leaders` would not fit the longest table).
+            leads: format!("\"{schema}\".\"{table}_leads\""),
             raw_schema: schema.to_owned(),
             raw_table: table.to_owned(),
             channel,

@@ -30,6 +30,9 @@ pub(crate) struct Statements {
     pub(crate) last_success: Statement,
     pub(crate) claim: Statement,
     pub(crate) current_claim: Statement,
+    pub(crate) publish: Statement,
+    pub(crate) leader: Statement,
+    pub(crate) announce: Statement,
 }
 
 /// One open connection.
@@ -271,6 +274,11 @@ impl Connection {
                 client.prepare(&sql.claim),
                 client.prepare(&sql.current_claim),
             )?;
+            let (publish, leader, announce) = futures::try_join!(
+                client.prepare(&sql.publish),
+                client.prepare(&sql.leader),
+                client.prepare(&sql.announce),
+            )?;
             let statements = Statements {
                 acquire,
                 acquire_many,
@@ -287,6 +295,9 @@ impl Connection {
                 last_success,
                 claim,
                 current_claim,
+                publish,
+                leader,
+                announce,
             };
             Ok::<_, tokio_postgres::Error>((backend, statements))
         };
@@ -305,8 +316,8 @@ impl Connection {
     }
 
     /// Creates the schema, the lease table, its sequence, the raw baseline's table, the
-    /// permits' holders' table, the run records' table and the fire-time claims' table,
-    /// when one is missing.
+    /// permits' holders' table, the run records' table, the fire-time claims' table and the
+    /// leaders' values' table, when one is missing.
     async fn create_table(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
         let names = &self.names;
         let row = client
@@ -320,6 +331,7 @@ impl Connection {
                     &names.runs,
                     &names.fires,
                     &names.perms,
+                    &names.leads,
                 ],
             )
             .await?;

@@ -5,6 +5,7 @@
 
 // Modules, each depending only on those listed after it (config excepted: the builder
 // and what it builds name each other):
+// - leaders: the leaders' values of elections (`LeaderValues`) in `<table>_leads`;
 // - claims: the fire-time claims (`FireClaims`) in `<table>_fires`;
 // - records: the run records (`RunRecords`) in `<table>_runs`;
 // - permits: the claims of several permits (semaphores, reader-writer keys);
@@ -20,6 +21,7 @@ mod claims;
 mod config;
 mod connection;
 mod error;
+mod leaders;
 mod permits;
 mod permits_sql;
 mod records;

@@ -44,10 +44,18 @@ pub(crate) struct Sql {
     pub(crate) claim: String,
     /// The claim kept for `$1`, and the database's clock.
     pub(crate) current_claim: String,
+    /// A leader's value: `$1` the key, `$2` the owner, `$3` the fence (the term), `$4` the
+    /// value (`bytea`), `$5` the channel.
+    pub(crate) publish: String,
+    /// The leader of `$1`: its value, term, owner and time left.
+    pub(crate) leader: String,
+    /// The notice of `$1` on the channel `$2`.
+    pub(crate) announce: String,
     pub(crate) exists: String,
     /// Run in one transaction when something is missing (the schema first, when missing):
     /// the lease table, its sequence, the raw baseline's table, the permits' holders'
-    /// table, the run records' table and the fire-time claims' table.
+    /// table, the run records' table, the fire-time claims' table and the leaders' values'
+    /// table.
     pub(crate) create: Vec<String>,
     /// The scripts of claims of several permits.
     pub(crate) permits: PermitsSql,
@@ -72,6 +80,7 @@ impl Sql {
             runs,
             fires,
             perms,
+            leads,
             ..
         } = names;
         // A quoted, validated name inside a string literal: it holds no `'`.
@@ -243,10 +252,36 @@ impl Sql {
                 "SELECT false, fire_ms, replica, claimed_at, clock_timestamp() FROM {fires} \
                  WHERE job = $1::bytea"
             ),
+            // Leaders' values (`leaders.rs`): one statement, its own transaction. `h` finds
+            // the lease row only while it holds the owner's grant of this fence unexpired by
+            // the database's clock, and locks it `FOR SHARE` (in READ COMMITTED re-checked on
+            // the newest version, and kept until commit): no release, hand-over or
+            // take-over of the key can come between the check and the value's upsert. The
+            // notice goes out at commit, on the release channel, as a release's does.
+            publish: format!(
+                "{now}, h AS (SELECT key FROM {table} WHERE key = $1::bytea \
+                 AND owner = $2::text AND fence = $3::bigint \
+                 AND expires_at > (SELECT t FROM now) FOR SHARE), \
+                 up AS (INSERT INTO {leads} AS v (key, owner, term, value) \
+                 SELECT key, $2::text, $3::bigint, $4::bytea FROM h \
+                 ON CONFLICT (key) DO UPDATE SET owner = EXCLUDED.owner, \
+                 term = EXCLUDED.term, value = EXCLUDED.value RETURNING key), \
+                 n AS (SELECT pg_notify($5::text, encode(key, 'hex')) FROM up) \
+                 SELECT (SELECT count(*) FROM up), (SELECT count(*) FROM n)"
+            ),
+            // The unexpired holder's row joined with the value it published (a value left
+            // by an earlier holder has another owner and term).
+            leader: format!(
+                "{now} SELECT v.value, v.term, v.owner, {LEFT} FROM {table} l \
+                 JOIN {leads} v ON v.key = l.key AND v.owner = l.owner AND v.term = l.fence \
+                 WHERE l.key = $1::bytea AND l.expires_at > (SELECT t FROM now)"
+            ),
+            announce: "SELECT pg_notify($2::text, encode($1::bytea, 'hex'))".to_owned(),
             exists:
                 "SELECT to_regclass($1::text) IS NOT NULL AND to_regclass($2::text) IS NOT NULL \
                      AND to_regclass($3::text) IS NOT NULL AND to_regclass($5::text) IS NOT NULL \
-                     AND to_regclass($6::text) IS NOT NULL AND to_regclass($7::text) IS NOT NULL, \
+                     AND to_regclass($6::text) IS NOT NULL AND to_regclass($7::text) IS NOT NULL \
+                     AND to_regclass($8::text) IS NOT NULL, \
                      EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $4::text)"
                     .to_owned(),
             create: vec![
@@ -289,6 +324,13 @@ impl Sql {
                      job bytea PRIMARY KEY, fire_ms bigint NOT NULL CHECK (fire_ms >= 0), \
                      replica bytea NOT NULL, \
                      claimed_at timestamptz NOT NULL)"
+                ),
+                // One row per election, never deleted by the backend: the value its last
+                // publishing leader (owner, term: the grant's fence) published.
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {leads} (\
+                     key bytea PRIMARY KEY, owner text NOT NULL, term bigint NOT NULL, \
+                     value bytea NOT NULL)"
                 ),
             ],
             create_schema: format!("CREATE SCHEMA IF NOT EXISTS {schema}"),

@@ -9,6 +9,7 @@
 mod common;
 
 mod conformance;
+mod election;
 mod extend;
 mod faults;
 mod fencing;

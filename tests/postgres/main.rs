@@ -8,6 +8,7 @@ mod common;
 
 mod bad_input;
 mod conformance;
+mod election;
 mod faults;
 mod grants;
 mod grouped;
