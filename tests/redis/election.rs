@@ -170,16 +170,32 @@ async fn publish_by_a_lease_that_lost_its_key_is_refused_and_changes_nothing() {
 /// How long a notice may take to reach another process: far below every TTL here.
 const NOTICE: Duration = Duration::from_secs(2);
 
-/// Listeners of `keys` on `backend` whose subscription is running: the listeners present
-/// when it starts are woken (notices may have been missed before), so waiting for that
-/// wake-up tells the subscription listens.
-async fn subscribed(backend: &RedisBackend, keys: &[&str]) -> Vec<ReleaseListener> {
-    let mut first: Vec<_> = keys.iter().map(|k| backend.listen(k).unwrap()).collect();
-    for listener in &mut first {
-        tokio::time::timeout(Duration::from_secs(5), listener.released())
+/// Listeners of `keys` on `backend` (the only subscriber on `server`) whose subscription
+/// is running: once the server counts its subscriber on the release channel, and the wake-up
+/// of every listener that a (re)subscription makes has passed.
+async fn subscribed(
+    server: &RedisServer,
+    backend: &RedisBackend,
+    keys: &[&str],
+) -> Vec<ReleaseListener> {
+    let starting: Vec<_> = keys.iter().map(|k| backend.listen(k).unwrap()).collect();
+    let mut raw = server.client().await;
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(backend.node().release_channel())
+            .query_async(&mut raw)
             .await
-            .expect("the subscription starts");
+            .unwrap();
+        if n == 1 {
+            break;
+        }
+        assert!(Instant::now() < until, "the subscription starts");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(starting);
     keys.iter().map(|k| backend.listen(k).unwrap()).collect()
 }
 
@@ -210,7 +226,7 @@ async fn an_observer_in_another_process_is_woken_by_publish_and_announce() {
     let name = "observed";
     let ttl = Duration::from_secs(30);
 
-    let mut listeners = subscribed(&observer_side, &[name, "other"]).await;
+    let mut listeners = subscribed(&server, &observer_side, &[name, "other"]).await;
     let (mut other_key, mut listener) = (listeners.pop().unwrap(), listeners.pop().unwrap());
     assert!(
         !woken(&mut listener, Duration::from_millis(200)).await,
