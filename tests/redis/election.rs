@@ -87,7 +87,11 @@ async fn a_value_left_by_an_earlier_holder_is_not_answered_for_a_later_holder() 
         .extend(&first, valid_ttl(Duration::from_secs(60)))
         .await
         .unwrap();
-    assert_eq!(raw_pttl(&server, &key).await, -1, "a renewal does not touch it");
+    assert_eq!(
+        raw_pttl(&server, &key).await,
+        -1,
+        "a renewal does not touch it"
+    );
 
     backend.release(&first).await.unwrap();
     assert_eq!(values(&backend).leader(name).await.unwrap(), None);
@@ -121,7 +125,11 @@ async fn a_value_left_by_an_earlier_holder_is_not_answered_for_a_later_holder() 
         other => panic!("an earlier leader published: {other:?}"),
     }
     assert_eq!(
-        values(&backend).leader(name).await.unwrap().map(|l| l.value),
+        values(&backend)
+            .leader(name)
+            .await
+            .unwrap()
+            .map(|l| l.value),
         Some(b"second".to_vec())
     );
     backend.release(&second).await.unwrap();
@@ -147,8 +155,16 @@ async fn publish_by_a_lease_that_lost_its_key_is_refused_and_changes_nothing() {
         values(&backend).publish(&deleted, b"v2").await,
         Err(Error::NotHeld { .. })
     ));
-    assert_eq!(raw_leader_hash(&server, &key).await, kept, "nothing changed");
-    assert_eq!(calls(&server, "publish").await, published, "nothing announced");
+    assert_eq!(
+        raw_leader_hash(&server, &key).await,
+        kept,
+        "nothing changed"
+    );
+    assert_eq!(
+        calls(&server, "publish").await,
+        published,
+        "nothing announced"
+    );
     assert_eq!(values(&backend).leader(name).await.unwrap(), None);
 
     let ttl = Duration::from_millis(200);
@@ -162,8 +178,16 @@ async fn publish_by_a_lease_that_lost_its_key_is_refused_and_changes_nothing() {
         values(&backend).publish(&expired, b"late").await,
         Err(Error::NotHeld { .. })
     ));
-    assert_eq!(raw_leader_hash(&server, &key).await, kept, "nothing changed");
-    assert_eq!(calls(&server, "publish").await, published, "nothing announced");
+    assert_eq!(
+        raw_leader_hash(&server, &key).await,
+        kept,
+        "nothing changed"
+    );
+    assert_eq!(
+        calls(&server, "publish").await,
+        published,
+        "nothing announced"
+    );
     assert_eq!(values(&backend).leader(name).await.unwrap(), None);
 }
 
@@ -268,9 +292,7 @@ async fn an_observer_in_another_process_is_woken_by_publish_and_announce() {
     );
     let mut watch = following.election(name).unwrap().observe();
     assert_eq!(next_change(&mut watch).await, None);
-    let opts = LockOptions::new()
-        .ttl(ttl)
-        .wait_for(Duration::from_secs(5));
+    let opts = LockOptions::new().ttl(ttl).wait_for(Duration::from_secs(5));
     let mut leading = leading_locker
         .election(name)
         .unwrap()
@@ -289,6 +311,10 @@ async fn an_observer_in_another_process_is_woken_by_publish_and_announce() {
         Some((b"a2".to_vec(), leading.term()))
     );
     leading.resign().await.unwrap();
-    assert_eq!(next_change(&mut watch).await, None, "the resignation is observed");
+    assert_eq!(
+        next_change(&mut watch).await,
+        None,
+        "the resignation is observed"
+    );
     leading_locker.shutdown().await;
 }
