@@ -1,7 +1,8 @@
 //! The Redis backend on a real 3-master Redis Cluster from lock-testkit (started once for
 //! this binary): the conformance suite (directly and through `distlock::connect`), grouped
 //! operations on keys of many slots each getting their own answer, a release on one node
-//! waking a waiter connected through another, and the refusal of bad cluster URLs.
+//! waking a waiter connected through another, a follower of an election observing a
+//! leader connected through another node, and the refusal of bad cluster URLs.
 
 mod common;
 
@@ -256,6 +257,61 @@ async fn a_release_wakes_a_waiter_connected_through_another_node() {
         );
         g.release().await.unwrap();
     }
+}
+
+/// An election whose lock lives on node 2: its value lives on the same master (one slot),
+/// and a follower whose backend is connected through node 1 observes, through the notices
+/// crossing the cluster bus, every change made by a leader connected through node 0 (a
+/// campaign, a proclamation, a resignation), each within 2 s of a 30 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_connected_through_another_node_observes_the_leader() {
+    let (cluster, _turn) = cluster().await;
+    let seeds = cluster.seeds();
+    let via = |i: usize| {
+        RedisBackend::cluster_builder([seeds[i].clone()])
+            .prefix("elect:")
+            .build()
+    };
+    let (a, b) = (via(0).await.unwrap(), via(1).await.unwrap());
+    let mut name = None;
+    for n in (0..64).map(|i| format!("elect/{i}")) {
+        if cluster.master_of_key(&a.node().lock_key(&n)).await == 2 {
+            name = Some(n);
+            break;
+        }
+    }
+    let name = name.expect("one of 64 names lives on node 2");
+    assert_eq!(
+        cluster.master_of_key(&a.node().leader_key(&name)).await,
+        2,
+        "the value lives beside its lock"
+    );
+    let (leading, following) = (Locker::new(a), Locker::new(b));
+    let mut watch = following.election(&name).unwrap().observe();
+    async fn next(watch: &mut distlock::LeaderWatch) -> Option<(Vec<u8>, u64)> {
+        tokio::time::timeout(Duration::from_secs(2), watch.changed())
+            .await
+            .expect("observed within 2 s")
+            .unwrap()
+            .map(|l| (l.value, l.term))
+    }
+    assert_eq!(next(&mut watch).await, None);
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait_for(Duration::from_secs(5));
+    let mut leadership = leading
+        .election(&name)
+        .unwrap()
+        .campaign("a1", &opts)
+        .await
+        .unwrap();
+    let term = leadership.term();
+    assert_eq!(next(&mut watch).await, Some((b"a1".to_vec(), term)));
+    leadership.proclaim("a2").await.unwrap();
+    assert_eq!(next(&mut watch).await, Some((b"a2".to_vec(), term)));
+    leadership.resign().await.unwrap();
+    assert_eq!(next(&mut watch).await, None, "the resignation is observed");
+    leading.shutdown().await;
 }
 
 /// Bad cluster configurations are typed `InvalidUrl` errors, before any I/O.

@@ -25,7 +25,7 @@ use crate::watch::ReleaseWatch;
 #[doc = include_str!("design.md")]
 pub struct RedisBackend {
     pub(crate) node: RedisNode,
-    notices: Arc<ReleaseNotices>,
+    pub(crate) notices: Arc<ReleaseNotices>,
     /// The release subscription, started by the first `listen`.
     watch: OnceLock<ReleaseWatch>,
 }
@@ -206,6 +206,12 @@ impl Backend for RedisBackend {
     /// A hash per job, beside the locks, claimed by one script on the server's clock (see
     /// `claims.rs`).
     fn fire_claims(&self) -> Option<&dyn lock_core::claims::FireClaims> {
+        Some(self)
+    }
+
+    /// A hash per election beside its lock, written only by the lock's holder in one
+    /// script that also announces it (see `leaders.rs`).
+    fn leader_values(&self) -> Option<&dyn lock_core::election::LeaderValues> {
         Some(self)
     }
 }

@@ -54,7 +54,9 @@ use crate::watch::ReleaseWatch;
 /// live at `<prefix>runs:{<job>}` (a list, newest first) and `<prefix>runs:{<job>}:ok` (the
 /// last success), apart from every lock key. The fire-time claim of job `job`
 /// ([`claim_fire_time`](Self::claim_fire_time)) is a hash at `<prefix>claim:{<job>}`, apart
-/// from every lock and records key.
+/// from every lock and records key. The value the leader of election `name` published
+/// ([`publish_leader`](Self::publish_leader)) is a hash at `<prefix>{<name>}:leader`,
+/// beside the lock `name` it leads by.
 #[derive(Clone)]
 pub struct RedisNode {
     shared: Arc<Shared>,
@@ -224,6 +226,13 @@ impl RedisNode {
     /// take and fence): `<prefix>{<name>}:permits`.
     pub fn permits_key(&self, name: &str) -> String {
         key(self.prefix(), name, ":permits")
+    }
+
+    /// The Redis hash holding the value the leader of election `name` published, with its
+    /// owner and term: `<prefix>{<name>}:leader` (the lock's hash tag; it cannot equal a
+    /// lock key, which ends with `}`, nor another key of the lock, whose suffixes differ).
+    pub fn leader_key(&self, name: &str) -> String {
+        key(self.prefix(), name, ":leader")
     }
 
     /// The Redis key of the tombstone of `owner`'s abandoned attempt on lock `name`:

@@ -6,6 +6,7 @@
 // Modules, each depending only on those listed after it (config excepted: the builder
 // and what it builds name each other):
 // - claims: the fire-time claims of a node and of the backend (`FireClaims`);
+// - leaders: the leaders' values of a node and of the backend (`LeaderValues`);
 // - records: the run records of a node and of the backend (`RunRecords`);
 // - baseline: the raw `SET NX PX` + `DEL` cycle of a node and of the backend (`Baseline`);
 // - backend: `RedisBackend`, the `Backend` over one node, with its release notices;
@@ -37,6 +38,8 @@ mod connection;
 mod error;
 #[cfg_attr(not(feature = "internals"), allow(dead_code))]
 mod handle;
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
+mod leaders;
 #[cfg_attr(not(feature = "internals"), allow(dead_code))]
 mod node;
 mod ops;

@@ -522,4 +522,5 @@ return {fire, replica, at}
 "#
 ));
 
+pub(crate) mod leaders;
 pub(crate) mod permits;

@@ -10,6 +10,7 @@ mod common;
 
 mod bad_input;
 mod baseline;
+mod election;
 mod faults;
 mod fencing;
 mod grouped;
