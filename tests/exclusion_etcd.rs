@@ -9,9 +9,9 @@
 //! it. The pause round then allows that overlap, and its view through the fence, listed in
 //! the report; every other check stays. The kill round allows nothing on any release: a
 //! killed leader revokes nothing, and a restarted member comes back as a follower.
-//! Each mode runs on a cluster of its own: locks, semaphores (permits) and reader-writer
-//! keys. `DISTLOCK_SOAK_SECS` runs it longer (the permits and reader-writer modes run 12 s
-//! without it), `DISTLOCK_CHECK_SEED` replays a seed.
+//! Each mode runs on a cluster of its own: locks, semaphores (permits), reader-writer keys
+//! and elections. `DISTLOCK_SOAK_SECS` runs it longer (the other modes run 12 s without
+//! it), `DISTLOCK_CHECK_SEED` replays a seed.
 
 mod common;
 
@@ -47,6 +47,13 @@ async fn exclusion_etcd_reader_writer() {
     run(short().grants(Grants::ReaderWriter))
         .await
         .assert_clean();
+}
+
+/// The checker in its election mode: candidates campaign, proclaim, resign and drop;
+/// one leader per election, fenced by term; observers' terms never go back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_etcd_election() {
+    run(short().grants(Grants::Election)).await.assert_clean();
 }
 
 /// The configuration from the environment, 12 s long unless [`SOAK_ENV`] says otherwise.

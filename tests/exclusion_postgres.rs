@@ -3,8 +3,8 @@
 //! rounds after the normal one: the server paused (SIGSTOP) past the longest TTL, killed
 //! (`kill -9`) and restarted (crash recovery keeps every committed lock and the fence
 //! sequence), and one Locker's network blackholed past twice the longest TTL. No fault is
-//! allowed any violation. In each mode: locks (alone and grouped), semaphores (permits)
-//! and reader-writer keys. `DISTLOCK_SOAK_SECS` runs it longer (the permits and
+//! allowed any violation. In each mode: locks (alone and grouped), semaphores (permits),
+//! reader-writer keys and elections. `DISTLOCK_SOAK_SECS` runs it longer (the permits and
 //! reader-writer modes run 12 s without it), `DISTLOCK_CHECK_SEED` replays a seed.
 
 mod common;
@@ -55,6 +55,13 @@ async fn exclusion_postgres_reader_writer() {
     run(short().grants(Grants::ReaderWriter))
         .await
         .assert_clean();
+}
+
+/// The checker in its election mode: candidates campaign, proclaim, resign and drop;
+/// one leader per election, fenced by term; observers' terms never go back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_postgres_election() {
+    run(short().grants(Grants::Election)).await.assert_clean();
 }
 
 /// The configuration from the environment, 12 s long unless [`SOAK_ENV`] says otherwise.

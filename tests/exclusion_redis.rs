@@ -2,8 +2,8 @@
 //! its own backend instance connected through its own [`FaultProxy`], and four fault
 //! rounds after the normal one: the server paused past the longest TTL, a restart without
 //! persistence, a restart from a stale RDB snapshot, and one Locker's network
-//! blackholed past the longest TTL; in each mode: locks, semaphores (permits) and
-//! reader-writer keys. `DISTLOCK_SOAK_SECS` runs it longer (the permits and reader-writer
+//! blackholed past the longest TTL; in each mode: locks, semaphores (permits),
+//! reader-writer keys and elections. `DISTLOCK_SOAK_SECS` runs it longer (the other
 //! modes run 12 s without it), `DISTLOCK_CHECK_SEED` replays a seed.
 
 mod common;
@@ -49,6 +49,13 @@ async fn exclusion_redis_reader_writer() {
     run(short().grants(Grants::ReaderWriter))
         .await
         .assert_clean();
+}
+
+/// The checker in its election mode: candidates campaign, proclaim, resign and drop;
+/// one leader per election, fenced by term; observers' terms never go back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_redis_election() {
+    run(short().grants(Grants::Election)).await.assert_clean();
 }
 
 /// The configuration from the environment, 12 s long unless [`SOAK_ENV`] says otherwise.

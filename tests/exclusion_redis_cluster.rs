@@ -3,8 +3,8 @@
 //! the checker's keys paused (SIGSTOP) past the longest TTL and past the cluster's node
 //! timeout (the cluster marks it failed; with no replica to take over, its slots are
 //! unavailable until it is back). No exception is allowed: a pause loses nothing. In each
-//! mode: locks, semaphores (permits) and reader-writer keys. `DISTLOCK_SOAK_SECS` runs it
-//! longer (the permits and reader-writer modes run 12 s without it),
+//! mode: locks, semaphores (permits), reader-writer keys and elections.
+//! `DISTLOCK_SOAK_SECS` runs it longer (the other modes run 12 s without it),
 //! `DISTLOCK_CHECK_SEED` replays a seed.
 
 mod common;
@@ -36,6 +36,13 @@ async fn exclusion_redis_cluster_reader_writer() {
     run(short().grants(Grants::ReaderWriter))
         .await
         .assert_clean();
+}
+
+/// The checker in its election mode: candidates campaign, proclaim, resign and drop;
+/// one leader per election, fenced by term; observers' terms never go back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_redis_cluster_election() {
+    run(short().grants(Grants::Election)).await.assert_clean();
 }
 
 /// The configuration from the environment, 12 s long unless [`SOAK_ENV`] says otherwise.

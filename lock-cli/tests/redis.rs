@@ -590,3 +590,108 @@ async fn permits_let_n_commands_run_at_once_and_no_more() {
     // Both permits are released: the key is free, so a lock is granted.
     lock.expect_code(0);
 }
+
+/// `distlock elect` across processes: the first candidate leads and runs its command, a
+/// second waits (its command does not run) while `distlock leader` shows the first's value
+/// and term; when the leader's command ends, the standby leads at once (the resignation is
+/// announced, no TTL wait) in a greater term; `distlock leader --watch` saw both leaders in
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_runs_one_leader_and_hands_over_on_resign() {
+    let server = RedisServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let go = dir.path().join("go");
+    let ran = dir.path().join("ran");
+    let elect = |value: &str, script: String| {
+        let mut args: Vec<String> = [
+            "elect",
+            "cli-leader",
+            "--url",
+            &server.url(),
+            "--ttl",
+            "30s",
+            "--value",
+            value,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.push("--".into());
+        args.extend(common::sh(&script));
+        distlock(args).spawn().unwrap()
+    };
+    let started = Instant::now();
+    let watcher = distlock([
+        "leader",
+        "cli-leader",
+        "--url",
+        &server.url(),
+        "--watch",
+        "--json",
+    ])
+    .spawn()
+    .unwrap();
+    let first = elect(
+        "first",
+        format!(
+            "echo $DISTLOCK_TERM > {}; while [ ! -e {} ]; do sleep 0.02; done",
+            ready.display(),
+            go.display()
+        ),
+    );
+    let term1: u64 = common::read_when_written(&ready, PROMPT)
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    let go2 = dir.path().join("go2");
+    let second = elect(
+        "second",
+        format!(
+            "echo $DISTLOCK_TERM > {}; while [ ! -e {} ]; do sleep 0.02; done",
+            ran.display(),
+            go2.display()
+        ),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!ran.exists(), "the standby ran while the first led");
+    let shown = finish(
+        distlock(["leader", "cli-leader", "--url", &server.url(), "--json"]),
+        PROMPT,
+    )
+    .await;
+    shown.expect_code(0);
+    let v: serde_json::Value = serde_json::from_str(shown.stdout.trim()).unwrap();
+    assert_eq!(v["value"], "first", "{}", shown.stdout);
+    assert_eq!(v["term"], term1, "{}", shown.stdout);
+    let resigned = Instant::now();
+    std::fs::write(&go, "").unwrap();
+    collect(first, started, PROMPT).await.expect_code(0);
+    let term2: u64 = common::read_when_written(&ran, PROMPT)
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        resigned.elapsed() < Duration::from_secs(10),
+        "the standby waited {:?}, not the 30 s TTL",
+        resigned.elapsed()
+    );
+    // Long enough for the watcher to be told (a notice's delay, not a TTL's).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    std::fs::write(&go2, "").unwrap();
+    collect(second, started, PROMPT).await.expect_code(0);
+    assert!(term2 > term1, "terms increase: {term1} then {term2}");
+    // The watcher printed the states in order: nobody, first, (nobody,) second, nobody.
+    common::kill(watcher.id().unwrap(), libc::SIGTERM);
+    let watched = collect(watcher, started, PROMPT).await;
+    let leaders: Vec<String> = watched
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["leader"] == true)
+        .map(|v| v["value"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(leaders, ["first", "second"], "{}", watched.stdout);
+}

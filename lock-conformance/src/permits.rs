@@ -316,6 +316,11 @@ pub async fn a_permit_waiter_behind_its_siblings_spends_no_refused_attempt(t: &T
                 .unwrap_or_else(|e| panic!("round {round}: {e}"));
             siblings.push(sibling);
         }
+        // The notices of the releases above may still be on their way (PostgreSQL's come
+        // through its LISTEN connection, late under load): one reaching the waiter spawned
+        // below would make it ask the server once, as a notice should. Let them land first:
+        // the rule is about what the siblings' holding costs, not about stale notices.
+        tokio::time::sleep(slack(t)).await;
         let before = counting.refused.load(Ordering::SeqCst);
         let third = spawn_acquire(&locker, &key, &wait);
         tokio::time::sleep(slack(t)).await;
