@@ -38,9 +38,9 @@ pub use backend::{Admin, Attempt, Backend, Baseline, HandOver, Holder, Immediate
 pub use capabilities::{Capabilities, ClockDrift, Ttl};
 pub use error::{find_cause, BoxError, Error, NodeErrors, Report, Result};
 pub use lease::{Lease, LockKey, Owner};
+pub use locker::election::{Election, LeaderWatch, Leadership};
 pub use locker::{
-    validate_key, Election, Event, LeaderWatch, Leadership, LockGuard, Locker, LockerStats,
-    Observer, Outcome, MAX_KEY_LEN,
+    validate_key, Event, LockGuard, Locker, LockerStats, Observer, Outcome, MAX_KEY_LEN,
 };
 pub use notices::{ReleaseListener, ReleaseNotices};
 pub use options::{Backoff, LockOptions, WaitStrategy};

@@ -17,13 +17,9 @@ use lock_core::{Lease, Owner, Result};
 
 use crate::backend::EtcdBackend;
 use crate::error::{failed, unexpected};
+use crate::leader_keys::{NOTICE, VALUE};
 use crate::shared::{beside_prefix, Shared};
 use crate::txn::{seen, stored_value};
-
-/// Marks a value key after the root.
-const VALUE: &str = "v/";
-/// Marks a notice key after the root.
-const NOTICE: &str = "n/";
 
 /// The root of the leaders' keys for the lock prefix `prefix` (the leaders' watch covers it).
 pub(crate) fn root(prefix: &str) -> String {
@@ -36,14 +32,6 @@ fn leaders_key(shared: &Shared, mark: &str, name: &str) -> String {
     key.push_str(mark);
     key.push_str(name);
     key
-}
-
-/// The election a leaders key (without its root) belongs to.
-pub(crate) fn election_of(rest: &[u8]) -> Option<&str> {
-    let name = rest
-        .strip_prefix(VALUE.as_bytes())
-        .or_else(|| rest.strip_prefix(NOTICE.as_bytes()))?;
-    std::str::from_utf8(name).ok()
 }
 
 /// A value key's value: `<owner>:<term>:` and the value.
@@ -230,6 +218,7 @@ impl LeaderValues for EtcdBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::leader_keys::election_of;
 
     #[test]
     fn a_value_key_names_its_election() {

@@ -14,6 +14,7 @@ mod connect;
 mod detached;
 mod error;
 mod held;
+mod leader_keys;
 mod leaders;
 mod leases;
 mod members;

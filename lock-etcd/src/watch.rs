@@ -307,7 +307,7 @@ fn dispatch(event: &etcd_client::Event, prefix: &[u8], announcer: &Announcer, ki
             }
         }
         Kind::Leaders => {
-            if let Some(key) = crate::leaders::election_of(rest) {
+            if let Some(key) = crate::leader_keys::election_of(rest) {
                 announcer.notices.notify(key);
             }
         }

@@ -298,6 +298,62 @@ impl Admin for MemoryBackend {
     }
 }
 
+/// Leaders' values: the value is kept beside the table only while the lease's owner holds
+/// the key (the shard stays locked meanwhile), and read back only for the key's holder.
+#[async_trait]
+impl lock_core::election::LeaderValues for MemoryBackend {
+    async fn publish(&self, lease: &Lease, value: &[u8]) -> Result<()> {
+        let now = Instant::now();
+        let kept = {
+            // The table's shard stays locked until the value is kept: no release between.
+            let (hash, shard) = self.shard(lease.key());
+            let holds = shard
+                .entries
+                .find(hash, |e| *e.key == *lease.key())
+                .is_some_and(|e| {
+                    e.grants()
+                        .any(|g| g.owner == lease.owner() && g.valid_until > now)
+                });
+            if !holds {
+                return Err(lease.not_held());
+            }
+            self.leaders
+                .keep(lease.key(), lease.owner(), lease.fence(), value)
+        };
+        if kept > leaders::PRUNE_AT {
+            self.leaders
+                .prune(|key, owner| self.holder(key, now).is_some_and(|(o, _)| o == owner));
+        }
+        self.notices.notify(lease.key());
+        Ok(())
+    }
+
+    async fn leader(&self, key: &str) -> Result<Option<lock_core::election::Leader>> {
+        let now = Instant::now();
+        let Some((owner, valid_until)) = self.holder(key, now) else {
+            return Ok(None);
+        };
+        Ok(self.leaders.of(key, owner).map(|(term, value)| {
+            lock_core::election::Leader::new(value, term, owner, Some(valid_until - now))
+        }))
+    }
+
+    async fn announce(&self, key: &str) -> Result<()> {
+        self.notices.notify(key);
+        Ok(())
+    }
+}
+
+impl MemoryBackend {
+    /// The owner and validity of `key`'s first live grant (a leadership's, for a lock).
+    fn holder(&self, key: &str, now: Instant) -> Option<(Owner, Instant)> {
+        let (hash, shard) = self.shard(key);
+        let entry = shard.entries.find(hash, |e| *e.key == *key)?;
+        let g = entry.grants().find(|g| g.valid_until > now)?;
+        Some((g.owner, g.valid_until))
+    }
+}
+
 /// The table operations, synchronous: the async trait methods and [`Immediate`] both call
 /// them.
 impl MemoryBackend {

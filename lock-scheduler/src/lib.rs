@@ -9,6 +9,7 @@ mod fire;
 mod history;
 mod job;
 mod leader;
+mod mode;
 mod observe;
 mod plan;
 mod runner;
@@ -20,7 +21,7 @@ pub use clock::{Clock, ManualClock, OffsetClock, Sleep, SystemClock, MAX_SLEEP_S
 pub use error::{Error, Result};
 pub use history::per_fire_time;
 pub use job::{Job, JobContext, OnBusy};
-pub use leader::{LeaderMode, DEFAULT_LEADER_TTL};
+pub use mode::{LeaderMode, DEFAULT_LEADER_TTL};
 pub use observe::metric_names;
 pub use plan::Plan;
 pub use schedule::Schedule;

@@ -14,7 +14,7 @@ use lock_core::Locker;
 use crate::clock::{Clock, OffsetClock, SystemClock};
 use crate::error::{Error, Result};
 use crate::job::Job;
-use crate::leader::LeaderMode;
+use crate::mode::LeaderMode;
 use crate::schedule::zone_named;
 use crate::state::{Inner, ShutdownReport};
 

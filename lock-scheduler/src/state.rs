@@ -31,7 +31,7 @@ pub(crate) struct Inner {
     /// time before the earlier ones were claimed.
     pub(crate) offset: Mutex<Option<jiff::SignedDuration>>,
     /// Leader mode, when set: only the elected replica fires.
-    pub(crate) leader: Option<crate::leader::LeaderMode>,
+    pub(crate) leader: Option<crate::mode::LeaderMode>,
     /// The term this replica leads in, while it leads (leader mode).
     pub(crate) leading: tokio::sync::watch::Sender<Option<u64>>,
 }

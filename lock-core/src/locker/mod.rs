@@ -7,7 +7,7 @@
 
 mod acquire;
 mod deadline;
-mod election;
+pub(crate) mod election;
 mod guard;
 mod handover;
 mod hold;
@@ -29,7 +29,6 @@ use crate::error::{Error, Result};
 use crate::lease::LockKey;
 use crate::options::{LockOptions, WaitStrategy};
 
-pub use election::{Election, LeaderWatch, Leadership};
 pub use guard::LockGuard;
 pub use observe::{Event, Observer};
 use shared::Shared;
