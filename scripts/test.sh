@@ -86,6 +86,12 @@ cargo deny --log-level error check licenses bans sources
 # Every published crate packages and its packaged copy builds (in dependency order, the
 # unpublished ones from the packaged copies beside them).
 step "cargo package (every published crate)"
+# Cargo unpacks each packaged crate into $CARGO_HOME/registry/src/-<hash of the local
+# registry's path>/<name>-<version>/ and reuses that directory when it exists: a copy a
+# previous run packaged at the same version (older code) would be built instead of this
+# one. Drop those copies of the workspace's crates first.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/distlock-[0-9]* \
+  "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/lock-*-[0-9]*
 cargo package --workspace --exclude lock-testkit --locked --quiet
 # Two test binaries at a time by default (DISTLOCK_TEST_JOBS=1 runs them one by one): it
 # halves the wall time on two cores, and every server a binary starts has its own ports
