@@ -106,6 +106,8 @@ pub struct Job {
     pgid: libc::pid_t,
     /// The relayed output, when the command's lines are prefixed.
     output: Option<Output>,
+    /// The leader has been reaped (its pid is free for reuse).
+    reaped: bool,
 }
 
 impl Job {
@@ -184,6 +186,7 @@ impl Job {
             child,
             pgid,
             output,
+            reaped: false,
         })
     }
 
@@ -199,7 +202,12 @@ impl Job {
             .wait()
             .await
             .map_err(|e| CliError::new(INTERNAL, format!("waiting for the command failed: {e}")))?;
-        ours().remove(&self.pgid);
+        // Once only: waiting again returns the kept status, and by then the pid may be
+        // another command's.
+        if !self.reaped {
+            ours().remove(&self.pgid);
+            self.reaped = true;
+        }
         Ok(status)
     }
 
@@ -310,8 +318,10 @@ impl Job {
 impl Drop for Job {
     fn drop(&mut self) {
         // Not reaped (dropped before it exited): tokio's orphan queue or, at PID 1, the
-        // orphan reaper takes it.
-        ours().remove(&self.pgid);
+        // orphan reaper takes it. (Once reaped, its pid may be another command's.)
+        if !self.reaped {
+            ours().remove(&self.pgid);
+        }
     }
 }
 
@@ -327,7 +337,8 @@ fn die_with_distlock(cmd: &mut Command) {
         unsafe {
             cmd.pre_exec(move || {
                 let sig = libc::c_ulong::try_from(libc::SIGKILL).unwrap_or(9);
-                if libc::prctl(libc::PR_SET_PDEATHSIG, sig, 0, 0, 0) == -1 {
+                let unused: libc::c_ulong = 0;
+                if libc::prctl(libc::PR_SET_PDEATHSIG, sig, unused, unused, unused) == -1 {
                     return Err(io::Error::last_os_error());
                 }
                 // distlock died between the fork and the prctl: the signal will not come.
