@@ -197,11 +197,10 @@ impl Job {
 
     /// Waits for the command (the group's leader) to exit and reaps it.
     async fn reap(&mut self) -> Result<ExitStatus, CliError> {
-        let status = self
-            .child
-            .wait()
-            .await
-            .map_err(|e| CliError::new(INTERNAL, format!("waiting for the command failed: {e}")))?;
+        let status =
+            self.child.wait().await.map_err(|e| {
+                CliError::new(INTERNAL, format!("waiting for the command failed: {e}"))
+            })?;
         // Once only: waiting again returns the kept status, and by then the pid may be
         // another command's.
         if !self.reaped {
@@ -374,9 +373,8 @@ pub fn reap_orphans_at_pid_1() -> Result<(), CliError> {
     if unsafe { libc::getpid() } != 1 {
         return Ok(());
     }
-    let mut children = signal(SignalKind::child()).map_err(|e| {
-        CliError::new(INTERNAL, format!("cannot install the SIGCHLD handler: {e}"))
-    })?;
+    let mut children = signal(SignalKind::child())
+        .map_err(|e| CliError::new(INTERNAL, format!("cannot install the SIGCHLD handler: {e}")))?;
     tokio::spawn(async move {
         loop {
             let again = if reap_strangers() {
@@ -443,10 +441,7 @@ impl Output {
     }
 
     fn tail(&self) -> String {
-        self.tail
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .text()
+        self.tail.lock().unwrap_or_else(|e| e.into_inner()).text()
     }
 }
 

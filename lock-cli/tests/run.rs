@@ -301,7 +301,9 @@ async fn a_terminal_stdin_is_not_given_to_the_command() {
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
     let started = Instant::now();
-    let child = cmd.spawn().expect("script (util-linux) gives distlock a terminal");
+    let child = cmd
+        .spawn()
+        .expect("script (util-linux) gives distlock a terminal");
     let out = collect(child, started, PROMPT).await;
     assert!(out.stdout.contains("cat-ended"), "{out:#?}");
 }

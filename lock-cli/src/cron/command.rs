@@ -359,7 +359,10 @@ mod tests {
             assert!(d.len() > max / 3, "keeps what fits: {}", d.len());
             assert!(!d.contains('\n'), "one line");
             assert!(d.starts_with("killed by signal 9; output ends \""), "{d}");
-            assert!(d.ends_with(&format!("{:?}", &tail[tail.len() - 4..])[1..]), "{d}");
+            assert!(
+                d.ends_with(&format!("{:?}", &tail[tail.len() - 4..])[1..]),
+                "{d}"
+            );
         }
     }
 

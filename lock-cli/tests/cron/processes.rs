@@ -157,11 +157,18 @@ command = ["sh", "-c", "env > {log}.tmp.$$ && mv {log}.tmp.$$ {log}.env"]
     replica.terminate(PROMPT).await;
     let text = std::fs::read_to_string(beside(&setup, ".env")).unwrap();
     let env: HashMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
-    assert!(!text.contains("hunter2"), "a password reached the command: {text}");
+    assert!(
+        !text.contains("hunter2"),
+        "a password reached the command: {text}"
+    );
     assert!(!env.contains_key("DISTLOCK_URL"), "{text}");
     assert!(!env.contains_key("DISTLOCK_METRICS_PUSH"), "{text}");
     assert_eq!(env.get("DISTLOCK_TEST_PASSED_ON"), Some(&"yes"), "{text}");
-    assert_eq!(env.get("DISTLOCK_TIME_ZONE"), Some(&"Europe/Berlin"), "{text}");
+    assert_eq!(
+        env.get("DISTLOCK_TIME_ZONE"),
+        Some(&"Europe/Berlin"),
+        "{text}"
+    );
     let at: jiff::Timestamp = env["DISTLOCK_SCHEDULED_AT"].parse().unwrap();
     let local = env["DISTLOCK_SCHEDULED_LOCAL"];
     let berlin = at.to_zoned(jiff::tz::TimeZone::get("Europe/Berlin").unwrap());
@@ -267,7 +274,10 @@ command = ["sh", "-c", "seq 1 2000; sleep 0.2; echo 'disk full' >&2; exit 3"]
     // The streams are relayed apart; the sleep puts stderr's line after stdout's.
     assert!(detail.ends_with("1999\\n2000\\ndisk full\\n\""), "{detail}");
     assert!(!detail.contains("\\n1\\n2\\n"), "only the end: {detail}");
-    assert!(detail.len() <= distlock::records::MAX_DETAIL_LEN, "{detail}");
+    assert!(
+        detail.len() <= distlock::records::MAX_DETAIL_LEN,
+        "{detail}"
+    );
 }
 
 /// SIGKILL to distlock kills its running command too (its parent-death signal), instead
@@ -416,9 +426,14 @@ command = ["sh", "-c", "exit 3"]
     assert!(lingering.is_empty(), "not reaped: {lingering:?}\n{stderr}");
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("exit status 3"), "{stderr}");
-    assert!(!stderr.contains("waiting for the command failed"), "{stderr}");
     assert!(
-        !stderr.lines().any(|l| l.contains("orphaner") && l.contains("did not succeed")),
+        !stderr.contains("waiting for the command failed"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr
+            .lines()
+            .any(|l| l.contains("orphaner") && l.contains("did not succeed")),
         "{stderr}"
     );
 }
