@@ -184,19 +184,21 @@ fn failure_detail(status: &str, tail: &str) -> String {
     if tail.is_empty() {
         return status.to_owned();
     }
+    let max = distlock::records::MAX_DETAIL_LEN;
     let head = format!("{status}; output ends ");
-    // The quoted text grows by its escapes; keep cutting until it fits.
-    let mut keep = distlock::records::MAX_DETAIL_LEN.saturating_sub(head.len() + 2);
+    let room = max.saturating_sub(head.len());
+    // The quoted text grows by its escapes: keep less, in proportion, until it fits.
+    let mut keep = room.saturating_sub(2);
     loop {
         let mut start = tail.len().saturating_sub(keep);
         while !tail.is_char_boundary(start) {
             start += 1;
         }
         let quoted = format!("{:?}", &tail[start..]);
-        if head.len() + quoted.len() <= distlock::records::MAX_DETAIL_LEN || keep == 0 {
+        if quoted.len() <= room || keep == 0 {
             return format!("{head}{quoted}");
         }
-        keep = keep.saturating_sub(quoted.len() + head.len() - distlock::records::MAX_DETAIL_LEN);
+        keep = (keep * room / quoted.len()).min(keep - 1);
     }
 }
 
@@ -317,17 +319,23 @@ impl Task {
             tokio::time::sleep(self.shutdown_grace).await;
         };
         let mut hurry = self.hurry.clone();
+        // The exit's result, or why the command is to be stopped (the select's output
+        // holds a watch guard, which must not live across an await).
         let why = tokio::select! {
             biased;
-            result = cmd.wait() => {
+            result = cmd.wait() => Err(result),
+            () = ctx.lost() => Ok("the lock was lost"),
+            () = timeout => Ok("it passed its timeout"),
+            () = cut => Ok("the shutdown grace passed"),
+            _ = hurry.wait_for(|h| *h) => Ok("of a second signal"),
+        };
+        let why = match why {
+            Ok(why) => why,
+            Err(result) => {
                 let run = format!("{:?} scheduled at {}", ctx.job(), env.scheduled_at);
                 let tail = cmd.end(self.leave_children, &run).await;
                 return result.map_err(|status| failure_detail(&status, &tail));
             }
-            () = ctx.lost() => "the lock was lost",
-            () = timeout => "it passed its timeout",
-            () = cut => "the shutdown grace passed",
-            _ = hurry.wait_for(|h| *h) => "of a second signal",
         };
         note!(
             "distlock: stopping {:?} scheduled at {} because {why}: SIGTERM, SIGKILL after {}",
