@@ -27,9 +27,11 @@ Examples:
 The leader of NAME holds the lock NAME (distlock status NAME shows it). CMD's environment
 adds DISTLOCK_KEY (NAME), DISTLOCK_FENCE and DISTLOCK_TERM (the leadership's term: its
 fencing token, greater than every earlier leader's; pass it with every write so the
-resource can refuse a superseded leader's). When leadership is lost, CMD is stopped as
-`distlock run` stops it on a lost lock (SIGTERM, SIGKILL after --grace; exit 76); when CMD
-ends, distlock resigns at once so a standby leads without waiting for the TTL.
+resource can refuse a superseded leader's); DISTLOCK_URL and DISTLOCK_METRICS_PUSH are
+removed from it. Its stdin and its death with distlock are as with `distlock run`. When
+leadership is lost, CMD is stopped as `distlock run` stops it on a lost lock (SIGTERM,
+SIGKILL after --grace; exit 76); when CMD ends, distlock resigns at once so a standby
+leads without waiting for the TTL.
 Exit status: as `distlock run` (75: --no-wait or --wait passed while another leads; 69:
 a backend without elections, such as redlock://).";
 

@@ -9,7 +9,7 @@ use distlock::scheduler::Schedule;
 use distlock::Locker;
 
 use crate::common::Target;
-use crate::cron::command::rfc3339;
+use crate::cron::command::{local_time, rfc3339};
 use crate::exit::{CliError, NOT_ACQUIRED, UNAVAILABLE, USAGE};
 use crate::schedule::{self, due, Plan, ScheduleError, Timing};
 use crate::units::fmt_duration;
@@ -53,6 +53,8 @@ pub struct Claimed {
     pub plan: Plan,
     /// The fire time on the monotonic clock.
     pub placed: Placed,
+    /// The schedule's time zone.
+    pub zone: TimeZone,
 }
 
 impl Claimed {
@@ -64,6 +66,15 @@ impl Claimed {
     /// `DISTLOCK_SCHEDULED_AT`.
     pub fn scheduled_at(&self) -> String {
         rfc3339(self.fire)
+    }
+
+    /// `DISTLOCK_SCHEDULED_LOCAL` (the fire time in the schedule's zone, RFC 3339 with its
+    /// offset) and `DISTLOCK_TIME_ZONE` (the zone's IANA name, if it has one).
+    pub fn scheduled_local(&self) -> (String, Option<String>) {
+        match distlock::scheduler::jiff::Timestamp::try_from(self.fire) {
+            Ok(t) => local_time(&t.to_zoned(self.zone.clone())),
+            Err(_) => (self.scheduled_at(), None),
+        }
     }
 
     /// The monotonic instant `at_least` after the fire time, capped as the scheduler caps
@@ -228,7 +239,12 @@ impl Scheduled {
                     ),
                 )));
             }
-            return Ok(Claimed { fire, plan, placed });
+            return Ok(Claimed {
+                fire,
+                plan,
+                placed,
+                zone: self.zone.clone(),
+            });
         }
     }
 

@@ -12,7 +12,7 @@ use crate::exit::{
     USAGE,
 };
 use crate::fire::{Claimed, NotClaimed, Scheduled};
-use crate::job::{status_code, Job, Signals};
+use crate::job::{status_code, Input, Job, Signals, Spawn};
 use crate::push::Pushgateway;
 use crate::units::fmt_duration;
 use crate::verbosity::note;
@@ -232,6 +232,13 @@ async fn run_locked(args: &RunArgs, ran: &mut Option<Duration>) -> Result<Exit, 
     if let Some(at) = scheduled_at {
         env.push(("DISTLOCK_SCHEDULED_AT", at));
     }
+    if let Some(claimed) = &claimed {
+        let (local, zone) = claimed.scheduled_local();
+        env.push(("DISTLOCK_SCHEDULED_LOCAL", local));
+        if let Some(zone) = zone {
+            env.push(("DISTLOCK_TIME_ZONE", zone));
+        }
+    }
     let command = Command {
         what: "lock",
         key: &args.key,
@@ -345,7 +352,12 @@ pub(crate) async fn hold(
     args: &Command<'_>,
     signals: &mut Signals,
 ) -> Result<(std::process::ExitStatus, Option<Stop>), CliError> {
-    let mut job = Job::spawn(args.command, &args.env)?;
+    let how = Spawn {
+        env: &args.env,
+        stdin: Input::Inherited,
+        prefix: None,
+    };
+    let mut job = Job::spawn(args.command, &how)?;
     let lost = guard.lost();
     let timeout = async {
         match args.timeout {

@@ -46,7 +46,10 @@ Exit status:
 CMD's environment adds DISTLOCK_KEY (the key) and DISTLOCK_FENCE (the fencing token of
 this grant, greater than every earlier grant's on backends with monotonic fencing):
 pass it to the resource you write to so that it can refuse a stale holder. With
---schedule it adds DISTLOCK_SCHEDULED_AT, the fire time claimed (RFC 3339, UTC).
+--schedule it adds DISTLOCK_SCHEDULED_AT, the fire time claimed (RFC 3339, UTC),
+DISTLOCK_SCHEDULED_LOCAL (the same instant in --time-zone, with its offset) and
+DISTLOCK_TIME_ZONE (the zone's IANA name). DISTLOCK_URL and DISTLOCK_METRICS_PUSH are
+removed from it: they may hold passwords (pass CMD a URL it needs under another name).
 
 -p N (--permits N) holds one of KEY's N permits instead of the whole key, so at most N
 commands run at once across every host (as `consul lock -n N`); --read and --write hold
@@ -54,8 +57,11 @@ KEY as a reader (beside other readers) or a writer (alone). Every run on one KEY
 claim it the same way (a plain lock, the same N, or --read/--write): another claim on a
 held KEY is refused (exit 64). Backends that keep locks only refuse them (exit 69).
 
-CMD runs in its own process group, so it is not the terminal's foreground job: it cannot
-read from the terminal, and distlock relays Ctrl-C to it.
+CMD runs in its own process group, so it is not the terminal's foreground job, and
+distlock relays Ctrl-C to it. CMD reads distlock's stdin when that is a pipe or a file
+(`pg_dump db | distlock run backup -- upload`); when it is a terminal CMD gets /dev/null,
+since a read from the terminal would stop CMD (SIGTTIN) while it holds the lock. CMD dies
+with distlock: if distlock is killed (even with SIGKILL), CMD gets SIGKILL.
 
 --metrics-addr HOST:PORT serves the lock's metrics in the Prometheus text format while
 distlock runs (from before it connects until it exits), labelled backend=NAME, never with

@@ -123,7 +123,11 @@ async fn postgres_client_clock_skew_moves_no_expiry() {
     })
     .await;
     kill(ahead.child.id().unwrap(), libc::SIGKILL);
-    kill(ahead.pid as u32, libc::SIGKILL);
+    // The command dies with distlock (its parent-death signal), perhaps already reaped.
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(ahead.pid, libc::SIGKILL);
+    }
     let killed = Instant::now();
     let refused = finish(
         distlock(run_args(&url, "skew-ahead", &["--no-wait"], "true")),

@@ -218,3 +218,104 @@ async fn a_scheduled_run_sees_its_fire_time() {
     assert_eq!(t.subsec_nanosecond(), 0, "{at}");
     assert!(t <= jiff::Timestamp::now(), "{at}");
 }
+
+/// With `--time-zone`, the command also gets the fire time in that zone (RFC 3339 with
+/// its offset, the same instant) and the zone's name.
+#[tokio::test]
+async fn a_scheduled_run_sees_its_local_fire_time() {
+    let out = finish(
+        distlock(run_args(
+            &[
+                "--url",
+                "memory://",
+                "--schedule",
+                "* * * * * *",
+                "--time-zone",
+                "Asia/Kolkata",
+                "--lateness",
+                "1s",
+            ],
+            "echo \"$DISTLOCK_SCHEDULED_AT|$DISTLOCK_SCHEDULED_LOCAL|$DISTLOCK_TIME_ZONE\"",
+        )),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(0);
+    let fields: Vec<&str> = out.stdout.trim().split('|').collect();
+    let [at, local, zone] = fields[..] else {
+        panic!("three fields: {out:#?}");
+    };
+    assert_eq!(zone, "Asia/Kolkata");
+    assert!(local.ends_with("+05:30"), "{local}");
+    let at: jiff::Timestamp = at.parse().unwrap();
+    let local: jiff::Timestamp = local.parse().expect("RFC 3339");
+    assert_eq!(at, local);
+}
+
+/// DISTLOCK_URL (which may carry a password) does not reach the command; other variables
+/// do.
+#[tokio::test]
+async fn the_url_does_not_reach_the_command() {
+    let mut cmd = distlock(run_args(&[], "env"));
+    cmd.env("DISTLOCK_URL", "memory://")
+        .env("DISTLOCK_TEST_PASSED_ON", "yes");
+    let out = finish(cmd, PROMPT).await;
+    out.expect_code(0);
+    assert!(!out.stdout.contains("DISTLOCK_URL="), "{out:#?}");
+    assert!(
+        out.stdout.contains("DISTLOCK_TEST_PASSED_ON=yes"),
+        "{out:#?}"
+    );
+}
+
+/// A pipe on distlock's stdin is the command's stdin.
+#[tokio::test]
+async fn a_piped_stdin_reaches_the_command() {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = distlock(run_args(&[], "cat"));
+    cmd.stdin(std::process::Stdio::piped());
+    let started = Instant::now();
+    let mut child = cmd.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"from the pipe\n").await.unwrap();
+    drop(stdin);
+    let out = collect(child, started, PROMPT).await;
+    out.expect_code(0);
+    assert_eq!(out.stdout, "from the pipe\n");
+}
+
+/// A terminal on distlock's stdin is not given to the command (in its own process group
+/// a read from it would stop the command for good, SIGTTIN, lock held): it reads
+/// /dev/null and ends. `script` gives distlock a terminal.
+#[tokio::test]
+async fn a_terminal_stdin_is_not_given_to_the_command() {
+    let line = format!(
+        "{} run job --url memory:// -- sh -c 'cat; echo cat-ended'; true",
+        env!("CARGO_BIN_EXE_distlock")
+    );
+    let mut cmd = tokio::process::Command::new("script");
+    cmd.args(["-qec", &line, "/dev/null"])
+        .env_remove("DISTLOCK_URL")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let started = Instant::now();
+    let child = cmd
+        .spawn()
+        .expect("script (util-linux) gives distlock a terminal");
+    let out = collect(child, started, PROMPT).await;
+    assert!(out.stdout.contains("cat-ended"), "{out:#?}");
+}
+
+/// SIGKILL to distlock kills the command too (its parent-death signal): it must not run on
+/// unprotected once the lock expires.
+#[tokio::test]
+async fn a_killed_distlock_takes_its_command_with_it() {
+    let sleeper = common::Sleeper::start("memory://", "job", &[]).await;
+    let pid = sleeper.pid;
+    common::kill(sleeper.child.id().unwrap(), libc::SIGKILL);
+    let out = sleeper.finish().await;
+    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:#?}");
+    assert_gone(pid, Duration::from_secs(5)).await;
+}

@@ -1,5 +1,7 @@
-//! One run of a job's command: its environment, and stopping it as `distlock run` does
-//! (SIGTERM to its process group, SIGKILL after the grace) when the scheduler cancels it.
+//! One run of a job's command: its environment, its output relayed with the job and the
+//! fire time, stopping it as `distlock run` does (SIGTERM to its process group, SIGKILL
+//! after the grace) when the scheduler cancels it, and stopping what it left in its group
+//! when it exits.
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -8,13 +10,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use distlock::scheduler::{jiff, JobContext};
+use distlock::scheduler::jiff::{self, Zoned};
+use distlock::scheduler::JobContext;
 use tokio::sync::watch;
 
 use crate::units::fmt_duration;
 use crate::verbosity::note;
 
-use crate::job::{status_code, Job};
+use crate::job::{status_code, Input, Job, Spawn};
 
 /// What the command of one fire time is told, in its environment.
 pub struct RunEnv<'a> {
@@ -22,6 +25,12 @@ pub struct RunEnv<'a> {
     pub job: &'a str,
     /// `DISTLOCK_SCHEDULED_AT`: the fire time, RFC 3339 in UTC.
     pub scheduled_at: String,
+    /// `DISTLOCK_SCHEDULED_LOCAL`: the fire time in the job's time zone, RFC 3339 with
+    /// its offset.
+    pub scheduled_local: String,
+    /// `DISTLOCK_TIME_ZONE`: the job's time zone, its IANA name (left out for a zone
+    /// without one).
+    pub time_zone: Option<String>,
     /// `DISTLOCK_FENCE`: the fencing token of the lock this run holds.
     pub fence: u64,
     /// `DISTLOCK_REPLICA`: the replica running it.
@@ -29,28 +38,56 @@ pub struct RunEnv<'a> {
 }
 
 impl RunEnv<'_> {
-    fn vars(&self) -> [(&'static str, String); 5] {
-        [
+    fn vars(&self) -> Vec<(&'static str, String)> {
+        let mut vars = vec![
             ("DISTLOCK_JOB", self.job.to_owned()),
             // The job's name is its lock key, as `distlock run` tells its command.
             ("DISTLOCK_KEY", self.job.to_owned()),
             ("DISTLOCK_SCHEDULED_AT", self.scheduled_at.clone()),
+            ("DISTLOCK_SCHEDULED_LOCAL", self.scheduled_local.clone()),
             ("DISTLOCK_FENCE", self.fence.to_string()),
             ("DISTLOCK_REPLICA", self.replica.to_owned()),
-        ]
+        ];
+        if let Some(zone) = &self.time_zone {
+            vars.push(("DISTLOCK_TIME_ZONE", zone.clone()));
+        }
+        vars
+    }
+
+    /// What each line of the command's output is relayed after:
+    /// `[nightly-report 2026-12-07T01:30:00Z] `.
+    fn prefix(&self) -> String {
+        format!("[{} {}] ", self.job, self.scheduled_at)
     }
 }
 
-/// Starts `command` with the run's environment.
+/// A fire time in its zone, RFC 3339 with the zone's offset
+/// (`2026-12-07T02:30:00+01:00`), and the zone's IANA name when it has one.
+pub(crate) fn local_time(t: &Zoned) -> (String, Option<String>) {
+    let local = t.timestamp().display_with_offset(t.offset()).to_string();
+    (local, t.time_zone().iana_name().map(str::to_owned))
+}
+
+/// Starts `command` with the run's environment, stdin from /dev/null, its output relayed
+/// line by line with the job and the fire time before each line.
 ///
 /// # Errors
 /// It could not start (not found, not executable): the run fails with that reason.
 pub fn spawn(command: &[String], env: &RunEnv<'_>) -> Result<Job, String> {
     let argv: Vec<OsString> = command.iter().map(OsString::from).collect();
     let vars = env.vars();
-    let vars: Vec<(&str, String)> = vars.iter().map(|(k, v)| (*k, v.clone())).collect();
-    Job::spawn(&argv, &vars).map_err(|e| e.message)
+    let how = Spawn {
+        env: &vars,
+        stdin: Input::Null,
+        prefix: Some(env.prefix()),
+    };
+    Job::spawn(&argv, &how).map_err(|e| e.message)
 }
+
+/// How long a run waits, once its command is gone, for the rest of the command's output
+/// (a process left running with `leave_children` may hold the pipe open: its lines are
+/// still relayed, after the run).
+const OUTPUT_WAIT: Duration = Duration::from_millis(500);
 
 /// A running command of a run. When the scheduler cancels the run (drops its future) while
 /// the command runs, the drop hands the command to a background stop (SIGTERM, SIGKILL
@@ -74,16 +111,35 @@ impl Running {
     }
 
     /// Waits for the command to exit: `Ok(())` for status 0, else the status in words.
+    /// The command stays in hand (its group, its output) until [`end`](Self::end).
     pub async fn wait(&mut self) -> Result<(), String> {
         let job = self.job.as_mut().expect("a running command");
         let status = job.wait().await.map_err(|e| e.message)?;
-        self.stops.ended(job.pgid());
-        self.job = None;
         if status.success() {
             Ok(())
         } else {
             Err(describe(status))
         }
+    }
+
+    /// Once the command has exited: stops what it left running in its process group
+    /// (unless `leave_children`), then returns the tail of its output.
+    pub async fn end(&mut self, leave_children: bool, run: &str) -> String {
+        let Some(job) = self.job.as_mut() else {
+            return String::new();
+        };
+        if !leave_children && job.group_alive() {
+            note!(
+                "distlock: {run}: the command exited leaving processes in its group;                  stopping them: SIGTERM, SIGKILL after {} (leave_children = true keeps                  them)",
+                fmt_duration(self.grace)
+            );
+            let mut hurry = self.hurry.clone();
+            job.end_group(self.grace, hurry.wait_for(|h| *h)).await;
+        }
+        let tail = job.output_tail(OUTPUT_WAIT).await.unwrap_or_default();
+        self.stops.ended(job.pgid());
+        self.job = None;
+        tail
     }
 
     /// Stops the command as `distlock run` does; returns once it is gone.
@@ -108,6 +164,8 @@ impl Drop for Running {
         let mut hurry = self.hurry.clone();
         let stops = self.stops.clone();
         match tokio::runtime::Handle::try_current() {
+            // Also when the command has exited and its leftovers were being stopped: the
+            // stop signals the group and SIGKILLs what is left.
             Ok(_) => self.stops.spawn(async move {
                 let _ = job
                     .stop_unless(libc::SIGTERM, grace, hurry.wait_for(|h| *h))
@@ -117,6 +175,30 @@ impl Drop for Running {
             // No runtime left to wait on: the command must not outlive the lock.
             Err(_) => job.signal(libc::SIGKILL),
         }
+    }
+}
+
+/// The failure's detail for the run record: the status, then as much of the output's
+/// tail as the record keeps, on one line (`exit status 3; output ends "…\nno space\n"`).
+fn failure_detail(status: &str, tail: &str) -> String {
+    if tail.is_empty() {
+        return status.to_owned();
+    }
+    let max = distlock::records::MAX_DETAIL_LEN;
+    let head = format!("{status}; output ends ");
+    let room = max.saturating_sub(head.len());
+    // The quoted text grows by its escapes: keep less, in proportion, until it fits.
+    let mut keep = room.saturating_sub(2);
+    loop {
+        let mut start = tail.len().saturating_sub(keep);
+        while !tail.is_char_boundary(start) {
+            start += 1;
+        }
+        let quoted = format!("{:?}", &tail[start..]);
+        if quoted.len() <= room || keep == 0 {
+            return format!("{head}{quoted}");
+        }
+        keep = (keep * room / quoted.len()).min(keep - 1);
     }
 }
 
@@ -197,6 +279,8 @@ impl Stops {
 #[derive(Clone)]
 pub(super) struct Task {
     pub(super) command: Arc<Vec<String>>,
+    /// The job's `leave_children`.
+    pub(super) leave_children: bool,
     pub(super) grace: Duration,
     pub(super) shutdown_grace: Duration,
     pub(super) stops: Stops,
@@ -210,9 +294,12 @@ impl Task {
     /// is gone, this waits to be cancelled.
     pub(super) async fn run(self, ctx: JobContext) -> Result<(), String> {
         let scheduled_at = rfc3339(ctx.scheduled_at());
+        let (scheduled_local, time_zone) = local_time(ctx.scheduled_local());
         let env = RunEnv {
             job: ctx.job(),
             scheduled_at,
+            scheduled_local,
+            time_zone,
             fence: ctx.fence(),
             replica: ctx.replica(),
         };
@@ -232,13 +319,23 @@ impl Task {
             tokio::time::sleep(self.shutdown_grace).await;
         };
         let mut hurry = self.hurry.clone();
+        // The exit's result, or why the command is to be stopped (the select's output
+        // holds a watch guard, which must not live across an await).
         let why = tokio::select! {
             biased;
-            result = cmd.wait() => return result,
-            () = ctx.lost() => "the lock was lost",
-            () = timeout => "it passed its timeout",
-            () = cut => "the shutdown grace passed",
-            _ = hurry.wait_for(|h| *h) => "of a second signal",
+            result = cmd.wait() => Err(result),
+            () = ctx.lost() => Ok("the lock was lost"),
+            () = timeout => Ok("it passed its timeout"),
+            () = cut => Ok("the shutdown grace passed"),
+            _ = hurry.wait_for(|h| *h) => Ok("of a second signal"),
+        };
+        let why = match why {
+            Ok(why) => why,
+            Err(result) => {
+                let run = format!("{:?} scheduled at {}", ctx.job(), env.scheduled_at);
+                let tail = cmd.end(self.leave_children, &run).await;
+                return result.map_err(|status| failure_detail(&status, &tail));
+            }
         };
         note!(
             "distlock: stopping {:?} scheduled at {} because {why}: SIGTERM, SIGKILL after {}",
@@ -249,5 +346,45 @@ impl Task {
         cmd.stop().await;
         // The scheduler cancels the run and records why.
         std::future::pending().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failure_keeps_the_status_and_the_end_of_the_output_on_one_line() {
+        assert_eq!(failure_detail("exit status 3", ""), "exit status 3");
+        assert_eq!(
+            failure_detail("exit status 3", "a\nno space left\n"),
+            "exit status 3; output ends \"a\\nno space left\\n\""
+        );
+        let max = distlock::records::MAX_DETAIL_LEN;
+        for tail in ["x".repeat(4096), "\n".repeat(4096), "é\n".repeat(1500)] {
+            let d = failure_detail("killed by signal 9", &tail);
+            assert!(d.len() <= max, "{} > {max}", d.len());
+            assert!(d.len() > max / 3, "keeps what fits: {}", d.len());
+            assert!(!d.contains('\n'), "one line");
+            assert!(d.starts_with("killed by signal 9; output ends \""), "{d}");
+            assert!(
+                d.ends_with(&format!("{:?}", &tail[tail.len() - 4..])[1..]),
+                "{d}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_local_fire_time_has_its_offset_and_zone() {
+        let t: Zoned = "2026-12-07T02:30:00+01:00[Europe/Berlin]".parse().unwrap();
+        assert_eq!(
+            local_time(&t),
+            (
+                "2026-12-07T02:30:00+01:00".to_owned(),
+                Some("Europe/Berlin".to_owned())
+            )
+        );
+        let utc: Zoned = "2026-12-07T01:30:00+00:00[UTC]".parse().unwrap();
+        assert_eq!(local_time(&utc).0, "2026-12-07T01:30:00+00:00");
     }
 }

@@ -140,6 +140,17 @@ impl Fields<'_> {
         }
     }
 
+    pub(super) fn flag(&self, field: &str) -> Result<Option<bool>, FileError> {
+        match self.table.get(field) {
+            None => Ok(None),
+            Some(Value::Boolean(b)) => Ok(Some(*b)),
+            Some(other) => Err(self.err(
+                field,
+                format!("must be true or false, not {}", other.type_str()),
+            )),
+        }
+    }
+
     pub(super) fn on_busy(&self) -> Result<Option<OnBusy>, FileError> {
         let field = "on_busy";
         let bad = || self.err(field, "must be \"skip\" or \"wait\"");

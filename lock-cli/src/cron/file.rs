@@ -29,6 +29,9 @@ pub struct JobSpec {
     pub command: Vec<String>,
     /// The hard timeout of one run, if any.
     pub timeout: Option<Duration>,
+    /// `leave_children = true`: what the command leaves running in its process group
+    /// when it exits is not stopped (by default it is: SIGTERM, SIGKILL after the grace).
+    pub leave_children: bool,
 }
 
 /// The scheduler's own settings (top of the file), and the jobs.
@@ -52,9 +55,10 @@ pub struct CronFile {
 }
 
 /// See [`CronFile::grace`].
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
-/// See [`CronFile::shutdown_grace`].
-pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+/// See [`CronFile::shutdown_grace`]. With [`DEFAULT_GRACE`] and the second of margin the
+/// whole stop takes at most about 26 s: within Kubernetes' default 30 s grace.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 /// The election of `mode = "leader"` when the file names none.
 pub const DEFAULT_ELECTION: &str = "distlock-cron/leader";
 /// See [`CronFile::history`].
@@ -84,6 +88,7 @@ const JOB_FIELDS: &[&str] = &[
     "lateness",
     "on_busy",
     "ttl",
+    "leave_children",
 ];
 
 /// Reads and checks the file at `path`.
@@ -326,6 +331,7 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
             .check(job.schedule(), &zone, now)
             .map_err(|(field, message)| fields.err(field, message))?;
         let command = fields.command()?;
+        let leave_children = fields.flag("leave_children")?.unwrap_or(false);
         let ttl = timing.shortest_ttl(job.schedule(), &zone, now);
         if grace > ttl {
             warnings.push(fields.err(
@@ -364,6 +370,7 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
             time_zone: options.time_zone,
             command,
             timeout: options.timeout,
+            leave_children,
         });
     }
     Ok(CronFile {
@@ -468,6 +475,7 @@ schedule = "0 */5 * * * *"
 time_zone = "UTC"
 timeout = "1m"
 on_busy = "wait"
+leave_children = true
 command = ["b"]
 "#,
         )
@@ -478,6 +486,8 @@ command = ["b"]
         let [a, b] = &file.jobs[..] else {
             panic!("two jobs")
         };
+        assert!(!a.leave_children, "the group is stopped by default");
+        assert!(b.leave_children);
         assert_eq!(a.job.name(), "a");
         assert_eq!(a.command, ["/bin/a", "--x"]);
         assert_eq!(a.time_zone.as_deref(), Some("Europe/Berlin"));
@@ -504,6 +514,16 @@ command = ["b"]
             (job("timeout = 5"), job_field("\"j\"", "timeout")),
             (job("at_least = \"soon\""), job_field("\"j\"", "at_least")),
             (job("on_busy = \"queue\""), job_field("\"j\"", "on_busy")),
+            (
+                job("leave_children = \"yes\""),
+                job_field("\"j\"", "leave_children"),
+            ),
+            (
+                format!("leave_children = true\n{}", job("")),
+                Place::Top {
+                    field: "leave_children".into(),
+                },
+            ),
             (job("every = \"1s\""), job_field("\"j\"", "every")),
             (
                 "[[job]]\nname = \"j\"\nschedule = \"* * * *\"\ncommand = [\"x\"]\n".into(),

@@ -36,8 +36,8 @@ first six may also be set per job.
   at_least = \"5s\"               # hold each fire time's lock this long (default: gap/2, <= 1m)
   lateness = \"2s\"               # a fire time started later is missed (default: at_least/2)
   ttl = \"10s\"                   # lock TTL, renewed every ttl/3 (default: gap/2, 1s..30s)
-  grace = \"10s\"                 # stopping a command: SIGTERM, then SIGKILL after this
-  shutdown_grace = \"30s\"        # on SIGTERM/Ctrl-C: how long running commands may finish
+  grace = \"5s\"                  # stopping a command: SIGTERM, then SIGKILL after this
+  shutdown_grace = \"20s\"        # on SIGTERM/Ctrl-C: how long running commands may finish
   history = 100                 # run records kept per job in the lock server
   mode = \"each\"                 # each: every replica fires, each fire time's claim picks
                                 # the one that runs it | leader: one elected replica fires
@@ -51,6 +51,7 @@ first six may also be set per job.
   schedule = \"0 30 2 * * *\"     # cron, seconds first: sec min hour day month weekday
   command = [\"/usr/local/bin/report\", \"--full\"]
   timeout = \"2h\"
+  leave_children = false        # true: what it leaves running when it exits is not stopped
 
   [[job]]
   name = \"sync\"
@@ -73,16 +74,33 @@ within its lateness, else runs nowhere. Keep the default when any replica may ru
 fire time.
 
 The command gets DISTLOCK_JOB, DISTLOCK_SCHEDULED_AT (the fire time, RFC 3339 in UTC),
-DISTLOCK_FENCE (the fencing token of this run's lock) and DISTLOCK_REPLICA. It runs in its
-own process group; on a timeout or a lost lock it is stopped as `distlock run` stops it:
-SIGTERM to the group, SIGKILL after grace.
+DISTLOCK_SCHEDULED_LOCAL (the same instant in the job's time zone, with its offset:
+2026-12-07T02:30:00+01:00), DISTLOCK_TIME_ZONE (the zone's IANA name), DISTLOCK_FENCE (the
+fencing token of this run's lock) and DISTLOCK_REPLICA; DISTLOCK_URL and
+DISTLOCK_METRICS_PUSH (they may hold passwords) are removed from its environment. Its
+stdin is /dev/null. Each line it writes is relayed (stdout to distlock's stdout, stderr
+to its stderr) after the job's name and the fire time:
+  [nightly-report 2026-12-07T01:30:00Z] report written
+and a failed run's record keeps the end of its output. It runs in its own process group
+and dies with distlock: SIGKILL when distlock dies, even of SIGKILL (the command's own
+process; what it started in the background is reached by the stop below). When it
+exits, whatever it left running in its group (`sleep 25 &`) is stopped before the lock is
+released: SIGTERM, SIGKILL after grace; `leave_children = true` on a job keeps them. On a
+timeout or a lost lock it is stopped as `distlock run` stops it: SIGTERM to the group,
+SIGKILL after grace. As PID 1 (a container's init) distlock also reaps the orphaned
+processes reparented to it.
 
 SIGTERM or Ctrl-C: no new fire times; running commands get shutdown_grace to finish, the
 rest are stopped and recorded as cut (named on stderr); every lock is released; exit 0.
+The whole stop takes at most about shutdown_grace + grace + 1 s: 26 s by default, within
+Kubernetes' default 30 s grace and systemd's 90 s (docker stop waits 10 s: give -t 30).
 A second signal kills every command at once (SIGKILL); those runs are not recorded.
+SIGHUP stops the same way, then exits 129, so that a supervisor restarting on failure
+(systemd's Restart=on-failure) starts it again with the file read anew.
 
 Exit status:
   0    shut down by SIGTERM or Ctrl-C
+  129  shut down by SIGHUP
   64   bad command line or schedule file (one line naming the job and the field),
        no --url nor DISTLOCK_URL, or a --metrics-addr that is not HOST:PORT
   69   lock server unreachable or refusing, its backend not compiled in or unable to
@@ -207,9 +225,10 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
         .map(crate::metrics::resolve)
         .transpose()?;
     let mut signals = Signals::catch()?;
+    crate::job::reap_orphans_at_pid_1()?;
     let locker = tokio::select! {
         locker = target.connect() => locker?,
-        _ = signals.recv() => return Ok(Exit::Code(0)),
+        sig = signals.recv() => return Ok(Exit::Code(exit_code(sig))),
     };
     if let Some(addr) = metrics_addr {
         crate::metrics::install(Some(addr), &[])?;
@@ -233,6 +252,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     for spec in &file.jobs {
         let task = Task {
             command: Arc::new(spec.command.clone()),
+            leave_children: spec.leave_children,
             grace: file.grace,
             shutdown_grace: file.shutdown_grace,
             stops: stops.clone(),
@@ -281,9 +301,14 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     let sig = signals.recv().await;
     note!(
         "distlock: {}: shutting down: no new runs; running commands get {} to finish \
-         (a second signal kills them at once)",
+         (a second signal kills them at once){}",
         signal_name(sig),
-        fmt_duration(file.shutdown_grace)
+        fmt_duration(file.shutdown_grace),
+        if sig == libc::SIGHUP {
+            format!("; then exit {HANGUP} (to be restarted)")
+        } else {
+            String::new()
+        }
     );
     // The scheduler's grace outlasts the CLI's own (shutdown_grace, then SIGTERM and
     // SIGKILL after grace): a command is gone before its run is cut and its lock released.
@@ -309,11 +334,11 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
                 );
             }
         }
-        sig = signals.recv() => {
+        again = signals.recv() => {
             note!(
                 "distlock: {} again: killing the running commands now; their runs are not \
                  recorded",
-                signal_name(sig)
+                signal_name(again)
             );
             let _ = hurry_tx.send(true);
             stops.kill_all();
@@ -327,8 +352,22 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     }
     locker.shutdown().await;
     note!("distlock: cron: stopped; every lock released");
-    Ok(Exit::Code(0))
+    Ok(Exit::Code(exit_code(sig)))
 }
+
+/// The exit status after a shutdown by `sig`: 0 for SIGTERM and SIGINT (asked to stop),
+/// [`HANGUP`] for SIGHUP, so that a supervisor restarting on failure starts it again (a
+/// reload: the file is read anew).
+fn exit_code(sig: i32) -> i32 {
+    if sig == libc::SIGHUP {
+        HANGUP
+    } else {
+        0
+    }
+}
+
+/// The exit status after SIGHUP: 128 + SIGHUP, as a shell shows a process killed by it.
+pub const HANGUP: i32 = 128 + libc::SIGHUP;
 
 fn signal_name(sig: i32) -> &'static str {
     match sig {

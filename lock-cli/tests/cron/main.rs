@@ -1,7 +1,8 @@
 //! `distlock cron` against real lock servers (lock-testkit): several replicas of one
 //! schedule file, each fire time run once, overlaps skipped, failures recorded, a killed
 //! replica's lock expiring, graceful shutdown, clock skew against `at_least`, bad files,
-//! and the metrics endpoint.
+//! the metrics endpoint, and the commands' processes (stdin, output, environment, process
+//! group, death with distlock, PID 1).
 //!
 //! Every command appends `JOB SCHEDULED_AT REPLICA start|end NS` lines to one log file, so
 //! the checks read what the commands themselves saw, then compare it with the run records
@@ -14,6 +15,7 @@ mod common;
 mod clocks;
 mod config;
 mod metrics;
+mod processes;
 mod replicas;
 mod shutdown;
 mod stopped;

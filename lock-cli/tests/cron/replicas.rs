@@ -210,8 +210,8 @@ command = {}
     let status = victim.stop(libc::SIGKILL, PROMPT).await;
     assert_eq!(status.code(), None, "killed");
     let killed_at = Instant::now();
-    // The orphaned command is not ours to wait for.
-    kill(first.pid as u32, libc::SIGKILL);
+    // The command died with its distlock (its parent-death signal).
+    assert_gone(first.pid, Duration::from_secs(5)).await;
 
     let next_fire = epoch_secs(&first.scheduled_at) + 4;
     let next = wait_for_start(&setup, Duration::from_secs(20), |l| {
