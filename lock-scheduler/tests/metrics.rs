@@ -10,8 +10,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use common::{record_for, records, replica, server};
 use lock_core::{LockOptions, Locker};
 use lock_scheduler::metric_names::{
-    outcome_label, JOB_LABEL, LAST_RUN_DURATION, LAST_SUCCESS, PERIOD, RUNNING, RUNS,
-    RUN_DURATION, SKIPS, STARTED,
+    outcome_label, JOB_LABEL, LAST_RUN_DURATION, LAST_SUCCESS, PERIOD, RUNNING, RUNS, RUN_DURATION,
+    SKIPS, STARTED,
 };
 use lock_scheduler::{BoxError, Job, ManualClock, RunOutcome};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -168,7 +168,10 @@ async fn metrics_match_the_records() {
     // for a job that never ran.
     for job in ["m-ok", "m-fail"] {
         let last = gauge(LAST_RUN_DURATION, job).copied();
-        assert!(last.is_some_and(|d| (0.0..10.0).contains(&d)), "{job}: {last:?}");
+        assert!(
+            last.is_some_and(|d| (0.0..10.0).contains(&d)),
+            "{job}: {last:?}"
+        );
     }
     assert_eq!(gauge(LAST_RUN_DURATION, "m-busy"), None);
     assert_eq!(gauge(LAST_RUN_DURATION, "m-hourly"), None);

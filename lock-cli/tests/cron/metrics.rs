@@ -82,7 +82,9 @@ command = {}
             let samples = samples(&before_text);
             for job in ["good", "bad", "busy"] {
                 let skips = samples
-                    .get(&format!("distlock_scheduler_skips_total{{distlock_job=\"{job}\"}}"))
+                    .get(&format!(
+                        "distlock_scheduler_skips_total{{distlock_job=\"{job}\"}}"
+                    ))
                     .copied()
                     .unwrap_or(0.0);
                 assert_eq!(skips, count(job, "skipped_busy"), "{job}: {before_text}");

@@ -31,7 +31,7 @@ fn parse_sample(line: &str) -> Result<Labels, String> {
         None => (series, ""),
     };
     labels.insert(NAME.to_owned(), name.to_owned());
-    let mut chars = rest.chars().peekable();
+    let mut chars = rest.chars();
     loop {
         let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
         let key = key.trim_start_matches(',').trim().to_owned();
@@ -158,7 +158,7 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, String> {
                 .iter()
                 .find(|p| rest.starts_with(**p))
                 .ok_or_else(|| format!("unexpected {c:?}"))?;
-            tokens.push(Token::Punct(p));
+            tokens.push(Token::Punct(*p));
             rest = &rest[p.len()..];
         }
     }
@@ -339,14 +339,11 @@ impl Parser<'_> {
         };
         let mut groups: BTreeMap<Labels, Vec<f64>> = BTreeMap::new();
         for (labels, v) in inner {
-            let key: Labels = labels
-                .into_iter()
-                .filter(|(k, _)| by.contains(k))
-                .collect();
+            let key: Labels = labels.into_iter().filter(|(k, _)| by.contains(k)).collect();
             groups.entry(key).or_default().push(v);
         }
         let fold = |vs: Vec<f64>| match op {
-            "sum" => vs.iter().sum(),
+            "sum" => vs.iter().sum::<f64>(),
             "min" => vs.iter().copied().fold(f64::INFINITY, f64::min),
             "max" => vs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
             _ => vs.len() as f64,
@@ -495,7 +492,10 @@ fn set_op(op: &str, lhs: Value, rhs: Value) -> Result<Value, String> {
         _ => {
             let left: Vec<Labels> = lv.iter().map(|(l, _)| signature(l)).collect();
             let mut out = lv;
-            out.extend(rv.into_iter().filter(|(l, _)| !left.contains(&signature(l))));
+            out.extend(
+                rv.into_iter()
+                    .filter(|(l, _)| !left.contains(&signature(l))),
+            );
             out
         }
     }))

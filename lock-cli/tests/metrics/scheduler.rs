@@ -33,8 +33,11 @@ impl Cron {
     fn start(text: &str) -> Cron {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("jobs.toml");
-        std::fs::write(&file, text.replace("{dir}", &dir.path().display().to_string()))
-            .unwrap();
+        std::fs::write(
+            &file,
+            text.replace("{dir}", &dir.path().display().to_string()),
+        )
+        .unwrap();
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
         let mut cmd = distlock([
@@ -177,7 +180,10 @@ command = ["true"]
         scheduler_series += 1;
         let (name, labels) = label_names(series);
         assert!(!labels.contains(&"job"), "{series} has a job label");
-        assert!(labels.contains(&"distlock_job"), "{series}: no distlock_job");
+        assert!(
+            labels.contains(&"distlock_job"),
+            "{series}: no distlock_job"
+        );
         assert_ne!(name, "distlock_scheduler_clock_offset_seconds");
     }
     assert!(scheduler_series > RUN_BUCKETS.len(), "{text}");
@@ -191,7 +197,11 @@ command = ["true"]
     ] {
         let series = |name: &str| format!(r#"{name}{{distlock_job="{job}"}}"#);
         let period_series = series("distlock_scheduler_period_seconds");
-        assert_eq!(s.get(&period_series), Some(&period), "{period_series}: {text}");
+        assert_eq!(
+            s.get(&period_series),
+            Some(&period),
+            "{period_series}: {text}"
+        );
         let started = s
             .get(&series("distlock_scheduler_started_timestamp_seconds"))
             .copied()
@@ -205,15 +215,22 @@ command = ["true"]
             "{job}: no running gauge: {text}"
         );
     }
-    for name in ["period_seconds", "started_timestamp_seconds", "running", "last_run_duration_seconds"] {
+    for name in [
+        "period_seconds",
+        "started_timestamp_seconds",
+        "running",
+        "last_run_duration_seconds",
+    ] {
         assert!(
             text.contains(&format!("# TYPE distlock_scheduler_{name} gauge")),
             "{name}: {text}"
         );
     }
     let running = |s: &std::collections::BTreeMap<String, f64>, job: &str| {
-        s.get(&format!(r#"distlock_scheduler_running{{distlock_job="{job}"}}"#))
-            .copied()
+        s.get(&format!(
+            r#"distlock_scheduler_running{{distlock_job="{job}"}}"#
+        ))
+        .copied()
     };
     let last_duration = |s: &std::collections::BTreeMap<String, f64>, job: &str| {
         s.get(&format!(
@@ -240,7 +257,10 @@ command = ["true"]
     })
     .await;
     let lasted = last_duration(&samples(&text), "long").unwrap();
-    assert!(lasted >= seen, "the run lasted {lasted}s, seen running {seen}s");
+    assert!(
+        lasted >= seen,
+        "the run lasted {lasted}s, seen running {seen}s"
+    );
     cron.terminate().await;
 }
 
@@ -260,14 +280,14 @@ async fn the_readme_alert_fires_for_a_job_that_never_succeeds() {
 name = "fails"
 schedule = "every 1s"
 at_least = "900ms"
-lateness = "600ms"
+lateness = "800ms"
 command = ["false"]
 
 [[job]]
 name = "succeeds"
 schedule = "every 1s"
 at_least = "900ms"
-lateness = "600ms"
+lateness = "800ms"
 command = ["true"]
 "#,
     );
@@ -285,11 +305,8 @@ command = ["true"]
         tokio::time::sleep(Duration::from_millis(250)).await;
         let text = scrape_now(cron.port).await;
         let now = unix_now();
-        let stored = promql::as_stored(
-            &promql::parse_exposition(&text),
-            "distlock-cron",
-            &instance,
-        );
+        let stored =
+            promql::as_stored(&promql::parse_exposition(&text), "distlock-cron", &instance);
         // A scheduler label that collided with the target's would now be exported_job.
         assert!(
             stored.iter().all(|s| !s.contains_key("exported_job")),
@@ -308,13 +325,19 @@ command = ["true"]
             .collect();
         let s = samples(&text);
         let gauge = |name: &str, job: &str| {
-            s.get(&format!(r#"{name}{{distlock_job="{job}"}}"#)).copied()
+            s.get(&format!(r#"{name}{{distlock_job="{job}"}}"#))
+                .copied()
         };
         assert!(
             !firing.iter().any(|(job, _)| job == "succeeds"),
             "the rule fires for a job that succeeds: {firing:?}\n{text}"
         );
-        if gauge("distlock_scheduler_last_success_timestamp_seconds", "succeeds").is_some() {
+        if gauge(
+            "distlock_scheduler_last_success_timestamp_seconds",
+            "succeeds",
+        )
+        .is_some()
+        {
             succeeded += 1;
         }
         // The failing job: it ran and failed, never succeeded, and the rule fires for it
@@ -380,8 +403,14 @@ old_style{job=\"sync\"} 100
     let last = "max by (distlock_job) (distlock_scheduler_last_success_timestamp_seconds)";
     let period = "max by (distlock_job) (distlock_scheduler_period_seconds)";
     // `-` binds tighter than `>`, `*` tighter than `-`.
-    assert_eq!(jobs(&format!("time() - {last} > 2 * {period}"), 120.0), Vec::<String>::new());
-    assert_eq!(jobs(&format!("time() - {last} > 2 * {period}"), 121.0), ["a"]);
+    assert_eq!(
+        jobs(&format!("time() - {last} > 2 * {period}"), 120.0),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        jobs(&format!("time() - {last} > 2 * {period}"), 121.0),
+        ["a"]
+    );
     // `unless` drops what the right side has; `or` adds what the left lacks.
     assert_eq!(jobs(&format!("{period} unless {last}"), 0.0), ["b"]);
     assert_eq!(jobs(&format!("{last} or {period}"), 0.0), ["a", "b"]);
@@ -392,9 +421,16 @@ old_style{job=\"sync\"} 100
         Vec::<String>::new()
     );
     assert_eq!(
-        jobs("time() - max by (exported_job) (old_style{exported_job=\"sync\"}) > 0", 200.0).len(),
+        jobs(
+            "time() - max by (exported_job) (old_style{exported_job=\"sync\"}) > 0",
+            200.0
+        )
+        .len(),
         1
     );
     let readme = "```yaml\n- alert: X\n  expr: |\n    up\n      > 0\n  for: 1m\n```\n";
-    assert_eq!(promql::rule_expr(readme, "X").as_deref(), Some("up\n      > 0"));
+    assert_eq!(
+        promql::rule_expr(readme, "X").as_deref(),
+        Some("up\n      > 0")
+    );
 }
