@@ -158,7 +158,7 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, String> {
                 .iter()
                 .find(|p| rest.starts_with(**p))
                 .ok_or_else(|| format!("unexpected {c:?}"))?;
-            tokens.push(Token::Punct(*p));
+            tokens.push(Token::Punct(p));
             rest = &rest[p.len()..];
         }
     }
