@@ -26,18 +26,23 @@ pub const LATENCY_BUCKETS: [f64; 16] = [
     60.0,
 ];
 
-/// Bucket bounds, in seconds, of the histograms of how long something lasted (a lock held,
-/// a scheduled run): 1 ms to a day, for jobs of any length.
+/// Bucket bounds, in seconds, of the histogram of how long a lock was held: 1 ms to a
+/// day, for holds of any length.
 pub const DURATION_BUCKETS: [f64; 15] = [
     0.001, 0.01, 0.1, 1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 21600.0,
     86400.0,
 ];
 
-/// The histograms that take [`DURATION_BUCKETS`]; every other one takes
-/// [`LATENCY_BUCKETS`].
-const LONG_HISTOGRAMS: [&str; 2] = [
-    distlock::metrics::names::HOLD_DURATION,
-    distlock::scheduler::metric_names::RUN_DURATION,
+/// The histograms that do not take [`LATENCY_BUCKETS`], with their bounds: lock holds take
+/// [`DURATION_BUCKETS`], scheduled runs the scheduler's own
+/// ([`RUN_DURATION_BUCKETS`](distlock::scheduler::metric_names::RUN_DURATION_BUCKETS):
+/// 0.1 s to 8 h).
+const LONG_HISTOGRAMS: [(&str, &[f64]); 2] = [
+    (distlock::metrics::names::HOLD_DURATION, &DURATION_BUCKETS),
+    (
+        distlock::scheduler::metric_names::RUN_DURATION,
+        &distlock::scheduler::metric_names::RUN_DURATION_BUCKETS,
+    ),
 ];
 
 /// Resolves `HOST:PORT` (a name such as `localhost` or an address such as `0.0.0.0`) to the
@@ -62,9 +67,9 @@ fn builder(labels: &[(&str, &str)]) -> PrometheusBuilder {
     let mut builder = PrometheusBuilder::new()
         .set_buckets(&LATENCY_BUCKETS)
         .expect("the latency buckets are not empty");
-    for name in LONG_HISTOGRAMS {
+    for (name, buckets) in LONG_HISTOGRAMS {
         builder = builder
-            .set_buckets_for_metric(Matcher::Full(name.to_owned()), &DURATION_BUCKETS)
+            .set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
             .expect("the duration buckets are not empty");
     }
     for (key, value) in labels {

@@ -1,9 +1,14 @@
 //! The lock's metrics in the command: `distlock run --metrics-addr` serves them while the
 //! command runs (scraped here, on memory:// and on a real redis-server from lock-testkit)
 //! and `distlock bench --metrics` shows them in its report; the counts match what the
-//! process did, and the key never appears.
+//! process did, and the key never appears. The scheduler's, served by `distlock cron
+//! --metrics-addr`, and the README's alert rule evaluated on them: `metrics/scheduler.rs`.
 
 mod common;
+#[path = "metrics/promql.rs"]
+mod promql;
+#[path = "metrics/scheduler.rs"]
+mod scheduler;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -300,7 +300,9 @@ impl FireTime {
         };
         tracing::Span::current().record("fence", guard.fence());
         let started = Instant::now();
+        let in_progress = observe::InProgress::start(&self.job.name);
         let (outcome, detail, started_at) = self.run(&guard).await;
+        drop(in_progress);
         let elapsed = started.elapsed();
         let ran_until = Instant::now();
         let record = self.record(outcome, Some(started_at), Some(guard.fence()), detail);

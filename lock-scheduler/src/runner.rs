@@ -192,6 +192,9 @@ pub(crate) fn abort(inner: &Inner) {
 /// Fires `job` at each of its fire times until the scheduler stops.
 async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after: SystemTime) {
     let zone = job.zone.clone().unwrap_or_else(|| inner.zone.clone());
+    // The job's series exist from here, before it ever ran: an alert on a job that never
+    // succeeded counts from its start and its period.
+    observe::job_started(&job.name, after, job.schedule.period_at(after, &zone));
     let mut stop = control.state.stop.subscribe();
     if let Some(records) = inner.locker.backend().run_records() {
         // The gauge starts from the shared history, not from zero.
@@ -225,6 +228,8 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
             }
         }
         let plan = Plan::new(&job, &zone, at);
+        // A cron schedule's gaps vary (weekends, months): the period is this fire time's.
+        observe::period(&job.name, plan.gap);
         let now = inner.server_now();
         if now > at + plan.lateness {
             after = record_missed(&inner, &job, &zone, fire, now, LATE).await;

@@ -140,6 +140,31 @@ impl Schedule {
     }
 }
 
+impl Schedule {
+    /// The length of the interval between fire times that `at` falls in, in `zone`: from
+    /// the latest fire time at or before `at` to the first one after it (the gap after the
+    /// first fire time when none came before; an interval schedule's period whatever `at`
+    /// is); `None` when there is no fire time after `at`. The period gauge's value.
+    pub(crate) fn period_at(&self, at: SystemTime, zone: &TimeZone) -> Option<Duration> {
+        let next = self.next_after(at, zone)?;
+        let gap = |from: &Zoned, to: &Zoned| instant(to).duration_since(instant(from)).ok();
+        match &self.kind {
+            Kind::Every(period) => Some(*period),
+            Kind::Cron { cron, .. } => {
+                let at = Timestamp::try_from(at).ok()?.to_zoned(zone.clone());
+                match cron.find_previous_occurrence(&at, true) {
+                    Ok(previous) => gap(&previous, &next),
+                    Err(_) => gap(&next, &self.next_after(instant(&next), zone)?),
+                }
+            }
+        }
+    }
+}
+
+fn instant(z: &Zoned) -> SystemTime {
+    SystemTime::from(z.timestamp())
+}
+
 impl std::fmt::Display for Schedule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match &self.kind {
@@ -204,4 +229,52 @@ pub(crate) fn zone_named(job: Option<&str>, name: &str) -> Result<TimeZone> {
         name: name.to_owned(),
         reason: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(rfc3339: &str) -> SystemTime {
+        SystemTime::from(rfc3339.parse::<Timestamp>().unwrap())
+    }
+
+    fn cron(expression: &str) -> Schedule {
+        Schedule::cron("j", expression).unwrap()
+    }
+
+    /// The period is the interval's, for an interval schedule; for cron, the gap from the
+    /// latest fire time (at or before the instant) to the next, so a weekday job reads
+    /// three days over the weekend and one during the week.
+    #[test]
+    fn the_period_is_the_current_gap_between_fire_times() {
+        let utc = TimeZone::UTC;
+        let every = Schedule::every("j", Duration::from_secs(30)).unwrap();
+        let now = at("2026-12-07T10:00:07Z");
+        assert_eq!(every.period_at(now, &utc), Some(Duration::from_secs(30)));
+        assert_eq!(
+            cron("0 * * * * *").period_at(now, &utc),
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            cron("*/2 * * * * *").period_at(now, &utc),
+            Some(Duration::from_secs(2))
+        );
+        let day = Duration::from_secs(24 * 3600);
+        let weekdays = cron("0 0 9 * * MON-FRI");
+        // 2026-12-05 is a Saturday: from Friday 09:00 to Monday 09:00.
+        assert_eq!(
+            weekdays.period_at(at("2026-12-05T12:00:00Z"), &utc),
+            Some(3 * day)
+        );
+        // At a fire time: from it to the next (Friday's to Monday's).
+        assert_eq!(
+            weekdays.period_at(at("2026-12-04T09:00:00Z"), &utc),
+            Some(3 * day)
+        );
+        assert_eq!(
+            weekdays.period_at(at("2026-12-08T10:00:00Z"), &utc),
+            Some(day)
+        );
+    }
 }

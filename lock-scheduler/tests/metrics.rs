@@ -1,5 +1,6 @@
 //! The metrics the scheduler emits, read back through a local recorder, agree with the
-//! run records (one test: the recorder is the process's global one).
+//! run records, and every job has its gauges from its start (one test: the recorder is
+//! the process's global one).
 
 mod common;
 
@@ -8,11 +9,17 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use common::{record_for, records, replica, server};
 use lock_core::{LockOptions, Locker};
-use lock_scheduler::metric_names::{outcome_label, LAST_SUCCESS, RUNS, RUN_DURATION, SKIPS};
+use lock_scheduler::metric_names::{
+    outcome_label, JOB_LABEL, LAST_RUN_DURATION, LAST_SUCCESS, PERIOD, RUNNING, RUNS, RUN_DURATION,
+    SKIPS, STARTED,
+};
 use lock_scheduler::{BoxError, Job, ManualClock, RunOutcome};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
-/// Runs by job and outcome, durations, skips and the last success match the records.
+/// Runs by job and outcome, durations, skips and the last success match the records, all
+/// labelled `distlock_job` (never `job`); the period, start and running gauges are there
+/// for every job, one that never fired included, and the last run's duration for the jobs
+/// that ran.
 #[tokio::test]
 async fn metrics_match_the_records() {
     let recorder = DebuggingRecorder::new();
@@ -54,6 +61,14 @@ async fn metrics_match_the_records() {
             &LockOptions::new().skip().ttl(Duration::from_secs(3600)),
         )
         .await
+        .unwrap();
+    // Hourly: never fires in this test, yet has its period, start and running gauges.
+    scheduler
+        .add(
+            Job::cron("m-hourly", "0 0 * * * *")
+                .unwrap()
+                .run(|_ctx| async { Ok::<_, BoxError>(()) }),
+        )
         .unwrap();
     let running = scheduler.start().unwrap();
     for at in [1_000_010, 1_000_020] {
@@ -97,7 +112,7 @@ async fn metrics_match_the_records() {
             let n = kept.iter().filter(|r| r.outcome == outcome).count() as u64;
             let id = (
                 RUNS.to_owned(),
-                labels(&[("job", job), ("outcome", outcome_label(outcome))]),
+                labels(&[(JOB_LABEL, job), ("outcome", outcome_label(outcome))]),
             );
             assert_eq!(counters.get(&id).copied().unwrap_or(0), n, "{id:?}");
             let ran = kept
@@ -106,7 +121,7 @@ async fn metrics_match_the_records() {
                 .count();
             let id = (
                 RUN_DURATION.to_owned(),
-                labels(&[("job", job), ("outcome", outcome_label(outcome))]),
+                labels(&[(JOB_LABEL, job), ("outcome", outcome_label(outcome))]),
             );
             assert_eq!(histograms.get(&id).copied().unwrap_or(0), ran, "{id:?}");
         }
@@ -114,13 +129,13 @@ async fn metrics_match_the_records() {
             .iter()
             .filter(|r| r.outcome == RunOutcome::SkippedBusy)
             .count() as u64;
-        let id = (SKIPS.to_owned(), labels(&[("job", job)]));
+        let id = (SKIPS.to_owned(), labels(&[(JOB_LABEL, job)]));
         assert_eq!(counters.get(&id).copied().unwrap_or(0), skips, "{id:?}");
     }
     assert_eq!(
         counters[&(
             RUNS.to_owned(),
-            labels(&[("job", "m-busy"), ("outcome", "skipped_busy")])
+            labels(&[(JOB_LABEL, "m-busy"), ("outcome", "skipped_busy")])
         )],
         2
     );
@@ -131,9 +146,44 @@ async fn metrics_match_the_records() {
         .unwrap()
         .as_secs_f64();
     assert_eq!(
-        gauges[&(LAST_SUCCESS.to_owned(), labels(&[("job", "m-ok")]))],
+        gauges[&(LAST_SUCCESS.to_owned(), labels(&[(JOB_LABEL, "m-ok")]))],
         expected
     );
     assert_eq!(last.ended_at, UNIX_EPOCH + Duration::from_secs(1_000_020));
-    assert!(!gauges.contains_key(&(LAST_SUCCESS.to_owned(), labels(&[("job", "m-fail")]))));
+    assert!(!gauges.contains_key(&(LAST_SUCCESS.to_owned(), labels(&[(JOB_LABEL, "m-fail")]))));
+
+    let gauge = |name: &str, job: &str| gauges.get(&(name.to_owned(), labels(&[(JOB_LABEL, job)])));
+    for (job, period) in [
+        ("m-ok", 10.0),
+        ("m-fail", 10.0),
+        ("m-busy", 10.0),
+        ("m-hourly", 3600.0),
+    ] {
+        assert_eq!(gauge(PERIOD, job), Some(&period), "{job}");
+        // The timer started at the clock's reading when the scheduler started.
+        assert_eq!(gauge(STARTED, job), Some(&1_000_001.0), "{job}");
+        assert_eq!(gauge(RUNNING, job), Some(&0.0), "{job}: no run under way");
+    }
+    // The last run's duration for the jobs that ran (on the monotonic clock: short), none
+    // for a job that never ran.
+    for job in ["m-ok", "m-fail"] {
+        let last = gauge(LAST_RUN_DURATION, job).copied();
+        assert!(
+            last.is_some_and(|d| (0.0..10.0).contains(&d)),
+            "{job}: {last:?}"
+        );
+    }
+    assert_eq!(gauge(LAST_RUN_DURATION, "m-busy"), None);
+    assert_eq!(gauge(LAST_RUN_DURATION, "m-hourly"), None);
+    // No series of the scheduler carries a `job` label (Prometheus's own target label).
+    for (name, labels) in counters
+        .keys()
+        .chain(gauges.keys())
+        .chain(histograms.keys())
+    {
+        assert!(
+            !labels.iter().any(|(k, _)| k == "job"),
+            "{name} has a job label: {labels:?}"
+        );
+    }
 }

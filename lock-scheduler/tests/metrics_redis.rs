@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use jiff::SignedDuration;
 use lock_core::Locker;
 use lock_redis::RedisBackend;
-use lock_scheduler::metric_names::{CLAIMED_ELSEWHERE, CLOCK_OFFSET, SKIPS};
+use lock_scheduler::metric_names::{CLAIMED_ELSEWHERE, CLOCK_OFFSET, JOB_LABEL, SKIPS};
 use lock_scheduler::{BoxError, Job, Scheduler};
 use lock_testkit::RedisServer;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -73,7 +73,7 @@ async fn claims_elsewhere_are_counted_apart_from_skips_and_the_offset_is_exporte
         let key = key.key();
         let job = key
             .labels()
-            .any(|l| l.key() == "job" && l.value() == "jobs/metered");
+            .any(|l| l.key() == JOB_LABEL && l.value() == "jobs/metered");
         match (key.name(), value) {
             (CLAIMED_ELSEWHERE, DebugValue::Counter(n)) if job => {
                 *counters.entry(CLAIMED_ELSEWHERE).or_default() += n

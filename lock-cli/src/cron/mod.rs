@@ -107,12 +107,22 @@ Exit status:
        keep fire-time claims (redlock), or --metrics-addr cannot be listened on
   70   internal error
 
---metrics-addr serves the scheduler's metrics in the Prometheus text format:
-distlock_scheduler_runs_total{job,outcome}, distlock_scheduler_run_duration_seconds,
-distlock_scheduler_skips_total, distlock_scheduler_last_success_timestamp_seconds{job}
-(alert on time() minus its max across replicas) and
-distlock_scheduler_record_errors_total; beside them the lock's own distlock_lock_* series
-(listed in `distlock run --help`).
+--metrics-addr serves the scheduler's metrics in the Prometheus text format, each
+labelled distlock_job (the job's name; not job, which Prometheus keeps for its target):
+distlock_scheduler_runs_total{distlock_job,outcome},
+distlock_scheduler_run_duration_seconds (a histogram, buckets 0.1s to 8h),
+distlock_scheduler_last_run_duration_seconds, distlock_scheduler_running,
+distlock_scheduler_period_seconds (every DUR: DUR; cron: the gap from the latest fire time
+to the next), distlock_scheduler_started_timestamp_seconds,
+distlock_scheduler_last_success_timestamp_seconds, distlock_scheduler_skips_total,
+distlock_scheduler_claimed_elsewhere_total and distlock_scheduler_record_errors_total;
+beside them the lock's own distlock_lock_* series (listed in `distlock run --help`).
+Alert when a job has not succeeded for two periods, or never did since its start:
+  (time() - max by (distlock_job) (distlock_scheduler_last_success_timestamp_seconds)
+     > 2 * max by (distlock_job) (distlock_scheduler_period_seconds))
+  or (time() - min by (distlock_job) (distlock_scheduler_started_timestamp_seconds)
+     > 2 * max by (distlock_job) (distlock_scheduler_period_seconds)
+   unless max by (distlock_job) (distlock_scheduler_last_success_timestamp_seconds))
 A file named `status` is given as ./status.";
 
 /// `distlock cron` arguments.

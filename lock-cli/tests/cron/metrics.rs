@@ -82,20 +82,27 @@ command = {}
             let samples = samples(&before_text);
             for job in ["good", "bad", "busy"] {
                 let skips = samples
-                    .get(&format!("distlock_scheduler_skips_total{{job=\"{job}\"}}"))
+                    .get(&format!(
+                        "distlock_scheduler_skips_total{{distlock_job=\"{job}\"}}"
+                    ))
                     .copied()
                     .unwrap_or(0.0);
                 assert_eq!(skips, count(job, "skipped_busy"), "{job}: {before_text}");
             }
-            // Run durations are a histogram with buckets up to a day (they aggregate across
-            // replicas), never a summary.
-            let bucket = r#"distlock_scheduler_run_duration_seconds_bucket{job="good",outcome="ok",le="86400"}"#;
-            assert!(
-                samples.get(bucket).copied().unwrap_or(0.0) >= 2.0,
-                "{before_text}"
-            );
+            // Run durations are a histogram with buckets up to 8 hours (they aggregate
+            // across replicas), never a summary.
+            for le in ["3600", "28800", "+Inf"] {
+                let bucket = format!(
+                    r#"distlock_scheduler_run_duration_seconds_bucket{{distlock_job="good",outcome="ok",le="{le}"}}"#
+                );
+                assert!(
+                    samples.get(&bucket).copied().unwrap_or(0.0) >= 2.0,
+                    "{bucket}: {before_text}"
+                );
+            }
             assert!(!before_text.contains("quantile="), "{before_text}");
-            let gauge = samples["distlock_scheduler_last_success_timestamp_seconds{job=\"good\"}"];
+            let gauge =
+                samples["distlock_scheduler_last_success_timestamp_seconds{distlock_job=\"good\"}"];
             let ended: jiff::Timestamp = job(&status, "good")["last_success"]["ended_at"]
                 .as_str()
                 .unwrap()
@@ -117,7 +124,7 @@ command = {}
     replica.terminate(Duration::from_secs(30)).await;
 }
 
-/// The run counters of a scrape: `(job, outcome) -> count`, zeros left out.
+/// The run counters of a scrape: `(distlock_job, outcome) -> count`, zeros left out.
 fn runs_counters(text: &str) -> BTreeMap<(String, String), f64> {
     samples(text)
         .into_iter()
@@ -128,7 +135,7 @@ fn runs_counters(text: &str) -> BTreeMap<(String, String), f64> {
                 let end = start + k[start..].find('"').unwrap();
                 k[start..end].to_owned()
             };
-            ((label("job"), label("outcome")), v)
+            ((label("distlock_job"), label("outcome")), v)
         })
         .collect()
 }
