@@ -88,6 +88,7 @@ pub async fn run_all(t: &Target) {
         a_dropped_runtime_leaves_nothing_waiting,
         invalid_input_is_refused,
         run_records_keep_the_newest,
+        run_records_replace_their_slot,
         fire_time_claims_are_won_once,
         run_scheduled_runs_a_fire_time_once,
         claims_of_permits_follow_the_capabilities,

@@ -15,6 +15,10 @@ use crate::error::{Error, Result};
 /// job's error text cannot grow a record without bound.
 pub const MAX_DETAIL_LEN: usize = 1024;
 
+/// Longest [`RunRecord::output`] kept: the tail of a command's output, cut at its start
+/// (on a character boundary) so the newest lines stay.
+pub const MAX_OUTPUT_LEN: usize = 4096;
+
 /// How one fire time of a job ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RunOutcome {
@@ -33,11 +37,18 @@ pub enum RunOutcome {
     /// The scheduler shut down while the job ran and the grace period ended first: the job
     /// was cancelled.
     Cut,
+    /// The run is under way: written when the fire time was claimed and its lock taken,
+    /// replaced by the record of how it ended. One whose lock is gone is abandoned (its
+    /// replica died without writing the end).
+    Running,
+    /// The lock server could not be reached (or failed) until the fire time's deadline: not
+    /// run, for a reason that is the infrastructure's, not the job's.
+    Unavailable,
 }
 
 impl RunOutcome {
     /// Every outcome, in declaration order (for metrics that want a zero per outcome).
-    pub const ALL: [RunOutcome; 7] = [
+    pub const ALL: [RunOutcome; 9] = [
         RunOutcome::Ok,
         RunOutcome::Failed,
         RunOutcome::SkippedBusy,
@@ -45,10 +56,24 @@ impl RunOutcome {
         RunOutcome::LockLost,
         RunOutcome::Missed,
         RunOutcome::Cut,
+        RunOutcome::Running,
+        RunOutcome::Unavailable,
     ];
 
+    /// Whether the job itself failed: it ran and ended in an error, a timeout or the loss
+    /// of its lock. Such a record becomes the job's
+    /// [`last_failure`](RunRecords::last_failure); retention keeps these apart from
+    /// successes ([`Retention`]).
+    pub const fn is_failure(self) -> bool {
+        matches!(
+            self,
+            RunOutcome::Failed | RunOutcome::TimedOut | RunOutcome::LockLost
+        )
+    }
+
     /// The outcome's stable name, as stored and as shown (`"ok"`, `"failed"`,
-    /// `"skipped-busy"`, `"timed-out"`, `"lock-lost"`, `"missed"`, `"cut"`).
+    /// `"skipped-busy"`, `"timed-out"`, `"lock-lost"`, `"missed"`, `"cut"`, `"running"`,
+    /// `"unavailable"`).
     pub const fn as_str(self) -> &'static str {
         match self {
             RunOutcome::Ok => "ok",
@@ -58,6 +83,8 @@ impl RunOutcome {
             RunOutcome::LockLost => "lock-lost",
             RunOutcome::Missed => "missed",
             RunOutcome::Cut => "cut",
+            RunOutcome::Running => "running",
+            RunOutcome::Unavailable => "unavailable",
         }
     }
 
@@ -73,10 +100,46 @@ impl std::fmt::Display for RunOutcome {
     }
 }
 
-/// One fire time of one job, as it ended.
+/// Why a run started: its fire time came, a start after downtime caught it up, or an
+/// operator triggered it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RunCause {
+    /// The schedule's fire time (the default).
+    #[default]
+    Schedule,
+    /// The newest fire time missed while no replica ran, run once at a start within its
+    /// starting deadline.
+    CatchUp,
+    /// `distlock cron trigger` (or [`JobControl::trigger`]): run now, outside the schedule.
+    Trigger,
+}
+
+impl RunCause {
+    /// The cause's stable name (`"schedule"`, `"catch-up"`, `"trigger"`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            RunCause::Schedule => "schedule",
+            RunCause::CatchUp => "catch-up",
+            RunCause::Trigger => "trigger",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        [RunCause::Schedule, RunCause::CatchUp, RunCause::Trigger]
+            .into_iter()
+            .find(|c| c.as_str() == name)
+    }
+}
+
+/// One fire time of one job: under way ([`RunOutcome::Running`]) or as it ended.
 ///
 /// Times are wall-clock instants of the replica that wrote the record (the scheduled time
 /// is the schedule's, the same on every replica).
+///
+/// A record is identified by its job, fire time and fence ([`slot`](Self::slot)): storing
+/// a record with the slot of a kept one replaces it, so a run's running record becomes its
+/// end record, and every replica that records one fire time it did not run (an outage, a
+/// missed fire time) leaves one record, not one each.
 ///
 /// `#[non_exhaustive]`: it may record more later; build one with [`RunRecord::new`] and
 /// the setters, each named after its field.
@@ -103,6 +166,13 @@ pub struct RunRecord {
     /// fire-time claim measured it (`None` before one did, on a server without a clock,
     /// and in records written before this field existed).
     pub clock_offset_ms: Option<i64>,
+    /// The process that ran the job, if it ran.
+    pub pid: Option<u32>,
+    /// The tail of the job's output (at most [`MAX_OUTPUT_LEN`] bytes, the newest kept), if
+    /// it wrote any and its runner keeps it.
+    pub output: Option<String>,
+    /// Why the run started.
+    pub cause: RunCause,
 }
 
 impl RunRecord {
@@ -126,7 +196,47 @@ impl RunRecord {
             fence: None,
             detail: None,
             clock_offset_ms: None,
+            pid: None,
+            output: None,
+            cause: RunCause::Schedule,
         }
+    }
+
+    /// The record's identity within its job: its fire time in milliseconds and its fence
+    /// (0 without one), as `"<millis>:<fence>"`. Backends replace a kept record with the
+    /// same slot instead of storing a second one.
+    pub fn slot(&self) -> String {
+        format!("{}:{}", millis(self.scheduled_at), self.fence.unwrap_or(0))
+    }
+
+    /// Sets [`pid`](Self::pid).
+    #[must_use]
+    pub fn pid(mut self, pid: Option<u32>) -> Self {
+        self.pid = pid;
+        self
+    }
+
+    /// Sets [`output`](Self::output) (its newest [`MAX_OUTPUT_LEN`] bytes kept when stored).
+    #[must_use]
+    pub fn output(mut self, output: Option<String>) -> Self {
+        self.output = output;
+        self
+    }
+
+    /// Sets [`cause`](Self::cause).
+    #[must_use]
+    pub fn cause(mut self, cause: RunCause) -> Self {
+        self.cause = cause;
+        self
+    }
+
+    /// How long the run took, for a record of a run that started and ended.
+    pub fn duration(&self) -> Option<Duration> {
+        if self.outcome == RunOutcome::Running {
+            return None;
+        }
+        self.started_at
+            .and_then(|s| self.ended_at.duration_since(s).ok())
     }
 
     /// Sets [`started_at`](Self::started_at).
@@ -164,8 +274,16 @@ impl RunRecord {
         if let Some(d) = detail.as_mut() {
             truncate(d, MAX_DETAIL_LEN);
         }
+        let mut output = self.output.clone();
+        if let Some(o) = output.as_mut() {
+            keep_tail(o, MAX_OUTPUT_LEN);
+        }
         let value = serde_json::json!({
             "v": 1,
+            "slot": self.slot(),
+            "pid": self.pid,
+            "output": output,
+            "cause": self.cause.as_str(),
             "job": self.job,
             "scheduled_at": millis(self.scheduled_at),
             "replica": self.replica,
@@ -215,7 +333,24 @@ impl RunRecord {
             fence: value["fence"].as_u64(),
             detail: value["detail"].as_str().map(str::to_owned),
             clock_offset_ms: value["clock_offset_ms"].as_i64(),
+            pid: value["pid"].as_u64().and_then(|p| u32::try_from(p).ok()),
+            output: value["output"].as_str().map(str::to_owned),
+            cause: value["cause"]
+                .as_str()
+                .and_then(RunCause::from_name)
+                .unwrap_or_default(),
         })
+    }
+}
+
+/// Keeps the last `max` bytes of `s`, starting on a character boundary.
+fn keep_tail(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut start = s.len() - max;
+        while !s.is_char_boundary(start) {
+            start += 1;
+        }
+        s.drain(..start);
     }
 }
 
@@ -244,20 +379,145 @@ fn from_millis(ms: i64) -> SystemTime {
     }
 }
 
-/// A lock server keeping the history of scheduled runs, beside its locks.
+/// How many records of a job a lock server keeps: the newest `successes` records of
+/// [`RunOutcome::Ok`] and, apart from them, the newest `others` of every other outcome
+/// (so a run of failures cannot push the last successes out, nor the reverse). Each
+/// counts at least 1. The last success and the last failure are kept besides, however old.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Retention {
+    /// Newest `Ok` records kept.
+    pub successes: usize,
+    /// Newest records of every other outcome kept.
+    pub others: usize,
+}
+
+impl Retention {
+    /// Keeps `successes` successes and `others` other records (each at least 1).
+    pub fn new(successes: usize, others: usize) -> Self {
+        Retention {
+            successes: successes.max(1),
+            others: others.max(1),
+        }
+    }
+
+    /// Keeps `n` of each.
+    pub fn each(n: usize) -> Self {
+        Retention::new(n, n)
+    }
+
+    /// How many records of `outcome`'s class are kept.
+    pub fn of(&self, outcome: RunOutcome) -> usize {
+        if outcome == RunOutcome::Ok {
+            self.successes
+        } else {
+            self.others
+        }
+    }
+}
+
+/// What operators set for a job across every replica at once, kept in the lock server
+/// beside its records: a pause, and the latest trigger.
 ///
-/// Rules an implementation keeps (the conformance rule `run_records_keep_the_newest`
-/// checks them):
-/// - records of a job are kept in the order the server stored them; [`recent`](Self::recent)
-///   gives them newest first;
-/// - at most `keep` records per job survive an [`append`](Self::append) (the oldest go
+/// Written by `distlock cron pause / resume / trigger` (or [`RunRecords::set_control`]);
+/// every replica reads it before each fire time and polls it for triggers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobControl {
+    /// While true, no replica starts a run of the job (fire times pass unrecorded; a
+    /// trigger still runs).
+    pub paused: bool,
+    /// The newest trigger: a run is asked for at this instant, run once on one replica
+    /// (each trigger instant is claimed like a fire time).
+    pub trigger: Option<SystemTime>,
+    /// Who changed the control last (`user@host`, or what the caller says).
+    pub changed_by: String,
+    /// When the control was changed last, on the changer's clock.
+    pub changed_at: SystemTime,
+}
+
+impl JobControl {
+    /// A control that pauses nothing and triggers nothing, changed by `by` at `at`.
+    pub fn new(changed_by: impl Into<String>, changed_at: SystemTime) -> Self {
+        JobControl {
+            paused: false,
+            trigger: None,
+            changed_by: changed_by.into(),
+            changed_at,
+        }
+    }
+
+    /// Sets [`paused`](Self::paused).
+    #[must_use]
+    pub fn paused(mut self, paused: bool) -> Self {
+        self.paused = paused;
+        self
+    }
+
+    /// Sets [`trigger`](Self::trigger).
+    #[must_use]
+    pub fn trigger(mut self, trigger: Option<SystemTime>) -> Self {
+        self.trigger = trigger;
+        self
+    }
+
+    /// The control as the bytes a backend stores (one line of JSON).
+    pub fn encode(&self) -> Vec<u8> {
+        let value = serde_json::json!({
+            "v": 1,
+            "paused": self.paused,
+            "trigger": self.trigger.map(millis),
+            "changed_by": self.changed_by,
+            "changed_at": millis(self.changed_at),
+        });
+        serde_json::to_vec(&value).expect("a JSON value always serializes")
+    }
+
+    /// Reads a control [`encode`](Self::encode) made, stored by the backend `backend`.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the bytes are not such a control.
+    pub fn decode(backend: &'static str, bytes: &[u8]) -> Result<Self> {
+        let bad = |why: &str| Error::backend(backend, format!("unreadable job control: {why}"));
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| bad(&e.to_string()))?;
+        Ok(JobControl {
+            paused: value["paused"].as_bool().ok_or_else(|| bad("no paused"))?,
+            trigger: value["trigger"].as_i64().map(from_millis),
+            changed_by: value["changed_by"].as_str().unwrap_or_default().to_owned(),
+            changed_at: from_millis(
+                value["changed_at"]
+                    .as_i64()
+                    .ok_or_else(|| bad("no changed_at"))?,
+            ),
+        })
+    }
+}
+
+/// A lock server keeping the journal of scheduled runs, beside its locks.
+///
+/// Rules an implementation keeps (the conformance rules `run_records_keep_the_newest`
+/// and `run_records_replace_their_slot` check them):
+/// - a record is identified by its job and [`RunRecord::slot`]: [`append`](Self::append)
+///   of a record whose slot is kept replaces that record where it stands; any other
+///   record is stored as the job's newest. [`recent`](Self::recent) gives them newest
+///   first;
+/// - after an append, at most [`Retention::successes`] `Ok` records and
+///   [`Retention::others`] other records of the job survive (the oldest of each class go
 ///   first); other jobs' records are untouched;
 /// - every [`RunOutcome::Ok`] record appended also becomes the job's
-///   [`last_success`](Self::last_success), which retention never removes;
+///   [`last_success`](Self::last_success), and every record whose outcome
+///   [`is_failure`](RunOutcome::is_failure) its [`last_failure`](Self::last_failure);
+///   retention never removes either;
+/// - a job's [`JobControl`] is one value, replaced by [`set_control`](Self::set_control)
+///   and never touched by retention;
 /// - records live apart from every lock: writing or reading them never touches a lock,
 ///   fence counter or waiter, and the job name is a parameter, never spliced into a
 ///   query;
 /// - every request is bounded by the timeout the lock's requests have.
+///
+/// The caller encodes ([`RunRecord::encode`], [`JobControl::encode`]) and classifies
+/// records; a backend stores bytes by job and slot.
 ///
 /// # Examples
 ///
@@ -273,9 +533,9 @@ fn from_millis(ms: i64) -> SystemTime {
 /// ```
 #[async_trait]
 pub trait RunRecords: Send + Sync {
-    /// Stores `record` under its job, then trims the job's history to its newest `keep`
-    /// records (`keep` of 0 counts as 1). An `Ok` record also replaces the job's last
-    /// success.
+    /// Stores `record` under its job (replacing the kept record of its slot, if any), then
+    /// trims the job's history to `keep`. An `Ok` record also replaces the job's last
+    /// success, a failure its last failure.
     ///
     /// # Errors
     /// [`Error::Unavailable`] (transient) when the server could not be reached or did not
@@ -283,7 +543,7 @@ pub trait RunRecords: Send + Sync {
     ///
     /// # Cancel safety
     /// A dropped call may or may not have stored the record (and trimmed the history).
-    async fn append(&self, record: &RunRecord, keep: usize) -> Result<()>;
+    async fn append(&self, record: &RunRecord, keep: Retention) -> Result<()>;
 
     /// The job's newest records, newest first, at most `limit`.
     ///
@@ -304,6 +564,35 @@ pub trait RunRecords: Send + Sync {
     /// # Cancel safety
     /// A read: dropping it leaves nothing behind.
     async fn last_success(&self, job: &str) -> Result<Option<RunRecord>>;
+
+    /// The job's last record whose outcome [`is_failure`](RunOutcome::is_failure), however
+    /// old; `None` if it never failed here.
+    ///
+    /// # Errors
+    /// As [`recent`](Self::recent).
+    ///
+    /// # Cancel safety
+    /// A read: dropping it leaves nothing behind.
+    async fn last_failure(&self, job: &str) -> Result<Option<RunRecord>>;
+
+    /// Replaces the job's control (pause, trigger) with `control`.
+    ///
+    /// # Errors
+    /// As [`append`](Self::append).
+    ///
+    /// # Cancel safety
+    /// A dropped call may or may not have replaced the control.
+    async fn set_control(&self, job: &str, control: &JobControl) -> Result<()>;
+
+    /// The job's control, `None` when none was ever set.
+    ///
+    /// # Errors
+    /// As [`recent`](Self::recent); [`Error::Backend`] for a stored value that is not a
+    /// control.
+    ///
+    /// # Cancel safety
+    /// A read: dropping it leaves nothing behind.
+    async fn control(&self, job: &str) -> Result<Option<JobControl>>;
 }
 
 #[cfg(test)]
@@ -322,6 +611,9 @@ mod tests {
             fence: Some(42),
             detail: Some("exit status 3 \"quoted\" ünïcode".into()),
             clock_offset_ms: Some(-6042),
+            pid: Some(4242),
+            output: Some("line 1\nline 2 ünï\n".into()),
+            cause: RunCause::CatchUp,
         };
         assert_eq!(RunRecord::decode("test", &record.encode()).unwrap(), record);
         let skipped = RunRecord {
@@ -349,11 +641,52 @@ mod tests {
             fence: None,
             detail: Some("é".repeat(MAX_DETAIL_LEN)),
             clock_offset_ms: None,
+            pid: None,
+            output: None,
+            cause: RunCause::Schedule,
         };
         let back = RunRecord::decode("test", &record.encode()).unwrap();
         let detail = back.detail.unwrap();
         assert!(detail.len() <= MAX_DETAIL_LEN && detail.len() >= MAX_DETAIL_LEN - 1);
         assert!(detail.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn a_long_output_keeps_its_newest_bytes() {
+        let output = format!("{}{}", "a".repeat(MAX_OUTPUT_LEN), "é".repeat(10));
+        let record =
+            RunRecord::new("j", UNIX_EPOCH, "r", UNIX_EPOCH, RunOutcome::Ok).output(Some(output));
+        let back = RunRecord::decode("test", &record.encode())
+            .unwrap()
+            .output
+            .unwrap();
+        assert!(back.len() <= MAX_OUTPUT_LEN && back.len() >= MAX_OUTPUT_LEN - 1);
+        assert!(back.ends_with(&"é".repeat(10)), "the newest bytes stay");
+    }
+
+    #[test]
+    fn the_slot_is_the_fire_time_and_the_fence() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let record = RunRecord::new("j", at, "r", at, RunOutcome::Running);
+        assert_eq!(record.slot(), "1700000000123:0");
+        assert_eq!(record.fence(Some(7)).slot(), "1700000000123:7");
+    }
+
+    #[test]
+    fn a_control_reads_back_as_written() {
+        let control = JobControl::new("op@host", UNIX_EPOCH + Duration::from_millis(5))
+            .paused(true)
+            .trigger(Some(UNIX_EPOCH + Duration::from_millis(9)));
+        assert_eq!(JobControl::decode("t", &control.encode()).unwrap(), control);
+        assert!(JobControl::decode("t", b"{}").is_err());
+    }
+
+    #[test]
+    fn retention_counts_at_least_one_of_each() {
+        let keep = Retention::new(0, 3);
+        assert_eq!(keep.of(RunOutcome::Ok), 1);
+        assert_eq!(keep.of(RunOutcome::Failed), 3);
+        assert_eq!(keep.of(RunOutcome::Running), 3);
     }
 
     #[test]
