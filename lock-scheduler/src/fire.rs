@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::FutureExt;
 use jiff::Zoned;
-use lock_core::records::{RunOutcome, RunRecord};
+use lock_core::records::{RunCause, RunOutcome, RunRecord};
 use lock_core::{LockGuard, LockOptions, WaitStrategy};
 use tracing::Instrument;
 
@@ -60,6 +60,7 @@ struct FireTime {
     fire: Zoned,
     at: SystemTime,
     plan: Plan,
+    cause: RunCause,
 }
 
 impl FireTime {
@@ -82,6 +83,45 @@ impl FireTime {
         .fence(fence)
         .detail(Some(detail).filter(|d| !d.is_empty()))
         .clock_offset_ms(self.inner.offset_ms())
+        .pid(started_at.map(|_| std::process::id()))
+        .cause(self.cause)
+    }
+
+    /// The key this fire time is claimed under: the job's, or for a trigger its own (so a
+    /// trigger never moves the job's claim past a fire time still to come).
+    fn claim_key(&self) -> String {
+        match self.cause {
+            RunCause::Trigger => crate::control::trigger_key(&self.job.name),
+            _ => self.job.name.clone(),
+        }
+    }
+
+    /// Whether the job is paused (a trigger runs anyway; a control that cannot be read
+    /// pauses nothing).
+    async fn paused(&self) -> bool {
+        if self.cause == RunCause::Trigger {
+            return false;
+        }
+        let Some(records) = self.inner.locker.backend().run_records() else {
+            return false;
+        };
+        matches!(records.control(&self.job.name).await, Ok(Some(c)) if c.paused)
+    }
+
+    /// Waits before the next try of a step the lock server failed, if the fire time's
+    /// latest start leaves room for one; false when it does not (or the scheduler stops).
+    async fn retry_after(&self, tries: &mut u32) -> bool {
+        let pause = RETRY_FIRST * 2u32.saturating_pow((*tries).min(4));
+        *tries += 1;
+        let latest = self.at + self.plan.lateness;
+        if self.inner.server_now() + pause > latest || self.control.stopping() {
+            return false;
+        }
+        let mut stop = self.control.state.stop.subscribe();
+        futures::select_biased! {
+            _ = stop.wait_for(|stopping| *stopping).fuse() => false,
+            _ = tokio::time::sleep(pause).fuse() => true,
+        }
     }
 
     /// Ends a fire time that did not run.
@@ -98,19 +138,30 @@ impl FireTime {
     /// server's answer; `Err` is how the fire time ended instead (claimed by another
     /// replica: no record, it runs there).
     async fn claim(&self) -> std::result::Result<Placed, Ended> {
-        let sent = Instant::now();
-        let asked_at = self.inner.clock.now();
-        let claimed = self
-            .inner
-            .locker
-            .claim_fire_time(&self.job.name, self.at, &self.inner.replica)
-            .await;
-        let answered = Instant::now();
-        let answer = match claimed {
-            Ok(answer) => answer,
-            Err(e) => {
-                let detail = format!("could not claim the fire time: {}", e.report());
-                return Err(self.not_run(RunOutcome::Failed, detail).await);
+        let key = self.claim_key();
+        let mut tries = 0;
+        let (answer, sent, asked_at, answered) = loop {
+            let sent = Instant::now();
+            let asked_at = self.inner.clock.now();
+            let claimed = self
+                .inner
+                .locker
+                .claim_fire_time(&key, self.at, &self.inner.replica)
+                .await;
+            match claimed {
+                Ok(answer) => break (answer, sent, asked_at, Instant::now()),
+                Err(e) if e.is_transient() && self.retry_after(&mut tries).await => {
+                    tracing::debug!(job = self.job.name, error = %e.report(), "claim failed; retrying");
+                }
+                Err(e) => {
+                    let (outcome, what) = if e.is_transient() {
+                        (RunOutcome::Unavailable, "until the fire time's latest start")
+                    } else {
+                        (RunOutcome::Failed, "")
+                    };
+                    let detail = format!("could not claim the fire time {what}: {}", e.report());
+                    return Err(self.not_run(outcome, detail).await);
+                }
             }
         };
         if !answer.won {
@@ -175,9 +226,25 @@ impl FireTime {
             .watchdog(true)
             .wait(wait);
         let mut stop = self.control.state.stop.subscribe();
-        let acquired = futures::select_biased! {
-            _ = stop.wait_for(|stopping| *stopping).fuse() => None,
-            acquired = self.inner.locker.acquire(self.job.name.as_str(), &opts).fuse() => Some(acquired),
+        let mut tries = 0;
+        let acquired = loop {
+            let acquired = futures::select_biased! {
+                _ = stop.wait_for(|stopping| *stopping).fuse() => None,
+                acquired = self.inner.locker.acquire(self.job.name.as_str(), &opts).fuse() => Some(acquired),
+            };
+            match acquired {
+                Some(Err(e)) if e.is_transient() => {
+                    if self.retry_after(&mut tries).await {
+                        continue;
+                    }
+                    let detail = format!(
+                        "could not take the lock until the fire time's latest start: {}",
+                        e.report()
+                    );
+                    return Err(self.not_run(RunOutcome::Unavailable, detail).await);
+                }
+                other => break other,
+            }
         };
         let guard = match acquired {
             None => {
@@ -222,8 +289,8 @@ impl FireTime {
 
     /// Runs the task under `guard` until it ends, the lock is lost, the timeout passes or
     /// the grace period ends; the task's future is dropped before this returns.
-    async fn run(&self, guard: &LockGuard) -> (RunOutcome, String, SystemTime) {
-        let started_at = self.inner.clock.now();
+    async fn run(&self, guard: &LockGuard, started_at: SystemTime) -> Ran {
+        let output = Arc::new(std::sync::Mutex::new(None));
         let deadline = self.job.timeout.map(|t| Instant::now() + t);
         let lost = guard.lost().boxed().shared();
         let ctx = JobContext {
@@ -235,6 +302,8 @@ impl FireTime {
             deadline,
             lost: lost.clone(),
             shutting_down: self.control.state.stop.subscribe(),
+            cause: self.cause,
+            output: output.clone(),
         };
         let task = self.job.task.as_ref().expect("checked by Scheduler::add");
         // A panic is the job's failure, whether the task panics when called or when polled.
@@ -261,7 +330,12 @@ impl FireTime {
             },
             _ = hard_timeout.fuse() => (RunOutcome::TimedOut, timed_out(self.job.timeout)),
         };
-        (outcome, detail, started_at)
+        let output = lock_core::sync::lock(&output).take();
+        Ran {
+            outcome,
+            detail,
+            output,
+        }
     }
 
     /// Keeps the lock until `fire time + at_least` as the claim placed it on the monotonic
@@ -287,6 +361,14 @@ impl FireTime {
 
     /// The whole fire time: claim, wait for it, lock, run, record, hold, release.
     async fn go(self) -> Ended {
+        if self.paused().await {
+            tracing::info!(job = self.job.name, "the job is paused: the fire time is not run");
+            observe::paused(&self.job.name);
+            return Ended {
+                record: None,
+                ran_until: None,
+            };
+        }
         let placed = match self.claim().await {
             Ok(placed) => placed,
             Err(ended) => return ended,
@@ -300,12 +382,28 @@ impl FireTime {
         };
         tracing::Span::current().record("fence", guard.fence());
         let started = Instant::now();
+        let started_at = self.inner.clock.now();
+        // The journal shows the run from its start, on every replica: `running`, until the
+        // end record below replaces it (same fire time and fence).
+        let running = self.record(
+            RunOutcome::Running,
+            Some(started_at),
+            Some(guard.fence()),
+            String::new(),
+        );
+        observe::store(&self.inner, &running, false).await;
         let in_progress = observe::InProgress::start(&self.job.name);
-        let (outcome, detail, started_at) = self.run(&guard).await;
+        let Ran {
+            outcome,
+            detail,
+            output,
+        } = self.run(&guard, started_at).await;
         drop(in_progress);
         let elapsed = started.elapsed();
         let ran_until = Instant::now();
-        let record = self.record(outcome, Some(started_at), Some(guard.fence()), detail);
+        let record = self
+            .record(outcome, Some(started_at), Some(guard.fence()), detail)
+            .output(output);
         observe::finish(&self.inner, &record, Some(elapsed)).await;
         match outcome {
             // Known gone: dropping the guard is all that is left to do.
@@ -319,6 +417,17 @@ impl FireTime {
         }
     }
 }
+
+/// How a run ended, as [`FireTime::run`] saw it.
+struct Ran {
+    outcome: RunOutcome,
+    detail: String,
+    output: Option<String>,
+}
+
+/// The first pause before a step the lock server failed is tried again (doubling, up to
+/// 16 times as long, while the fire time's latest start allows).
+const RETRY_FIRST: Duration = Duration::from_millis(250);
 
 const SHUT_DOWN_WAITING: &str = "the scheduler shut down while waiting for the lock";
 const HELD_ELSEWHERE: &str = "the lock was held elsewhere";
@@ -339,6 +448,7 @@ pub(crate) fn run_fire(
     job: Arc<Job>,
     fire: Zoned,
     plan: Plan,
+    cause: RunCause,
 ) -> impl std::future::Future<Output = Ended> + Send + 'static {
     let span = tracing::info_span!(
         "scheduled_run",
@@ -346,6 +456,7 @@ pub(crate) fn run_fire(
         scheduled_at = %fire,
         replica = %inner.replica,
         fence = tracing::field::Empty,
+        cause = cause.as_str(),
     );
     let at = instant_of(&fire);
     FireTime {
@@ -355,6 +466,7 @@ pub(crate) fn run_fire(
         fire,
         at,
         plan,
+        cause,
     }
     .go()
     .instrument(span)

@@ -67,6 +67,8 @@ pub struct Job {
     pub(crate) lateness: Option<Duration>,
     pub(crate) ttl: Option<Duration>,
     pub(crate) on_busy: OnBusy,
+    pub(crate) catch_up: CatchUp,
+    pub(crate) history: Option<lock_core::records::Retention>,
     pub(crate) task: Option<Task>,
 }
 
@@ -122,6 +124,8 @@ impl Job {
             lateness: None,
             ttl: None,
             on_busy: OnBusy::Skip,
+            catch_up: CatchUp::None,
+            history: None,
             task: None,
         }
     }
@@ -187,6 +191,21 @@ impl Job {
     /// the backend's rules).
     pub fn ttl(mut self, ttl: Duration) -> Job {
         self.ttl = Some(ttl);
+        self
+    }
+
+    /// What a start after downtime does with the fire times no replica ran (default
+    /// [`CatchUp::None`]).
+    pub fn catch_up(mut self, catch_up: CatchUp) -> Job {
+        self.catch_up = catch_up;
+        self
+    }
+
+    /// How many of the job's records the lock server keeps (successes and other outcomes
+    /// apart; the last success and failure always), instead of the scheduler's
+    /// [`keep`](crate::SchedulerBuilder::keep).
+    pub fn history(mut self, keep: lock_core::records::Retention) -> Job {
+        self.history = Some(keep);
         self
     }
 
@@ -259,6 +278,8 @@ pub struct JobContext {
     pub(crate) deadline: Option<Instant>,
     pub(crate) lost: Shared<BoxFuture<'static, ()>>,
     pub(crate) shutting_down: watch::Receiver<bool>,
+    pub(crate) cause: lock_core::records::RunCause,
+    pub(crate) output: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for JobContext {
@@ -342,4 +363,36 @@ impl JobContext {
     pub fn is_shutting_down(&self) -> bool {
         *self.shutting_down.borrow()
     }
+
+    /// Why this run started: its fire time, a catch-up after downtime, or a trigger.
+    pub fn cause(&self) -> lock_core::records::RunCause {
+        self.cause
+    }
+
+    /// Keeps `tail` (the end of the job's output) in the run's record, replacing what an
+    /// earlier call kept; the record keeps its newest
+    /// [`MAX_OUTPUT_LEN`](lock_core::records::MAX_OUTPUT_LEN) bytes.
+    pub fn keep_output(&self, tail: impl Into<String>) {
+        *lock_core::sync::lock(&self.output) = Some(tail.into());
+    }
+}
+
+/// What a start after downtime does with the fire times no replica ran
+/// ([`Job::catch_up`]).
+///
+/// Whatever it is, a fire time still within its lateness bound at the start is run, and
+/// the fire times missed before it are written as one summary record, not one each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CatchUp {
+    /// Run none of them (the default).
+    #[default]
+    None,
+    /// Run the newest of them once, on one replica, if it is within `deadline` of the
+    /// start (Kubernetes' `startingDeadlineSeconds`, systemd's `Persistent=`); the record
+    /// says [`RunCause::CatchUp`](lock_core::records::RunCause::CatchUp).
+    Latest {
+        /// How old a missed fire time may be and still be caught up.
+        deadline: Duration,
+    },
 }

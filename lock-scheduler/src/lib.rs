@@ -4,6 +4,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod clock;
+pub mod control;
 mod error;
 mod fire;
 mod history;
@@ -19,15 +20,19 @@ mod state;
 
 pub use clock::{Clock, ManualClock, OffsetClock, Sleep, SystemClock, MAX_SLEEP_STEP};
 pub use error::{Error, Result};
-pub use history::per_fire_time;
-pub use job::{Job, JobContext, OnBusy};
+pub use history::{
+    duration_stats, fire_times, per_fire_time, DurationStats, FireTimeLine, LineState,
+};
+pub use job::{CatchUp, Job, JobContext, OnBusy};
 pub use mode::{LeaderMode, DEFAULT_LEADER_TTL};
 pub use observe::metric_names;
 pub use plan::Plan;
 pub use schedule::Schedule;
-pub use scheduler::{default_replica, Running, Scheduler, SchedulerBuilder, DEFAULT_KEEP};
+pub use scheduler::{
+    default_replica, Running, Scheduler, SchedulerBuilder, DEFAULT_CONTROL_POLL, DEFAULT_KEEP,
+};
 pub use state::ShutdownReport;
 
 pub use jiff;
-pub use lock_core::records::{RunOutcome, RunRecord};
+pub use lock_core::records::{JobControl, Retention, RunCause, RunOutcome, RunRecord};
 pub use lock_core::BoxError;

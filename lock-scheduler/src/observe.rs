@@ -95,9 +95,14 @@ pub mod metric_names {
     /// `time() - max by (distlock_job) (…) > 2 × PERIOD` (the rule in
     /// [`metric_names`](crate::metric_names) also catches a job that never succeeded).
     pub const LAST_SUCCESS: &str = "distlock_scheduler_last_success_timestamp_seconds";
-    /// Counter: records the lock server did not take (the outcome is still in the other
-    /// metrics and the log), by `distlock_job`.
+    /// Counter: records the lock server did not take at first (the outcome is still in
+    /// the other metrics and the log; end records are kept and written later), by
+    /// `distlock_job`.
     pub const RECORD_ERRORS: &str = "distlock_scheduler_record_errors_total";
+    /// Gauge: 1 while this replica finds the job paused at its fire times
+    /// (`distlock cron pause`), 0 once it runs again; by `distlock_job`. Alert rules on
+    /// the last success can `unless` it.
+    pub const PAUSED: &str = "distlock_scheduler_paused";
 
     /// The `outcome` label of a run: its [`RunOutcome::as_str`] in snake_case (`ok`,
     /// `failed`, `skipped_busy`, `timed_out`, `lock_lost`, `missed`, `cut`), the casing of
@@ -111,13 +116,15 @@ pub mod metric_names {
             RunOutcome::LockLost => "lock_lost",
             RunOutcome::Missed => "missed",
             RunOutcome::Cut => "cut",
+            RunOutcome::Running => "running",
+            RunOutcome::Unavailable => "unavailable",
         }
     }
 }
 
 use metric_names::{
     outcome_label, CLAIMED_ELSEWHERE, CLOCK_OFFSET, JOB_LABEL, LAST_RUN_DURATION, LAST_SUCCESS,
-    PERIOD, RECORD_ERRORS, RUNNING, RUNS, RUN_DURATION, SKIPS, STARTED,
+    PAUSED, PERIOD, RECORD_ERRORS, RUNNING, RUNS, RUN_DURATION, SKIPS, STARTED,
 };
 
 /// Describes the metrics to the installed recorder (units and help texts).
@@ -163,6 +170,12 @@ pub(crate) fn describe() {
         "Unix time of the job's last successful run"
     );
     metrics::describe_counter!(RECORD_ERRORS, "Run records the lock server did not take");
+    metrics::describe_gauge!(PAUSED, "1 while the job is paused across its replicas");
+}
+
+/// Notes that `job` was found paused at a fire time.
+pub(crate) fn paused(job: &str) {
+    metrics::gauge!(PAUSED, JOB_LABEL => job.to_owned()).set(1.0);
 }
 
 /// Notes that this replica started `job`'s timer at `at`, with `period` (see
@@ -234,6 +247,7 @@ pub(crate) fn last_success(job: &str, at: SystemTime) {
 /// monotonic duration, for fire times that ran.
 pub(crate) async fn finish(inner: &Inner, record: &RunRecord, elapsed: Option<Duration>) {
     let job = record.job.clone();
+    metrics::gauge!(PAUSED, JOB_LABEL => job.clone()).set(0.0);
     let outcome = outcome_label(record.outcome);
     metrics::counter!(RUNS, JOB_LABEL => job.clone(), "outcome" => outcome).increment(1);
     if let Some(elapsed) = elapsed {
@@ -273,12 +287,48 @@ pub(crate) async fn finish(inner: &Inner, record: &RunRecord, elapsed: Option<Du
             );
         }
     }
+    store(inner, record, true).await;
+}
+
+/// Most end records kept for a lock server that did not take them.
+const MAX_PENDING: usize = 1000;
+
+/// Writes `record` to the lock server's journal, with the job's retention; then the
+/// records it did not take earlier, oldest first. An end record (`queue`) it does not take
+/// is kept for later (at most [`MAX_PENDING`], the oldest dropped first), so an outage
+/// loses no record; a running record is not (its end replaces it anyway).
+pub(crate) async fn store(inner: &Inner, record: &RunRecord, queue: bool) {
     let Some(records) = inner.locker.backend().run_records() else {
         return;
     };
-    if let Err(e) = records.append(record, inner.keep).await {
+    let keep = |r: &RunRecord| {
+        lock_core::sync::lock(&inner.jobs)
+            .get(&r.job)
+            .and_then(|j| j.history)
+            .unwrap_or(inner.keep)
+    };
+    let job = record.job.clone();
+    if let Err(e) = records.append(record, keep(record)).await {
         metrics::counter!(RECORD_ERRORS, JOB_LABEL => job.clone()).increment(1);
-        tracing::warn!(job, scheduled, outcome, error = %e.report(), "the run record was not stored");
+        tracing::warn!(job, outcome = %record.outcome, error = %e.report(), "the run record was not stored (kept to write later)");
+        if queue {
+            let mut pending = lock_core::sync::lock(&inner.pending);
+            if pending.len() >= MAX_PENDING {
+                pending.pop_front();
+            }
+            pending.push_back(record.clone());
+        }
+        return;
+    }
+    loop {
+        let Some(next) = lock_core::sync::lock(&inner.pending).pop_front() else {
+            return;
+        };
+        if let Err(e) = records.append(&next, keep(&next)).await {
+            tracing::debug!(job = next.job, error = %e.report(), "a kept run record was not stored yet");
+            lock_core::sync::lock(&inner.pending).push_front(next);
+            return;
+        }
     }
 }
 

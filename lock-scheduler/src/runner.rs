@@ -8,14 +8,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use jiff::tz::TimeZone;
 use jiff::Zoned;
-use lock_core::records::{RunOutcome, RunRecord};
+use lock_core::records::{RunCause, RunOutcome, RunRecord};
 use lock_core::sync::lock;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::error::{Error, Result};
 use crate::fire::run_fire;
-use crate::job::Job;
+use crate::job::{CatchUp, Job};
 use crate::observe;
 use crate::plan::{instant_of, Plan};
 use crate::state::{Control, ControlState, Ended, Inner, ShutdownReport};
@@ -40,11 +40,16 @@ impl Control {
         }
         // The first fire time is the first after now, not after the task's first poll.
         let after = inner.clock.now();
+        loops.spawn(crate::control::poll_triggers(
+            inner.clone(),
+            self.clone(),
+            job.clone(),
+        ));
         loops.spawn(job_loop(inner.clone(), self.clone(), job, after));
     }
 
     /// Starts the task of one fire time (not after a stop).
-    fn spawn_run(&self, run: impl std::future::Future<Output = Ended> + Send + 'static) {
+    pub(crate) fn spawn_run(&self, run: impl std::future::Future<Output = Ended> + Send + 'static) {
         let mut runs = lock(&self.state.runs);
         if self.stopping() {
             return;
@@ -206,7 +211,7 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
     // (and those found missed while no replica ran are judged on that clock too).
     measure_the_server_clock(&inner, &job).await;
     after = inner.server_time_of(after);
-    record_missed_while_down(&inner, &job, &zone, after).await;
+    start_up(&inner, &control, &job, &zone, after).await;
     loop {
         let Some(fire) = job.schedule.next_after(after, &zone) else {
             tracing::warn!(job = job.name, "the schedule has no fire time left");
@@ -232,7 +237,7 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
         observe::period(&job.name, plan.gap);
         let now = inner.server_now();
         if now > at + plan.lateness {
-            after = record_missed(&inner, &job, &zone, fire, now, LATE).await;
+            after = record_missed(&inner, &job, &zone, fire, now, LATE, None).await;
             continue;
         }
         if !crate::leader::may_fire(&inner, &control, at + plan.lateness).await {
@@ -240,7 +245,14 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
             after = at;
             continue;
         }
-        let task = run_fire(inner.clone(), control.clone(), job.clone(), fire, plan);
+        let task = run_fire(
+            inner.clone(),
+            control.clone(),
+            job.clone(),
+            fire,
+            plan,
+            RunCause::Schedule,
+        );
         control.spawn_run(task);
         after = at;
     }
@@ -276,56 +288,129 @@ const LATE: &str =
 /// Why a fire time passed while no replica was running is missed.
 const DOWN: &str = "no replica ran it: the scheduler was not running";
 
-/// At the start: records as missed the fire times after the newest one in the job's
-/// history that are already past their lateness bound, when nobody holds the job's lock.
+/// At the start, on the server's clock `now`:
 ///
-/// A fire time whose run is still going (or holding) has no record yet but its lock is
-/// held, so it is not taken for missed, and neither is one claimed (the newest claim counts
-/// as well as the newest record); the check reads the lock and the claim without taking
-/// either, so it never makes another replica's fire time skip. Replicas starting together after an
-/// outage may each record the same fire times (each records what it saw). Needs a backend
-/// that keeps records and can inspect a lock; the newest record is the high-water mark,
-/// so a job never recorded has nothing missed.
-async fn record_missed_while_down(inner: &Inner, job: &Job, zone: &TimeZone, started: SystemTime) {
+/// - the newest fire time still within its lateness bound is run (its claim decides
+///   whether it already ran elsewhere), so a replica restarted within that bound loses no
+///   fire time;
+/// - the fire times after the newest one the journal or the claims know, and before that,
+///   passed while no replica ran: with [`CatchUp::Latest`] the newest of them within the
+///   deadline runs once (when no fire time is within its lateness, which would stand for
+///   it), and the others become one `missed` summary record (its slot is the first one's,
+///   so replicas starting together leave one record).
+///
+/// Nothing is taken for missed while the job's lock is held (a run going on elsewhere),
+/// nor on a backend that keeps no journal or cannot inspect a lock, nor for a job never
+/// recorded. In leader mode only the summary is written: the leader fires.
+async fn start_up(inner: &Arc<Inner>, control: &Control, job: &Arc<Job>, zone: &TimeZone, now: SystemTime) {
+    let recent = due_within_lateness(job, zone, now);
+    let spawn = |fire: Zoned, plan: Plan, cause: RunCause| {
+        if inner.leader.is_none() {
+            let task = run_fire(inner.clone(), control.clone(), job.clone(), fire, plan, cause);
+            control.spawn_run(task);
+        }
+    };
+    if let Some(newest) = newest_known(inner, job).await {
+        // The fire times after the newest known, up to the one due now (or now).
+        let until = recent.as_ref().map(instant_of).unwrap_or(now);
+        let mut missed: Vec<Zoned> = Vec::new();
+        let mut count = 0usize;
+        let mut fire = job.schedule.next_after(newest, zone);
+        while let Some(f) = fire.filter(|f| instant_of(f) < until) {
+            count += 1;
+            // The first and the newest are all that is kept.
+            if missed.len() < 2 {
+                missed.push(f.clone());
+            } else {
+                missed[1] = f.clone();
+            }
+            if count >= MAX_COUNTED {
+                break;
+            }
+            fire = job.schedule.next_after(instant_of(&f), zone);
+        }
+        if let Some(first) = missed.first().cloned() {
+            let last = missed.last().cloned().unwrap_or_else(|| first.clone());
+            let caught = match job.catch_up {
+                CatchUp::Latest { deadline }
+                    if recent.is_none()
+                        && now.duration_since(instant_of(&last)).unwrap_or_default()
+                            <= deadline =>
+                {
+                    let mut plan = Plan::new(job, zone, instant_of(&last));
+                    plan.lateness = deadline;
+                    plan.at_least = Duration::ZERO;
+                    spawn(last.clone(), plan, RunCause::CatchUp);
+                    true
+                }
+                _ => false,
+            };
+            let summarised = if caught { count - 1 } else { count };
+            if summarised > 0 {
+                let end = if caught { None } else { Some(last) };
+                record_missed(inner, job, zone, first, now, DOWN, Some((summarised, end))).await;
+            }
+        }
+    }
+    if let Some(fire) = recent {
+        let at = instant_of(&fire);
+        spawn(fire, Plan::new(job, zone, at), RunCause::Schedule);
+    }
+}
+
+/// Most missed fire times counted one by one at a start (a one-second schedule after a
+/// long outage would otherwise be counted for a long time).
+const MAX_COUNTED: usize = 100_000;
+
+/// The newest fire time of `job` at or before `now` still within its lateness bound.
+fn due_within_lateness(job: &Job, zone: &TimeZone, now: SystemTime) -> Option<Zoned> {
+    let window = Plan::new(job, zone, now).lateness;
+    let mut fire = job.schedule.next_after(now.checked_sub(window)?, zone);
+    let mut due = None;
+    for _ in 0..10_000 {
+        let Some(f) = fire.filter(|f| instant_of(f) <= now) else {
+            break;
+        };
+        let at = instant_of(&f);
+        if now <= at + Plan::new(job, zone, at).lateness {
+            due = Some(f.clone());
+        }
+        fire = job.schedule.next_after(at, zone);
+    }
+    due
+}
+
+/// The newest fire time of `job` the lock server knows of: in its journal (a trigger's
+/// instant aside) or claimed (the probe aside); `None` for a job never recorded or
+/// claimed, while its lock is held, or where the server keeps no journal or cannot
+/// inspect locks.
+async fn newest_known(inner: &Inner, job: &Job) -> Option<SystemTime> {
     let backend = inner.locker.backend();
-    let (Some(records), Some(admin)) = (backend.run_records(), backend.admin()) else {
-        return;
-    };
-    // Records are appended as runs end, not in fire-time order: take the latest fire time.
-    let Ok(recent) = records.recent(&job.name, 16).await else {
-        return;
-    };
-    // A fire time claimed and still running (or claimed by a replica that never wrote
-    // its record) is not missed either: the newest claim counts too (not the probe's).
+    let (records, admin) = (backend.run_records()?, backend.admin()?);
+    // Records are stored as runs start and end, not in fire-time order: take the latest.
+    let recent = records.recent(&job.name, 16).await.ok()?;
     let claimed = match inner.locker.fire_claim(&job.name).await {
         Ok(claim) => claim
             .map(|c| c.fire_time)
             .filter(|at| *at > UNIX_EPOCH + PROBE),
-        Err(_) => return,
+        Err(_) => return None,
     };
-    let Some(newest) = recent.iter().map(|r| r.scheduled_at).chain(claimed).max() else {
-        return;
-    };
-    let Some(first) = job.schedule.next_after(newest, zone) else {
-        return;
-    };
-    let at = instant_of(&first);
-    if started <= at + Plan::new(job, zone, at).lateness {
-        return;
-    }
+    let newest = recent
+        .iter()
+        .filter(|r| r.cause != RunCause::Trigger)
+        .map(|r| r.scheduled_at)
+        .chain(claimed)
+        .max()?;
     if !matches!(admin.inspect(&job.name).await, Ok(holders) if holders.is_empty()) {
-        return;
+        return None;
     }
-    record_missed(inner, job, zone, first, started, DOWN).await;
+    Some(newest)
 }
 
 /// Records `first` and the fire times after it that are past their lateness bound at
-/// `now` as missed, and returns the instant to look for the next fire time after.
-///
-/// At most `keep` records are written (the lock server would keep no more): when more
-/// fire times passed, the last record says so and the fire times up to `now − lateness`
-/// are skipped without a record each (a one-second schedule after a week's suspension
-/// would otherwise be half a million records).
+/// `now` as missed, in one record (whose slot is `first`'s), and returns the instant to
+/// look for the next fire time after. `counted` is how many and the last of them when the
+/// caller counted them already (its `None` last: the count only).
 async fn record_missed(
     inner: &Inner,
     job: &Job,
@@ -333,42 +418,51 @@ async fn record_missed(
     first: Zoned,
     now: SystemTime,
     why: &str,
+    counted: Option<(usize, Option<Zoned>)>,
 ) -> SystemTime {
-    let past_bound = |fire: &Zoned| {
-        let at = instant_of(fire);
-        now > at + Plan::new(job, zone, at).lateness
-    };
-    let mut fire = first;
-    let mut count = 0usize;
-    loop {
-        let at = instant_of(&fire);
-        count += 1;
-        let next = job.schedule.next_after(at, zone).filter(past_bound);
-        let cut_short = next.is_some() && count >= inner.keep;
-        let detail = if cut_short {
-            format!(
-                "{why}; the later fire times until now were missed too, not recorded one by one"
-            )
-        } else {
-            why.to_owned()
-        };
-        let record = RunRecord::new(
-            job.name.clone(),
-            at,
-            inner.replica.to_string(),
-            now,
-            RunOutcome::Missed,
-        )
-        .detail(Some(detail))
-        .clock_offset_ms(inner.offset_ms());
-        observe::finish(inner, &record, None).await;
-        match next {
-            Some(next) if !cut_short => fire = next,
-            Some(_) => {
-                let lateness = Plan::new(job, zone, at).lateness;
-                return now.checked_sub(lateness).unwrap_or(at).max(at);
+    let (count, last) = match counted {
+        Some(counted) => counted,
+        None => {
+            let past_bound = |fire: &Zoned| {
+                let at = instant_of(fire);
+                now > at + Plan::new(job, zone, at).lateness
+            };
+            let mut last = first.clone();
+            let mut count = 1usize;
+            while let Some(next) = job
+                .schedule
+                .next_after(instant_of(&last), zone)
+                .filter(past_bound)
+            {
+                last = next;
+                count += 1;
+                if count >= MAX_COUNTED {
+                    break;
+                }
             }
-            None => return at,
+            (count, Some(last))
         }
-    }
+    };
+    let at = instant_of(&first);
+    let detail = match (&last, count) {
+        (_, 1) => why.to_owned(),
+        (Some(last), n) => format!(
+            "{why}; {n} fire times from this one to {} were missed",
+            jiff::Timestamp::try_from(instant_of(last))
+                .map(|t| t.to_string())
+                .unwrap_or_default()
+        ),
+        (None, n) => format!("{why}; {n} fire times from this one on were missed"),
+    };
+    let record = RunRecord::new(
+        job.name.clone(),
+        at,
+        inner.replica.to_string(),
+        now,
+        RunOutcome::Missed,
+    )
+    .detail(Some(detail))
+    .clock_offset_ms(inner.offset_ms());
+    observe::finish(inner, &record, None).await;
+    last.map(|l| instant_of(&l)).unwrap_or(at).max(at)
 }

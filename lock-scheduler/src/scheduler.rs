@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use jiff::tz::TimeZone;
 use jiff::SignedDuration;
-use lock_core::records::{RunRecord, RunRecords};
+use lock_core::records::{JobControl, Retention, RunRecord, RunRecords};
 use lock_core::sync::lock;
 use lock_core::Locker;
 
@@ -21,6 +21,10 @@ use crate::state::{Inner, ShutdownReport};
 /// How many records per job the lock server keeps by default (see
 /// [`SchedulerBuilder::keep`]).
 pub const DEFAULT_KEEP: usize = 100;
+
+/// How often a replica reads each job's control for a trigger by default (see
+/// [`SchedulerBuilder::control_poll`]).
+pub const DEFAULT_CONTROL_POLL: Duration = Duration::from_secs(2);
 
 /// Fires jobs on a [`Locker`]: each fire time of a job runs once across replicas, under
 /// the job's lock, whatever the replicas' clocks say.
@@ -100,8 +104,9 @@ pub struct SchedulerBuilder {
     replica: Option<String>,
     zone: ZoneChoice,
     clock: Option<Arc<dyn Clock>>,
-    keep: usize,
+    keep: Retention,
     leader: Option<LeaderMode>,
+    control_poll: Duration,
 }
 
 enum ZoneChoice {
@@ -151,12 +156,27 @@ impl SchedulerBuilder {
         self.clock(OffsetClock::new(offset))
     }
 
-    /// How many records per job the lock server keeps (default [`DEFAULT_KEEP`]; 0 counts
-    /// as 1); older ones are removed as new ones are written. The last success is kept
-    /// apart, however old. Records from every replica count, so with N replicas about
-    /// `keep / N` fire times stay visible (each replica records each fire time).
-    pub fn keep(mut self, records: usize) -> Self {
-        self.keep = records.max(1);
+    /// How many records per job the lock server keeps: `records` successes and, apart
+    /// from them, `records` of every other outcome (default [`DEFAULT_KEEP`]; 0 counts as
+    /// 1); older ones are removed as new ones are written. The last success and the last
+    /// failure are kept apart, however old. A fire time has one record whichever replicas
+    /// saw it (a duplicate run, which claims prevent, would have its own). A job's own
+    /// [`Job::history`](crate::Job::history) overrides it.
+    pub fn keep(self, records: usize) -> Self {
+        self.retention(Retention::each(records))
+    }
+
+    /// As [`keep`](Self::keep), with the successes and the other outcomes counted apart.
+    pub fn retention(mut self, keep: Retention) -> Self {
+        self.keep = keep;
+        self
+    }
+
+    /// How often each replica reads every job's control for a trigger (default
+    /// [`DEFAULT_CONTROL_POLL`]; at least 100 ms): one read per job per period. A pause
+    /// is read at every fire time, whatever this is.
+    pub fn control_poll(mut self, period: Duration) -> Self {
+        self.control_poll = period.max(Duration::from_millis(100));
         self
     }
 
@@ -191,6 +211,8 @@ impl SchedulerBuilder {
                 replica: self.replica.unwrap_or_else(default_replica).into(),
                 zone,
                 keep: self.keep,
+                control_poll: self.control_poll,
+                pending: Mutex::new(std::collections::VecDeque::new()),
                 jobs: Mutex::new(BTreeMap::new()),
                 started: Mutex::new(None),
                 offset: Mutex::new(None),
@@ -234,7 +256,8 @@ impl Scheduler {
             replica: None,
             zone: ZoneChoice::Named("UTC".to_owned()),
             clock: None,
-            keep: DEFAULT_KEEP,
+            keep: Retention::each(DEFAULT_KEEP),
+            control_poll: DEFAULT_CONTROL_POLL,
             leader: None,
         }
     }
@@ -353,6 +376,31 @@ impl Scheduler {
     /// A read: dropping it leaves nothing behind.
     pub async fn last_success(&self, job: &str) -> Result<Option<RunRecord>> {
         Ok(self.records()?.last_success(job).await?)
+    }
+
+    /// The job's last failed run recorded in the lock server (see
+    /// [`RunOutcome::is_failure`](lock_core::records::RunOutcome::is_failure)), however
+    /// old; `None` if it never failed.
+    ///
+    /// # Errors
+    /// As [`recent`](Self::recent).
+    ///
+    /// # Cancel safety
+    /// A read: dropping it leaves nothing behind.
+    pub async fn last_failure(&self, job: &str) -> Result<Option<RunRecord>> {
+        Ok(self.records()?.last_failure(job).await?)
+    }
+
+    /// The job's control (pause, latest trigger) as every replica reads it; `None` when
+    /// none was ever set.
+    ///
+    /// # Errors
+    /// As [`recent`](Self::recent).
+    ///
+    /// # Cancel safety
+    /// A read: dropping it leaves nothing behind.
+    pub async fn control(&self, job: &str) -> Result<Option<JobControl>> {
+        Ok(self.records()?.control(job).await?)
     }
 
     fn records(&self) -> Result<&dyn RunRecords> {

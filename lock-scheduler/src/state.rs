@@ -22,7 +22,12 @@ pub(crate) struct Inner {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) replica: Arc<str>,
     pub(crate) zone: TimeZone,
-    pub(crate) keep: usize,
+    pub(crate) keep: lock_core::records::Retention,
+    /// How often the trigger of each job is read.
+    pub(crate) control_poll: std::time::Duration,
+    /// End records the lock server did not take (it was unreachable): written, oldest
+    /// first, after the next record it takes.
+    pub(crate) pending: Mutex<std::collections::VecDeque<RunRecord>>,
     pub(crate) jobs: Mutex<BTreeMap<String, Arc<Job>>>,
     pub(crate) started: Mutex<Option<Control>>,
     /// This replica's clock minus the lock server's, as the last claim answered (`None`

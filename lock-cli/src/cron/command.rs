@@ -334,6 +334,10 @@ impl Task {
             Err(result) => {
                 let run = format!("{:?} scheduled at {}", ctx.job(), env.scheduled_at);
                 let tail = cmd.end(self.leave_children, &run).await;
+                if !tail.is_empty() {
+                    // The record keeps the tail (its newest 4 KiB), whatever the outcome.
+                    ctx.keep_output(tail.clone());
+                }
                 return result.map_err(|status| failure_detail(&status, &tail));
             }
         };

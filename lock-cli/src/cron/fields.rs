@@ -6,10 +6,14 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use distlock::scheduler::OnBusy;
+use distlock::scheduler::{CatchUp, OnBusy};
 use toml::{Table, Value};
 
 use crate::common::parse_duration;
+
+/// `catch_up = "latest"` without a `starting_deadline`: a missed fire time up to a day
+/// old is caught up.
+pub const DEFAULT_STARTING_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 use crate::exit::{CliError, USAGE};
 
 /// How long `on_busy = "wait"` waits at most; the scheduler ends every wait at the fire
@@ -148,6 +152,41 @@ impl Fields<'_> {
                 field,
                 format!("must be true or false, not {}", other.type_str()),
             )),
+        }
+    }
+
+    /// A whole number of at least 1 (records kept).
+    pub(super) fn count(&self, field: &str) -> Result<Option<usize>, FileError> {
+        match self.table.get(field) {
+            None => Ok(None),
+            Some(Value::Integer(n)) if *n >= 1 => Ok(Some(usize::try_from(*n).unwrap_or(usize::MAX))),
+            Some(_) => Err(self.err(
+                field,
+                "must be a whole number of at least 1 (records kept per job)",
+            )),
+        }
+    }
+
+    /// `catch_up = "none" | "latest"` with its `starting_deadline`.
+    pub(super) fn catch_up(&self) -> Result<Option<CatchUp>, FileError> {
+        let field = "catch_up";
+        let bad = || self.err(field, "must be \"none\" or \"latest\"");
+        let deadline = self.positive_duration("starting_deadline")?;
+        match self.text(field).map_err(|_| bad())?.as_deref() {
+            None if deadline.is_some() => Err(self.err(
+                "starting_deadline",
+                "applies only with catch_up = \"latest\"",
+            )),
+            None => Ok(None),
+            Some("none") if deadline.is_some() => Err(self.err(
+                "starting_deadline",
+                "applies only with catch_up = \"latest\"",
+            )),
+            Some("none") => Ok(Some(CatchUp::None)),
+            Some("latest") => Ok(Some(CatchUp::Latest {
+                deadline: deadline.unwrap_or(DEFAULT_STARTING_DEADLINE),
+            })),
+            Some(_) => Err(bad()),
         }
     }
 

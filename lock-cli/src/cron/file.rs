@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use distlock::scheduler::{Job, OnBusy};
+use distlock::scheduler::{CatchUp, Job, OnBusy, Retention};
 use toml::{Table, Value};
 
 use super::fields::{syntax, unknown_fields, Fields};
@@ -41,8 +41,10 @@ pub struct CronFile {
     pub grace: Duration,
     /// On SIGTERM / Ctrl-C: how long running commands get to finish before they are cut.
     pub shutdown_grace: Duration,
-    /// Run records kept per job in the lock server.
+    /// Successful runs' records kept per job in the lock server (`history`).
     pub history: usize,
+    /// Records of every other outcome kept per job (`history_failed`, default `history`).
+    pub history_failed: usize,
     /// `mode = "leader"`: one elected replica fires every job (the election's name and
     /// the leadership's TTL); `None` (`mode = "each"`, the default): every replica fires
     /// and each fire time's claim picks the one that runs it.
@@ -73,6 +75,9 @@ const TOP_FIELDS: &[&str] = &[
     "grace",
     "shutdown_grace",
     "history",
+    "history_failed",
+    "catch_up",
+    "starting_deadline",
     "mode",
     "election",
     "leader_ttl",
@@ -89,6 +94,10 @@ const JOB_FIELDS: &[&str] = &[
     "on_busy",
     "ttl",
     "leave_children",
+    "history",
+    "history_failed",
+    "catch_up",
+    "starting_deadline",
 ];
 
 /// Reads and checks the file at `path`.
@@ -114,6 +123,7 @@ struct Options {
     lateness: Option<Duration>,
     on_busy: Option<OnBusy>,
     ttl: Option<Duration>,
+    catch_up: Option<CatchUp>,
 }
 
 impl Options {
@@ -125,6 +135,7 @@ impl Options {
             lateness: fields.duration("lateness")?,
             on_busy: fields.on_busy()?,
             ttl: fields.positive_duration("ttl")?,
+            catch_up: fields.catch_up()?,
         })
     }
 
@@ -136,6 +147,7 @@ impl Options {
             lateness: self.lateness.or(defaults.lateness),
             on_busy: self.on_busy.or(defaults.on_busy),
             ttl: self.ttl.or(defaults.ttl),
+            catch_up: self.catch_up.or(defaults.catch_up),
         }
     }
 }
@@ -172,16 +184,8 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
     let shutdown_grace = fields
         .duration("shutdown_grace")?
         .unwrap_or(DEFAULT_SHUTDOWN_GRACE);
-    let history = match table.get("history") {
-        None => DEFAULT_HISTORY,
-        Some(Value::Integer(n)) if *n >= 1 => usize::try_from(*n).unwrap_or(usize::MAX),
-        Some(_) => {
-            return Err(FileError {
-                place: top("history"),
-                message: "must be a whole number of at least 1 (records kept per job)".into(),
-            })
-        }
-    };
+    let history = fields.count("history")?.unwrap_or(DEFAULT_HISTORY);
+    let history_failed = fields.count("history_failed")?.unwrap_or(history);
 
     let leader = match fields.text("mode")?.as_deref() {
         None | Some("each") => {
@@ -317,6 +321,14 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
             job = job.ttl(d);
         }
         job = job.on_busy(options.on_busy.unwrap_or(OnBusy::Skip));
+        if let Some(catch_up) = options.catch_up {
+            job = job.catch_up(catch_up);
+        }
+        let (own_history, own_failed) = (fields.count("history")?, fields.count("history_failed")?);
+        if own_history.is_some() || own_failed.is_some() {
+            let ok = own_history.unwrap_or(history);
+            job = job.history(Retention::new(ok, own_failed.or(own_history).unwrap_or(history_failed)));
+        }
         let timing = Timing {
             at_least: options.at_least,
             lateness: options.lateness,
@@ -377,6 +389,7 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
         grace,
         shutdown_grace,
         history,
+        history_failed,
         leader,
         jobs,
         warnings,

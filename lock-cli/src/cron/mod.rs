@@ -2,6 +2,7 @@
 //! and `distlock cron status`: what the lock server remembers of the runs.
 
 pub(crate) mod command;
+mod control;
 mod fields;
 pub mod file;
 mod status;
@@ -29,7 +30,8 @@ Examples:
   distlock cron status jobs.toml --url redis://10.0.0.5:6379
 
 A schedule file (TOML): scheduler defaults at the top, then one [[job]] per job; the
-first six may also be set per job.
+first six, history, history_failed, catch_up and starting_deadline may also be set per
+job.
   time_zone = \"Europe/Berlin\"   # IANA name, \"UTC\" (the default) or \"local\"
   on_busy = \"skip\"              # lock held by another run: skip (default) | wait
   timeout = \"1h\"                # stop a command that runs longer (default: none)
@@ -38,7 +40,11 @@ first six may also be set per job.
   ttl = \"10s\"                   # lock TTL, renewed every ttl/3 (default: gap/2, 1s..30s)
   grace = \"5s\"                  # stopping a command: SIGTERM, then SIGKILL after this
   shutdown_grace = \"20s\"        # on SIGTERM/Ctrl-C: how long running commands may finish
-  history = 100                 # run records kept per job in the lock server
+  history = 100                 # records of successful runs kept per job in the lock server
+  history_failed = 100          # records of every other outcome kept (default: history)
+  catch_up = \"none\"             # at a start after downtime: none | latest (run the newest
+                                # fire time missed, once, on one replica)
+  starting_deadline = \"1h\"      # catch_up = latest: how old it may be (default 24h)
   mode = \"each\"                 # each: every replica fires, each fire time's claim picks
                                 # the one that runs it | leader: one elected replica fires
                                 # every job, the others stand by (see below)
@@ -123,7 +129,7 @@ Alert when a job has not succeeded for two periods, or never did since its start
   or (time() - min by (distlock_job) (distlock_scheduler_started_timestamp_seconds)
      > 2 * max by (distlock_job) (distlock_scheduler_period_seconds)
    unless max by (distlock_job) (distlock_scheduler_last_success_timestamp_seconds))
-A file named `status` is given as ./status.";
+A file named `status`, `pause`, `resume` or `trigger` is given as ./status and so on.";
 
 /// `distlock cron` arguments.
 #[derive(Args, Debug)]
@@ -142,6 +148,15 @@ enum CronCommand {
     /// the next fire time.
     #[command(after_help = status::AFTER_HELP)]
     Status(status::StatusArgs),
+    /// Pauses JOB on every replica (through the lock server) until `resume`.
+    #[command(after_help = control::AFTER_HELP)]
+    Pause(control::ControlArgs),
+    /// Ends a pause of JOB on every replica.
+    #[command(after_help = control::AFTER_HELP)]
+    Resume(control::ControlArgs),
+    /// Runs JOB once now, on one of the replicas.
+    #[command(after_help = control::AFTER_HELP)]
+    Trigger(control::ControlArgs),
 }
 
 /// `distlock cron FILE` arguments.
@@ -196,6 +211,9 @@ struct RunArgs {
 pub async fn run(args: CronArgs) -> Result<Exit, CliError> {
     match args.sub {
         Some(CronCommand::Status(status)) => status::run(status).await,
+        Some(CronCommand::Pause(a)) => control::run(control::Action::Pause, a).await,
+        Some(CronCommand::Resume(a)) => control::run(control::Action::Resume, a).await,
+        Some(CronCommand::Trigger(a)) => control::run(control::Action::Trigger, a).await,
         None => replica(args.run).await,
     }
 }
@@ -247,7 +265,7 @@ async fn replica(args: RunArgs) -> Result<Exit, CliError> {
     let replica_id = args.replica.unwrap_or_else(scheduler::default_replica);
     let mut builder = Scheduler::builder(locker.clone())
         .replica(replica_id.clone())
-        .keep(file.history);
+        .retention(scheduler::Retention::new(file.history, file.history_failed));
     if let Some(ms) = args.clock_offset {
         builder = builder.clock_offset(jiff::SignedDuration::from_millis(ms));
     }

@@ -1,11 +1,15 @@
-//! `distlock cron status FILE`: per job, the last runs (outcome, replica), the last success
-//! and the next fire time, as the lock server keeps them.
+//! `distlock cron status FILE`: per job, one line per fire time (where it ran, how long,
+//! how it ended, with the flags an operator looks for), the durations and the timeout they
+//! suggest, the pause, the last success and failure, and the next fire time, as the lock
+//! server's journal keeps them.
 
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use clap::Args;
-use distlock::scheduler::{BoxError, RunRecord, Scheduler};
+use distlock::scheduler::{
+    duration_stats, fire_times, BoxError, FireTimeLine, RunRecord, Scheduler,
+};
 use serde::Serialize;
 
 use super::command::rfc3339;
@@ -20,10 +24,17 @@ Examples:
   distlock cron status /etc/distlock/jobs.toml --url redis://10.0.0.5:6379
   distlock cron status jobs.toml --last 3 --json
 
-Reads the run records every replica wrote to the lock server: per job of FILE its last
-runs (fire time, outcome, replica, duration), its last success and its next fire time.
-Every replica records each fire time it saw: the one that ran it with how the run ended,
-the others as skipped-busy. Times are RFC 3339 in UTC.
+Reads the journal every replica writes to the lock server. Per job of FILE:
+  - whether it is paused (distlock cron pause), its next fire time, its last success and
+    its last failure;
+  - the duration of its runs over the kept history (p50, p95, p99, max) and the timeout
+    they suggest (p99 x 3);
+  - one line per fire time, newest first: where it ran, how long, how it ended. A run
+    under way shows as running from its start; one whose replica died as abandoned.
+    Flags: `duplicate` (two runs of one fire time), `overlap` (still going when the next
+    fire time's run started), `early` (started before its fire time on the server's
+    clock), `catch-up` and `trigger` (why it ran).
+Times are RFC 3339 in UTC.
 
 Exit 0; 64 for a bad file; 69 when the server is unreachable or keeps no run records.";
 
@@ -44,7 +55,7 @@ pub struct StatusArgs {
     )]
     url: Option<String>,
 
-    /// How many of each job's last run records to show.
+    /// How many of each job's fire times to show.
     #[arg(long, value_name = "N", default_value_t = 10)]
     last: usize,
 
@@ -52,6 +63,9 @@ pub struct StatusArgs {
     #[arg(long)]
     json: bool,
 }
+
+/// The records read per job: the durations are taken over them all.
+const READ: usize = 1000;
 
 #[derive(Serialize)]
 struct Report {
@@ -66,26 +80,65 @@ struct JobReport {
     name: String,
     schedule: String,
     time_zone: String,
+    /// Set while the job is paused on every replica.
+    paused: Option<Paused>,
     /// The next fire time, RFC 3339 in UTC; null when the schedule never fires again.
     next_fire: Option<String>,
     /// The next fire time in the job's zone.
     next_fire_local: Option<String>,
     last_success: Option<Record>,
-    /// Newest first.
-    runs: Vec<Record>,
+    last_failure: Option<Record>,
+    /// Over the runs kept that ended by themselves (ok or failed); null without one.
+    durations: Option<Durations>,
+    /// One per fire time, newest first.
+    fire_times: Vec<Line>,
+}
+
+#[derive(Serialize)]
+struct Paused {
+    by: String,
+    since: String,
+}
+
+#[derive(Serialize)]
+struct Durations {
+    samples: usize,
+    p50_ms: u64,
+    p95_ms: u64,
+    p99_ms: u64,
+    max_ms: u64,
+    suggested_timeout_ms: u64,
+}
+
+#[derive(Serialize)]
+struct Line {
+    /// `ok`, `failed`, …, `running`, or `abandoned`.
+    state: &'static str,
+    /// Runs of this fire time that started (more than 1: a duplicate).
+    runs: usize,
+    duplicate: bool,
+    overlaps_next: bool,
+    early: bool,
+    #[serde(flatten)]
+    record: Record,
 }
 
 #[derive(Serialize)]
 struct Record {
     scheduled_at: String,
     outcome: &'static str,
+    cause: &'static str,
     replica: String,
+    pid: Option<u32>,
     started_at: Option<String>,
+    /// For a running record, when it was written.
     ended_at: String,
-    /// From start to end, for runs that started.
+    /// From start to end, for runs that ended.
     duration_ms: Option<u64>,
     fence: Option<u64>,
     detail: Option<String>,
+    /// The tail of the command's output, as the record keeps it.
+    output: Option<String>,
     /// The writing replica's clock minus the lock server's, in ms, when it wrote the
     /// record (null where the server has no clock).
     clock_offset_ms: Option<i64>,
@@ -96,19 +149,21 @@ impl From<&RunRecord> for Record {
         Record {
             scheduled_at: rfc3339(r.scheduled_at),
             outcome: r.outcome.as_str(),
+            cause: r.cause.as_str(),
             replica: r.replica.clone(),
+            pid: r.pid,
             started_at: r.started_at.map(rfc3339),
             ended_at: rfc3339(r.ended_at),
-            duration_ms: r.started_at.map(|s| millis(r.ended_at, s)),
+            duration_ms: r.duration().map(ms),
             fence: r.fence,
             detail: r.detail.clone(),
+            output: r.output.clone(),
             clock_offset_ms: r.clock_offset_ms,
         }
     }
 }
 
-fn millis(end: SystemTime, start: SystemTime) -> u64 {
-    let d = end.duration_since(start).unwrap_or(Duration::ZERO);
+fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -144,15 +199,44 @@ pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
             distlock::scheduler::Error::Lock(e) => target.error(e),
             other => CliError::new(UNAVAILABLE, other.to_string()),
         };
-        let runs = scheduler.recent(&name, args.last).await.map_err(read)?;
+        let records = scheduler.recent(&name, READ).await.map_err(read)?;
         let last_success = scheduler.last_success(&name).await.map_err(read)?;
+        let last_failure = scheduler.last_failure(&name).await.map_err(read)?;
+        let control = scheduler.control(&name).await.map_err(read)?;
+        // The fences holding the job's lock now: a running record without one is abandoned.
+        let live: Option<Vec<u64>> = match locker.backend().admin() {
+            Some(admin) => Some(
+                admin
+                    .inspect(&name)
+                    .await
+                    .map_err(|e| target.error(e))?
+                    .iter()
+                    .filter_map(|h| h.fence)
+                    .collect(),
+            ),
+            None => None,
+        };
+        let lines = fire_times(&records, live.as_deref());
         jobs.push(JobReport {
             schedule: spec.schedule.clone(),
             time_zone: spec.time_zone.clone().unwrap_or_else(|| "UTC".to_owned()),
+            paused: control.filter(|c| c.paused).map(|c| Paused {
+                by: c.changed_by,
+                since: rfc3339(c.changed_at),
+            }),
             next_fire: next.as_ref().map(|z| z.timestamp().to_string()),
             next_fire_local: next.as_ref().map(ToString::to_string),
             last_success: last_success.as_ref().map(Record::from),
-            runs: runs.iter().map(Record::from).collect(),
+            last_failure: last_failure.as_ref().map(Record::from),
+            durations: duration_stats(&records).map(|d| Durations {
+                samples: d.samples,
+                p50_ms: ms(d.p50),
+                p95_ms: ms(d.p95),
+                p99_ms: ms(d.p99),
+                max_ms: ms(d.max),
+                suggested_timeout_ms: ms(d.suggested_timeout),
+            }),
+            fire_times: lines.iter().take(args.last).map(line).collect(),
             name,
         });
     }
@@ -180,6 +264,17 @@ pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
     Ok(Exit::Code(0))
 }
 
+fn line(l: &FireTimeLine) -> Line {
+    Line {
+        state: l.state.as_str(),
+        runs: l.runs,
+        duplicate: l.runs > 1,
+        overlaps_next: l.overlaps_next,
+        early: l.early,
+        record: Record::from(&l.record),
+    }
+}
+
 fn text(report: &Report) -> String {
     let mut out = format!("server: {} ({})\n", report.url, report.backend);
     for job in &report.jobs {
@@ -187,37 +282,86 @@ fn text(report: &Report) -> String {
             "\njob {:?}: {} ({})\n",
             job.name, job.schedule, job.time_zone
         ));
+        if let Some(p) = &job.paused {
+            out.push_str(&format!(
+                "  PAUSED since {} by {} (distlock cron resume {:?})\n",
+                p.since, p.by, job.name
+            ));
+        }
         out.push_str(&format!(
             "  next fire:    {}\n",
             job.next_fire_local.as_deref().unwrap_or("never")
         ));
-        match &job.last_success {
-            Some(r) => out.push_str(&format!(
-                "  last success: {} on {}\n",
-                r.scheduled_at, r.replica
-            )),
-            None => out.push_str("  last success: never\n"),
+        for (what, r) in [
+            ("last success", &job.last_success),
+            ("last failure", &job.last_failure),
+        ] {
+            match r {
+                Some(r) => out.push_str(&format!(
+                    "  {what}: {} on {}\n",
+                    r.scheduled_at, r.replica
+                )),
+                None => out.push_str(&format!("  {what}: never\n")),
+            }
         }
-        if job.runs.is_empty() {
-            out.push_str("  last runs:    none recorded\n");
+        if let Some(d) = &job.durations {
+            let f = |ms: u64| fmt_duration(Duration::from_millis(ms));
+            out.push_str(&format!(
+                "  durations:    p50 {}  p95 {}  p99 {}  max {}  over {} runs; suggested timeout {}\n",
+                f(d.p50_ms),
+                f(d.p95_ms),
+                f(d.p99_ms),
+                f(d.max_ms),
+                d.samples,
+                f(d.suggested_timeout_ms)
+            ));
+        }
+        if job.fire_times.is_empty() {
+            out.push_str("  fire times:   none recorded\n");
             continue;
         }
-        out.push_str("  last runs (newest first):\n");
-        let width = job.runs.iter().map(|r| r.replica.len()).max().unwrap_or(0);
-        for r in &job.runs {
+        out.push_str("  fire times (newest first):\n");
+        let width = job
+            .fire_times
+            .iter()
+            .map(|l| l.record.replica.len())
+            .max()
+            .unwrap_or(0);
+        for l in &job.fire_times {
+            let r = &l.record;
             let took = r
                 .duration_ms
                 .map(|ms| fmt_duration(Duration::from_millis(ms)))
                 .unwrap_or_default();
-            // The replica's clock against the server's, where the server has one.
-            let offset = r
-                .clock_offset_ms
-                .map(|ms| format!("clock {ms:+}ms"))
-                .unwrap_or_default();
+            let mut flags = Vec::new();
+            if l.duplicate {
+                flags.push(format!("duplicate x{}", l.runs));
+            }
+            if l.overlaps_next {
+                flags.push("overlap".to_owned());
+            }
+            if l.early {
+                flags.push("early".to_owned());
+            }
+            if r.cause != "schedule" {
+                flags.push(r.cause.to_owned());
+            }
             let mut line = format!(
-                "    {}  {:<12}  {:<width$}  {took:<8}  {offset:<14}",
-                r.scheduled_at, r.outcome, r.replica
+                "    {}  {:<12}  {:<width$}  {took:<8}",
+                r.scheduled_at, l.state, r.replica
             );
+            if let Some(pid) = r.pid {
+                line.push_str(&format!("  pid {pid}"));
+            }
+            if let Some(fence) = r.fence {
+                line.push_str(&format!("  fence {fence}"));
+            }
+            if let Some(ms) = r.clock_offset_ms {
+                line.push_str(&format!("  clock {ms:+}ms"));
+            }
+            if !flags.is_empty() {
+                line.push_str(&format!("  [{}]", flags.join(", ")));
+            }
             if let Some(d) = &r.detail {
                 line.push_str(&format!("  {d}"));
             }
