@@ -14,6 +14,7 @@ mod common;
 
 mod clocks;
 mod config;
+mod journal;
 mod metrics;
 mod processes;
 mod replicas;
@@ -272,9 +273,9 @@ fn job<'a>(status: &'a Value, name: &str) -> &'a Value {
 
 /// `(scheduled_at, replica, outcome)` of every run record of a job.
 fn records(status: &Value, name: &str) -> Vec<(String, String, String)> {
-    job(status, name)["runs"]
+    job(status, name)["fire_times"]
         .as_array()
-        .expect("runs")
+        .expect("fire_times")
         .iter()
         .map(|r| {
             (

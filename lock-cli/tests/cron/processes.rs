@@ -254,7 +254,7 @@ command = ["sh", "-c", "seq 1 2000; sleep 0.2; echo 'disk full' >&2; exit 3"]
     let deadline = Instant::now() + PROMPT;
     let detail = loop {
         let status = setup.status(&url).await;
-        let failed = job(&status, "failing")["runs"]
+        let failed = job(&status, "failing")["fire_times"]
             .as_array()
             .unwrap()
             .iter()
