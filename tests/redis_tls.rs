@@ -145,8 +145,8 @@ fn acl(user: &str, password: &str, prefix: &str) -> String {
     format!(
         "{user} on >{password} resetkeys ~{prefix}* resetchannels &{prefix}* -@all \
          +ping +eval +evalsha +get +set +del +exists +pexpire +pttl +time +publish \
-         +subscribe +unsubscribe +lpush +ltrim +lrange +append +pexpireat +zadd +zrem \
-         +zscore +zrange +zrangebyscore +zremrangebyscore +hget +hdel +hincrby +hset +hmget"
+         +subscribe +unsubscribe +lpush +ltrim +lrange +lset +lrem +append +pexpireat +zadd \
+         +zrem +zscore +zrange +zrangebyscore +zremrangebyscore +hget +hdel +hincrby +hset +hmget"
     )
 }
 

@@ -51,8 +51,10 @@ use crate::watch::ReleaseWatch;
 /// [`watch_releases`](Self::watch_releases)). The raw baseline writes and deletes
 /// `<prefix>{<name>}:baseline` ([`raw_cycle`](Self::raw_cycle)), never a lock's keys.
 /// Run records of job `job` (the scheduler's history, [`append_run`](Self::append_run))
-/// live at `<prefix>runs:{<job>}` (a list, newest first) and `<prefix>runs:{<job>}:ok` (the
-/// last success), apart from every lock key. The fire-time claim of job `job`
+/// live at `<prefix>runs:{<job>}` (a list, newest first), `<prefix>runs:{<job>}:ok` (the
+/// last success) and `<prefix>runs:{<job>}:failed` (the last failure), and the job's
+/// control ([`set_control`](Self::set_control)) at `<prefix>runs:{<job>}:control`, apart
+/// from every lock key. The fire-time claim of job `job`
 /// ([`claim_fire_time`](Self::claim_fire_time)) is a hash at `<prefix>claim:{<job>}`, apart
 /// from every lock and records key. The value the leader of election `name` published
 /// ([`publish_leader`](Self::publish_leader)) is a hash at `<prefix>{<name>}:leader`,
@@ -264,6 +266,25 @@ impl RedisNode {
     pub fn last_success_key(&self, job: &str) -> String {
         let mut key = self.runs_key(job);
         key.push_str(":ok");
+        key
+    }
+
+    /// The Redis key holding job `job`'s last failed run record (an outcome that
+    /// [`is_failure`](lock_core::records::RunOutcome::is_failure)):
+    /// `<prefix>runs:{<job>}:failed` (the hash tag of [`runs_key`](Self::runs_key); its
+    /// ending sets it apart from every other records key).
+    pub fn last_failure_key(&self, job: &str) -> String {
+        let mut key = self.runs_key(job);
+        key.push_str(":failed");
+        key
+    }
+
+    /// The Redis key holding job `job`'s control (pause, trigger):
+    /// `<prefix>runs:{<job>}:control` (the hash tag of [`runs_key`](Self::runs_key); its
+    /// ending sets it apart from every other records key).
+    pub fn control_key(&self, job: &str) -> String {
+        let mut key = self.runs_key(job);
+        key.push_str(":control");
         key
     }
 

@@ -420,16 +420,60 @@ return 1
 "#,
 );
 
-/// Store a run record of a job and trim the job's history, in one atomic step. KEYS: the
-/// job's history list, its last-success key (one hash tag). ARGV: the encoded record, the
-/// index of the oldest record kept (`keep - 1`, in decimal, passed on as text so no Lua
-/// number conversion can spoil it), `1` when the record is a success (it then also replaces
-/// the last success, which no trim touches). Newest at the list's head. Returns 1.
+/// Store a run record of a job and trim the job's history, in one atomic step.
+///
+/// KEYS: the job's history list (newest at its head), its last-success key, its
+/// last-failure key (one hash tag). ARGV: the encoded record; the text that marks the
+/// record's slot in an encoded record (`"slot":"<slot>"`, which occurs in no other place of
+/// a record: quotes inside JSON strings are escaped); the number of successes kept and the
+/// number of other records kept (each at least 1, in decimal); `1` when the record is a
+/// success, `1` when it is a failure (each then also replaces the last success or last
+/// failure, which no trim touches).
+///
+/// The kept record of the same slot, if any, is replaced where it stands (`LSET`), else
+/// the record is pushed as the newest (`LPUSH`). Then, newest first, every record past its
+/// class's bound (a success is a record whose text holds `"outcome":"ok"`, every other one
+/// counts as other, foreign values included) is overwritten with a marker that is never a
+/// record (a record is a JSON object) and the markers are removed (`LREM`). The list is
+/// written before the last success or failure, so a value of another type at the history
+/// key (`WRONGTYPE`) fails the script before it writes anything. Returns 1.
 pub(crate) static APPEND_RUN: Script = Script::new(
     r#"
-redis.call('LPUSH', KEYS[1], ARGV[1])
-redis.call('LTRIM', KEYS[1], 0, ARGV[2])
-if ARGV[3] == '1' then redis.call('SET', KEYS[2], ARGV[1]) end
+local items = redis.call('LRANGE', KEYS[1], 0, -1)
+local at = false
+for i = 1, #items do
+  if string.find(items[i], ARGV[2], 1, true) then
+    at = i
+    break
+  end
+end
+if at then
+  redis.call('LSET', KEYS[1], at - 1, ARGV[1])
+  items[at] = ARGV[1]
+else
+  redis.call('LPUSH', KEYS[1], ARGV[1])
+  table.insert(items, 1, ARGV[1])
+end
+local keep_ok, keep_other = tonumber(ARGV[3]), tonumber(ARGV[4])
+local ok, other, trimmed = 0, 0, false
+local marker = 'distlock:trimmed'
+for i = 1, #items do
+  local kept
+  if string.find(items[i], '"outcome":"ok"', 1, true) then
+    ok = ok + 1
+    kept = ok <= keep_ok
+  else
+    other = other + 1
+    kept = other <= keep_other
+  end
+  if not kept then
+    redis.call('LSET', KEYS[1], i - 1, marker)
+    trimmed = true
+  end
+end
+if trimmed then redis.call('LREM', KEYS[1], 0, marker) end
+if ARGV[5] == '1' then redis.call('SET', KEYS[2], ARGV[1]) end
+if ARGV[6] == '1' then redis.call('SET', KEYS[3], ARGV[1]) end
 return 1
 "#,
 );

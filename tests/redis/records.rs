@@ -2,13 +2,14 @@
 
 use super::*;
 
-/// Run records live at `<prefix>runs:{job}` (a list, trimmed by each append) and
-/// `<prefix>runs:{job}:ok`, apart from the locks; a foreign value under either key is
-/// `Error::Backend` (never a panic, never a record), and an append over a value of another
-/// type fails without touching it.
+/// Run records live at `<prefix>runs:{job}` (a list, trimmed by each append),
+/// `<prefix>runs:{job}:ok` and `<prefix>runs:{job}:failed`, the job's control at
+/// `<prefix>runs:{job}:control`, apart from the locks; a foreign value under any of these
+/// keys is `Error::Backend` (never a panic, never a record), and an append over a value of
+/// another type fails without touching it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_records_have_keys_of_their_own_and_refuse_foreign_values() {
-    use distlock::records::{RunOutcome, RunRecords};
+    use distlock::records::{JobControl, Retention, RunOutcome, RunRecords};
 
     let server = RedisServer::start().await;
     let backend = backend(&format!("{}?prefix=rec%3A", server.url())).await;
@@ -22,17 +23,18 @@ async fn run_records_have_keys_of_their_own_and_refuse_foreign_values() {
             RunOutcome::Failed
         };
         records
-            .append(&common::run_record(job, n, outcome), 2)
+            .append(&common::run_record(job, n, outcome), Retention::each(2))
             .await
             .unwrap();
     }
     assert_eq!(node.runs_key(job), "rec:runs:{jobs/{nightly}}");
     assert_eq!(node.last_success_key(job), "rec:runs:{jobs/{nightly}}:ok");
+    assert_eq!(node.last_failure_key(job), "rec:runs:{jobs/{nightly}}:failed");
+    assert_eq!(node.control_key(job), "rec:runs:{jobs/{nightly}}:control");
     assert_eq!(raw_type(&server, &node.runs_key(job)).await, "list");
-    assert_eq!(
-        raw_type(&server, &node.last_success_key(job)).await,
-        "string"
-    );
+    for key in [node.last_success_key(job), node.last_failure_key(job)] {
+        assert_eq!(raw_type(&server, &key).await, "string", "{key}");
+    }
     let mut raw = server.client().await;
     let mut keys: Vec<String> = redis::cmd("KEYS")
         .arg("*")
@@ -42,19 +44,34 @@ async fn run_records_have_keys_of_their_own_and_refuse_foreign_values() {
     keys.sort();
     assert_eq!(
         keys,
-        [node.runs_key(job), node.last_success_key(job)],
-        "records write only their two keys, none a lock key would use"
+        [
+            node.runs_key(job),
+            node.last_failure_key(job),
+            node.last_success_key(job)
+        ],
+        "records write only their three keys, none a lock key would use"
     );
     let len: usize = redis::cmd("LLEN")
         .arg(node.runs_key(job))
         .query_async(&mut raw)
         .await
         .unwrap();
-    assert_eq!(len, 2, "trimmed to keep on every append");
+    assert_eq!(
+        len, 3,
+        "trimmed on every append to 2 of each class: 2 failures and the one success"
+    );
     assert_eq!(
         records.last_success(job).await.unwrap(),
         Some(common::run_record(job, 1, RunOutcome::Ok))
     );
+    assert_eq!(
+        records.last_failure(job).await.unwrap(),
+        Some(common::run_record(job, 3, RunOutcome::Failed))
+    );
+    let control = JobControl::new("op@host", std::time::UNIX_EPOCH).paused(true);
+    records.set_control(job, &control).await.unwrap();
+    assert_eq!(raw_type(&server, &node.control_key(job)).await, "string");
+    assert_eq!(records.control(job).await.unwrap(), Some(control));
 
     // Foreign values.
     let foreign = "other";
@@ -64,9 +81,29 @@ async fn run_records_have_keys_of_their_own_and_refuse_foreign_values() {
         .query_async(&mut raw)
         .await
         .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(node.last_failure_key(foreign))
+        .arg("not a record")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(node.control_key(foreign))
+        .arg("not a control")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
     raw_list(&server, &node.runs_key(foreign)).await;
     assert!(matches!(
         records.last_success(foreign).await,
+        Err(Error::Backend { .. })
+    ));
+    assert!(matches!(
+        records.last_failure(foreign).await,
+        Err(Error::Backend { .. })
+    ));
+    assert!(matches!(
+        records.control(foreign).await,
         Err(Error::Backend { .. })
     ));
     assert!(matches!(
@@ -80,7 +117,7 @@ async fn run_records_have_keys_of_their_own_and_refuse_foreign_values() {
         .await
         .unwrap();
     let refused = records
-        .append(&common::run_record(foreign, 9, RunOutcome::Ok), 5)
+        .append(&common::run_record(foreign, 9, RunOutcome::Ok), Retention::each(5))
         .await;
     assert!(
         matches!(refused, Err(Error::Backend { .. })),
@@ -265,4 +302,50 @@ async fn fire_time_claims_race_across_connections_and_refuse_foreign_values() {
         .await
         .unwrap();
     assert_eq!(pttl, -1, "no expiry set on a foreign value");
+}
+
+/// A record is found by the exact text of its slot and classified by the exact text of
+/// its outcome: a record whose detail holds another slot's text and `"outcome":"ok"`
+/// (quotes escaped inside its JSON string) is neither replaced by that slot's record nor
+/// counted as a success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_records_own_text_never_passes_for_a_slot_or_a_success() {
+    use distlock::records::{Retention, RunOutcome, RunRecords};
+
+    let server = RedisServer::start().await;
+    let backend = backend(&server.url()).await;
+    let records: &dyn RunRecords = backend.run_records().expect("redis keeps run records");
+    let job = "jobs/text";
+    let keep = Retention::new(1, 5);
+    let success = |n| common::run_record(job, n, RunOutcome::Ok);
+    let tricky = common::run_record(job, 1, RunOutcome::Failed).detail(Some(format!(
+        "\"slot\":\"{}\",\"outcome\":\"ok\"",
+        success(2).slot()
+    )));
+    records.append(&tricky, keep).await.unwrap();
+    records.append(&success(2), keep).await.unwrap();
+    assert_eq!(
+        records.recent(job, 10).await.unwrap(),
+        [success(2), tricky.clone()],
+        "the success of slot 2 is a record of its own"
+    );
+    records.append(&success(3), keep).await.unwrap();
+    assert_eq!(
+        records.recent(job, 10).await.unwrap(),
+        [success(3), tricky.clone()],
+        "one success kept; the failure is no success, whatever its text"
+    );
+    // The end of slot 1 replaces it in place, and nothing else is left in the list.
+    let ended = common::run_record(job, 1, RunOutcome::TimedOut);
+    records.append(&ended, keep).await.unwrap();
+    let mut raw = server.client().await;
+    let items: Vec<Vec<u8>> = redis::cmd("LRANGE")
+        .arg(backend.node().runs_key(job))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(items, [success(3).encode(), ended.encode()]);
+    assert_eq!(records.last_failure(job).await.unwrap(), Some(ended));
 }
