@@ -185,9 +185,13 @@ pub async fn run_records_replace_their_slot(t: &Target) {
     records.append(&dup, keep).await.unwrap();
     assert_eq!(
         records.recent(&job, 10).await.unwrap(),
-        vec![dup.clone(), other_replica.clone(), second.clone()],
-        "one record per slot; 2 successes and 2 others kept (the failure of 1 was the \
-         oldest other)"
+        vec![
+            dup.clone(),
+            other_replica.clone(),
+            second.clone(),
+            ended.clone()
+        ],
+        "one record per slot; 2 successes and 2 others, nothing trimmed yet"
     );
 
     // Retention by class: a stream of failures never pushes the successes out.

@@ -233,7 +233,13 @@ impl FireTime {
                 acquired = self.inner.locker.acquire(self.job.name.as_str(), &opts).fuse() => Some(acquired),
             };
             match acquired {
-                Some(Err(e)) if e.is_transient() => {
+                Some(Err(e))
+                    if e.is_transient()
+                        && !matches!(
+                            e,
+                            lock_core::Error::Locked { .. } | lock_core::Error::Timeout { .. }
+                        ) =>
+                {
                     if self.retry_after(&mut tries).await {
                         continue;
                     }

@@ -362,13 +362,13 @@ async fn start_up(inner: &Arc<Inner>, control: &Control, job: &Arc<Job>, zone: &
 /// long outage would otherwise be counted for a long time).
 const MAX_COUNTED: usize = 100_000;
 
-/// The newest fire time of `job` at or before `now` still within its lateness bound.
+/// The newest fire time of `job` before `now` still within its lateness bound.
 fn due_within_lateness(job: &Job, zone: &TimeZone, now: SystemTime) -> Option<Zoned> {
     let window = Plan::new(job, zone, now).lateness;
     let mut fire = job.schedule.next_after(now.checked_sub(window)?, zone);
     let mut due = None;
     for _ in 0..10_000 {
-        let Some(f) = fire.filter(|f| instant_of(f) <= now) else {
+        let Some(f) = fire.filter(|f| instant_of(f) < now) else {
             break;
         };
         let at = instant_of(&f);

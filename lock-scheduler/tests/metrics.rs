@@ -29,7 +29,8 @@ async fn metrics_match_the_records() {
         .expect("the only recorder of this test binary");
 
     let server = server();
-    let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_000_001));
+    // 5 s after a fire time: past its lateness (2.5 s), so the start attempts none.
+    let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_000_005));
     let scheduler = replica(&server, &clock, "a");
     let period = Duration::from_secs(10);
     scheduler

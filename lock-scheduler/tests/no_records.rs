@@ -92,7 +92,7 @@ fn leader_mode_without_elections_is_refused_at_the_start() {
 /// Runs happen; `recent` and `last_success` are `RecordsNotKept`, naming the backend.
 #[tokio::test]
 async fn a_server_without_records_still_runs_jobs() {
-    let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_000_001));
+    let clock = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_000_005));
     let scheduler = Scheduler::builder(Locker::new(Forgetful(MemoryBackend::new(), true)))
         .replica("a")
         .clock(clock.clone())

@@ -66,7 +66,10 @@ pub async fn record_for(
         if let Some(r) = records(scheduler, job)
             .await
             .into_iter()
-            .find(|r| r.scheduled_at == at && r.replica == replica)
+            // A run's record says `running` until it ended.
+            .find(|r| {
+                r.scheduled_at == at && r.replica == replica && r.outcome != RunOutcome::Running
+            })
         {
             return r;
         }
