@@ -246,9 +246,15 @@ mod tests {
     }
 
     fn run(n: u64) -> RunRecord {
-        RunRecord::new("j", at(n), "r", at(n) + Duration::from_millis(10), RunOutcome::Ok)
-            .started_at(Some(at(n)))
-            .fence(Some(n))
+        RunRecord::new(
+            "j",
+            at(n),
+            "r",
+            at(n) + Duration::from_millis(10),
+            RunOutcome::Ok,
+        )
+        .started_at(Some(at(n)))
+        .fence(Some(n))
     }
 
     fn ended(n: u64, outcome: RunOutcome) -> RunRecord {
@@ -279,11 +285,12 @@ mod tests {
     fn each_class_is_cut_to_the_most_one_answer_holds() {
         // keep 1 of each: failure 5 missed the last node, which still holds failure 4.
         let failed = |n| ended(n, RunOutcome::Failed);
-        let merged = merge(
-            vec![vec![failed(5), run(0)], vec![failed(4), run(0)]],
-            10,
+        let merged = merge(vec![vec![failed(5), run(0)], vec![failed(4), run(0)]], 10);
+        assert_eq!(
+            merged,
+            [failed(5), run(0)],
+            "the success a majority kept stays"
         );
-        assert_eq!(merged, [failed(5), run(0)], "the success a majority kept stays");
     }
 
     #[test]
@@ -305,8 +312,14 @@ mod tests {
         let mut running = ended(1, RunOutcome::Running);
         running.ended_at = at(1);
         for answers in [
-            vec![vec![skipped.clone(), end.clone()], vec![skipped.clone(), running.clone()]],
-            vec![vec![skipped.clone(), running.clone()], vec![skipped.clone(), end.clone()]],
+            vec![
+                vec![skipped.clone(), end.clone()],
+                vec![skipped.clone(), running.clone()],
+            ],
+            vec![
+                vec![skipped.clone(), running.clone()],
+                vec![skipped.clone(), end.clone()],
+            ],
         ] {
             assert_eq!(merge(answers, 10), [skipped.clone(), end.clone()]);
         }

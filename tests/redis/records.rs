@@ -29,7 +29,10 @@ async fn run_records_have_keys_of_their_own_and_refuse_foreign_values() {
     }
     assert_eq!(node.runs_key(job), "rec:runs:{jobs/{nightly}}");
     assert_eq!(node.last_success_key(job), "rec:runs:{jobs/{nightly}}:ok");
-    assert_eq!(node.last_failure_key(job), "rec:runs:{jobs/{nightly}}:failed");
+    assert_eq!(
+        node.last_failure_key(job),
+        "rec:runs:{jobs/{nightly}}:failed"
+    );
     assert_eq!(node.control_key(job), "rec:runs:{jobs/{nightly}}:control");
     assert_eq!(raw_type(&server, &node.runs_key(job)).await, "list");
     for key in [node.last_success_key(job), node.last_failure_key(job)] {
@@ -117,7 +120,10 @@ async fn run_records_have_keys_of_their_own_and_refuse_foreign_values() {
         .await
         .unwrap();
     let refused = records
-        .append(&common::run_record(foreign, 9, RunOutcome::Ok), Retention::each(5))
+        .append(
+            &common::run_record(foreign, 9, RunOutcome::Ok),
+            Retention::each(5),
+        )
         .await;
     assert!(
         matches!(refused, Err(Error::Backend { .. })),
