@@ -159,9 +159,10 @@ impl PostgresBuilder {
     }
 
     /// The lease table; default `distlock_leases`. Created (with its fence sequence
-    /// `<table>_fence`, `<table>_perms`, the holders of permits, and `<table>_runs` and
-    /// `<table>_fires`, the scheduler's run records and fire-time claims, and
-    /// `<table>_leads`, the leaders' values of elections) when missing.
+    /// `<table>_fence`, `<table>_perms`, the holders of permits, and `<table>_runs` (with
+    /// its index `<table>_slots`) and `<table>_fires`, the scheduler's run records and
+    /// fire-time claims, and `<table>_leads`, the leaders' values of elections) when
+    /// missing; a run records' table made by an older version is upgraded on connect.
     ///
     /// A plain identifier (an ASCII letter or `_`, then ASCII letters, digits or `_`, at most
     /// 57 bytes so that the sequence's name fits too), checked by `build` before any SQL is
@@ -291,6 +292,8 @@ pub(crate) struct Names {
     pub(crate) sequence: String,
     /// `"schema"."table_runs"`, the run records.
     pub(crate) runs: String,
+    /// `"schema"."table_slots"`, the run records' unique index on `(job, slot)`.
+    pub(crate) slots: String,
     /// `"schema"."table_fires"`, the fire-time claims.
     pub(crate) fires: String,
     /// `"schema"."table_perms"`, the holders of permits (semaphores, reader-writer keys).
@@ -319,6 +322,8 @@ impl Names {
             sequence: format!("\"{schema}\".\"{table}_fence\""),
             // `_runs` is shorter than `_fence`: it fits wherever the sequence does.
             runs: format!("\"{schema}\".\"{table}_runs\""),
+            // `_slots` is as long as `_fence`.
+            slots: format!("\"{schema}\".\"{table}_slots\""),
             // `_fires` is as long as `_fence` (`_claims` would not fit the longest table).
             fires: format!("\"{schema}\".\"{table}_fires\""),
             // `_perms` is as long as `_fence` too.

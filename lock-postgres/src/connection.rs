@@ -27,7 +27,8 @@ pub(crate) struct Statements {
     pub(crate) raw_del: Statement,
     pub(crate) append_run: Statement,
     pub(crate) recent_runs: Statement,
-    pub(crate) last_success: Statement,
+    pub(crate) run_row: Statement,
+    pub(crate) set_control: Statement,
     pub(crate) claim: Statement,
     pub(crate) current_claim: Statement,
     pub(crate) publish: Statement,
@@ -267,14 +268,15 @@ impl Connection {
                 client.prepare(&sql.raw_set),
                 client.prepare(&sql.raw_del),
             )?;
-            let (append_run, recent_runs, last_success, claim, current_claim) = futures::try_join!(
+            let (append_run, recent_runs, run_row, set_control, claim) = futures::try_join!(
                 client.prepare(&sql.append_run),
                 client.prepare(&sql.recent_runs),
-                client.prepare(&sql.last_success),
+                client.prepare(&sql.run_row),
+                client.prepare(&sql.set_control),
                 client.prepare(&sql.claim),
-                client.prepare(&sql.current_claim),
             )?;
-            let (publish, leader, announce) = futures::try_join!(
+            let (current_claim, publish, leader, announce) = futures::try_join!(
+                client.prepare(&sql.current_claim),
                 client.prepare(&sql.publish),
                 client.prepare(&sql.leader),
                 client.prepare(&sql.announce),
@@ -292,7 +294,8 @@ impl Connection {
                 raw_del,
                 append_run,
                 recent_runs,
-                last_success,
+                run_row,
+                set_control,
                 claim,
                 current_claim,
                 publish,
@@ -317,7 +320,8 @@ impl Connection {
 
     /// Creates the schema, the lease table, its sequence, the raw baseline's table, the
     /// permits' holders' table, the run records' table, the fire-time claims' table and the
-    /// leaders' values' table, when one is missing.
+    /// leaders' values' table, when one is missing; upgrades a run records' table made by
+    /// an older version (without the slot index) in the same transaction.
     async fn create_table(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
         let names = &self.names;
         let row = client
@@ -332,6 +336,7 @@ impl Connection {
                     &names.fires,
                     &names.perms,
                     &names.leads,
+                    &names.slots,
                 ],
             )
             .await?;

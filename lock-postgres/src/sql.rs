@@ -36,9 +36,16 @@ pub(crate) struct Sql {
     pub(crate) inspect: String,
     pub(crate) raw_set: String,
     pub(crate) raw_del: String,
+    /// A run record: `$1` the job (`bytea`), `$2` the encoded record, `$3` and `$4` how
+    /// many successes and others to keep (each at least 1), `$5` the record's slot, `$6`
+    /// whether it is a success, `$7` whether it is a failure.
     pub(crate) append_run: String,
+    /// The newest `$2` records of `$1`.
     pub(crate) recent_runs: String,
-    pub(crate) last_success: String,
+    /// The reserved row `$2` of job `$1` ([`LAST_SUCCESS`], [`LAST_FAILURE`], [`CONTROL`]).
+    pub(crate) run_row: String,
+    /// Replaces job `$1`'s control with `$2`.
+    pub(crate) set_control: String,
     /// A fire-time claim: `$1` the job (`bytea`), `$2` the fire time in milliseconds since
     /// the Unix epoch, `$3` the replica (`bytea`).
     pub(crate) claim: String,
@@ -53,14 +60,27 @@ pub(crate) struct Sql {
     pub(crate) announce: String,
     pub(crate) exists: String,
     /// Run in one transaction when something is missing (the schema first, when missing):
-    /// the lease table, its sequence, the raw baseline's table, the permits' holders'
-    /// table, the run records' table, the fire-time claims' table and the leaders' values'
-    /// table.
+    /// the lease table, its sequence, the raw baseline's table, the run records' table (and
+    /// the upgrade of one an older version made: its slot columns and index), the permits'
+    /// holders' table, the fire-time claims' table and the leaders' values' table.
     pub(crate) create: Vec<String>,
     /// The scripts of claims of several permits.
     pub(crate) permits: PermitsSql,
     pub(crate) create_schema: String,
 }
+
+/// The run records' row `id` of a job's last success (the sequence starts at 1: no record
+/// has an id below 1).
+pub(crate) const LAST_SUCCESS: i64 = 0;
+/// The run records' row `id` of a job's last failure.
+pub(crate) const LAST_FAILURE: i64 = -1;
+/// The run records' row `id` of a job's control.
+pub(crate) const CONTROL: i64 = -2;
+
+/// Whether a run record's row is a success: its `ok` column, or for a row stored before
+/// the column existed (by an older version), its bytes, which hold `"outcome":"ok"` only
+/// as that field (a quote inside a JSON string is escaped).
+const IS_OK: &str = "COALESCE(ok, position('\"outcome\":\"ok\"'::bytea IN record) > 0)";
 
 /// `… * interval '1 millisecond'` of the TTL parameter `$n`.
 fn ms(n: u8) -> String {
@@ -78,6 +98,7 @@ impl Sql {
             table,
             sequence,
             runs,
+            raw_table: bare_table,
             fires,
             perms,
             leads,
@@ -200,29 +221,56 @@ impl Sql {
                 ttl = ms(3),
             ),
             raw_del: format!("DELETE FROM {} WHERE key = $1::bytea", raw_table(names)),
-            // Run records: `$1` the job (`bytea`, as a lock key), `$2` the encoded record,
-            // `$3` how many to keep (at least 1), `$4` whether it is a success. One
-            // statement: the new row, the last success (row `id = 0`) replaced for a
-            // success, and the job's rows past the newest `keep - 1` of those already there
-            // deleted (the statement's snapshot does not see its own insert, which makes
-            // the `keep`-th).
+            // Run records (see `append_run`'s fields for the parameters). One statement:
+            // `cur` is the job's records as the statement's snapshot has them (which does
+            // not see its own writes), `after` the job's classes once the record is stored
+            // (its slot's kept row takes its class; a new row, id NULL, is the newest), and
+            // `gone` the rows past their class's bound. `up` stores the record (a new row,
+            // or the slot's kept row replaced, which keeps its id and so its place) unless
+            // that kept row is itself gone (a row is never both updated and deleted by one
+            // statement); `last` replaces the last success or failure; `old` deletes the
+            // rows gone, each only as the snapshot had it (its `xmin`: a row replaced since
+            // by a concurrent append, a run's end replacing its running record, is left for
+            // the next append's trim, not deleted for the class it had). Two appends of one
+            // job at once each count the rows stored before them, so together they may
+            // leave one row too many, until the next append.
             append_run: format!(
-                "WITH ins AS (INSERT INTO {runs} (job, record) VALUES ($1::bytea, $2::bytea) \
-                 RETURNING id), \
-                 ok AS (INSERT INTO {runs} (job, id, record) \
-                 SELECT $1::bytea, 0, $2::bytea WHERE $4::boolean \
+                "WITH cur AS MATERIALIZED (SELECT id, xmin AS seen, slot = $5::text AS mine, \
+                 {IS_OK} AS ok \
+                 FROM {runs} WHERE job = $1::bytea AND id > 0), \
+                 after AS (SELECT id, CASE WHEN mine THEN $6::boolean ELSE ok END AS ok \
+                 FROM cur UNION ALL SELECT NULL::bigint, $6::boolean \
+                 WHERE NOT EXISTS (SELECT 1 FROM cur WHERE mine)), \
+                 gone AS MATERIALIZED (SELECT id FROM (SELECT id, ok, row_number() OVER \
+                 (PARTITION BY ok ORDER BY id DESC NULLS FIRST) AS n FROM after) ranked \
+                 WHERE n > CASE WHEN ok THEN $3::bigint ELSE $4::bigint END), \
+                 up AS (INSERT INTO {runs} (job, slot, ok, record) \
+                 SELECT $1::bytea, $5::text, $6::boolean, $2::bytea \
+                 WHERE NOT EXISTS (SELECT 1 FROM cur JOIN gone USING (id) WHERE cur.mine) \
+                 ON CONFLICT (job, slot) DO UPDATE SET ok = EXCLUDED.ok, \
+                 record = EXCLUDED.record RETURNING id), \
+                 last AS (INSERT INTO {runs} (job, id, record) \
+                 SELECT $1::bytea, v.id, $2::bytea FROM (VALUES \
+                 ({LAST_SUCCESS}::bigint, $6::boolean), ({LAST_FAILURE}, $7::boolean)) \
+                 AS v(id, yes) WHERE v.yes \
                  ON CONFLICT (job, id) DO UPDATE SET record = EXCLUDED.record), \
-                 old AS (DELETE FROM {runs} WHERE job = $1::bytea AND id > 0 AND id <= \
-                 (SELECT id FROM {runs} WHERE job = $1::bytea AND id > 0 \
-                 ORDER BY id DESC OFFSET ($3::bigint - 1) LIMIT 1)) \
-                 SELECT id FROM ins"
+                 old AS (DELETE FROM {runs} r USING gone g, cur c \
+                 WHERE r.job = $1::bytea AND r.id = g.id AND c.id = g.id AND r.xmin = c.seen \
+                 RETURNING r.id) \
+                 SELECT (SELECT count(*) FROM up), (SELECT count(*) FROM old)"
             ),
             // `$1` the job, `$2` the limit.
             recent_runs: format!(
                 "SELECT record FROM {runs} WHERE job = $1::bytea AND id > 0 \
                  ORDER BY id DESC LIMIT $2::bigint"
             ),
-            last_success: format!("SELECT record FROM {runs} WHERE job = $1::bytea AND id = 0"),
+            run_row: format!(
+                "SELECT record FROM {runs} WHERE job = $1::bytea AND id = $2::bigint"
+            ),
+            set_control: format!(
+                "INSERT INTO {runs} (job, id, record) VALUES ($1::bytea, {CONTROL}, $2::bytea) \
+                 ON CONFLICT (job, id) DO UPDATE SET record = EXCLUDED.record"
+            ),
             // Fire-time claims: one statement, its own transaction. The insert (or the
             // update of a job's row whose fire time is older) is the claim, answered by its
             // `RETURNING`; a refused claim's `ON CONFLICT` locked the row it compared with,
@@ -281,7 +329,7 @@ impl Sql {
                 "SELECT to_regclass($1::text) IS NOT NULL AND to_regclass($2::text) IS NOT NULL \
                      AND to_regclass($3::text) IS NOT NULL AND to_regclass($5::text) IS NOT NULL \
                      AND to_regclass($6::text) IS NOT NULL AND to_regclass($7::text) IS NOT NULL \
-                     AND to_regclass($8::text) IS NOT NULL, \
+                     AND to_regclass($8::text) IS NOT NULL AND to_regclass($9::text) IS NOT NULL, \
                      EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $4::text)"
                     .to_owned(),
             create: vec![
@@ -300,12 +348,25 @@ impl Sql {
                     raw = raw_table(names)
                 ),
                 // A job's history rows take ids from the column's sequence (from 1, in the
-                // order they were stored); row `id = 0` is its last success, which no trim
-                // deletes. The primary key serves every statement.
+                // order they were stored), each with its slot and whether it is a success;
+                // reserved rows below 1 (`LAST_SUCCESS`, `LAST_FAILURE`, `CONTROL`) have
+                // neither, and no trim deletes them. The primary key serves every
+                // statement; the unique index on `(job, slot)` the upsert of a slot.
                 format!(
                     "CREATE TABLE IF NOT EXISTS {runs} (\
                      job bytea NOT NULL, id bigserial NOT NULL, record bytea NOT NULL, \
-                     PRIMARY KEY (job, id))"
+                     slot text, ok boolean, PRIMARY KEY (job, id))"
+                ),
+                // A table made by a version before slots gets the columns: its rows keep a
+                // NULL slot (never replaced) and a NULL `ok` (classified by their bytes,
+                // `IS_OK`). `exists` looks for the index, so such a table is upgraded on
+                // connect.
+                format!(
+                    "ALTER TABLE {runs} ADD COLUMN IF NOT EXISTS slot text, \
+                     ADD COLUMN IF NOT EXISTS ok boolean"
+                ),
+                format!(
+                    "CREATE UNIQUE INDEX IF NOT EXISTS \"{bare_table}_slots\" ON {runs} (job, slot)"
                 ),
                 // One row per holder of permits (see `permits.rs`): what it takes of the
                 // key's `of`, its fence (from the lease table's sequence) and expiry.

@@ -3,12 +3,13 @@
 use super::*;
 
 /// Run records live beside the lock prefix (`<prefix minus its last character>.runs/`,
-/// the job in hex), one key per record and one for the last success; lowering `keep`
-/// trims the excess at the next append; a foreign value under a record key is
-/// `Error::Backend`, never a panic.
+/// the job in hex), one key per record named by its slot, a marker per success, and one
+/// key each for the last success, the last failure and the control; lowering the retention
+/// trims the excess of each class at the next append (records and markers); a foreign
+/// value under a record, last-record or control key is `Error::Backend`, never a panic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_records_keep_to_their_own_keys_and_refuse_foreign_values() {
-    use distlock::records::{RunOutcome, RunRecords};
+    use distlock::records::{JobControl, Retention, RunOutcome, RunRecords};
     use etcd_client::GetOptions;
 
     let server = EtcdServer::start().await;
@@ -33,22 +34,37 @@ async fn run_records_keep_to_their_own_keys_and_refuse_foreign_values() {
 
     let job = "a/b";
     for n in 0..150 {
-        let outcome = if n == 1 {
+        let outcome = if n == 1 || n == 2 {
             RunOutcome::Ok
         } else {
             RunOutcome::Failed
         };
         records
-            .append(&common::run_record(job, n, outcome), 150)
+            .append(&common::run_record(job, n, outcome), Retention::each(150))
             .await
             .unwrap();
     }
+    let control = JobControl::new("op@host", std::time::UNIX_EPOCH).paused(true);
+    records.set_control(job, &control).await.unwrap();
     let all = keys(client.clone(), "").await;
-    assert_eq!(all.len(), 151, "150 records and the last success");
-    assert!(all.contains(&"rec.runs/612f62/ok".to_owned()), "{all:?}");
+    assert_eq!(
+        all.len(),
+        150 + 2 + 3,
+        "150 records, 2 success markers, the last success and failure, the control"
+    );
+    let slot = |n: u64| format!("{}:{n}", (1_800_000_000 + n) * 1000);
+    for key in [
+        "rec.runs/612f62/ok".to_owned(),
+        "rec.runs/612f62/failed".to_owned(),
+        "rec.runs/612f62/control".to_owned(),
+        format!("rec.runs/612f62/r/{}", slot(0)),
+        format!("rec.runs/612f62/s/{}", slot(1)),
+        format!("rec.runs/612f62/s/{}", slot(2)),
+    ] {
+        assert!(all.contains(&key), "{key} in {all:?}");
+    }
     assert!(
-        all.iter()
-            .all(|k| k.starts_with("rec.runs/612f62/r/") || k == "rec.runs/612f62/ok"),
+        all.iter().all(|k| k.starts_with("rec.runs/612f62/")),
         "{all:?}"
     );
     assert!(
@@ -56,22 +72,55 @@ async fn run_records_keep_to_their_own_keys_and_refuse_foreign_values() {
         "nothing under the lock prefix"
     );
 
-    // Lowering `keep` trims the excess (more than one trim batch) at the next append.
+    // Lowering the retention trims the excess of each class (more than one trim batch of
+    // failures; the older success and its marker) at the next append.
     records
-        .append(&common::run_record(job, 150, RunOutcome::Failed), 2)
+        .append(
+            &common::run_record(job, 150, RunOutcome::Failed),
+            Retention::new(1, 2),
+        )
         .await
         .unwrap();
-    assert_eq!(keys(client.clone(), "rec.runs/612f62/r/").await.len(), 2);
+    assert_eq!(keys(client.clone(), "rec.runs/612f62/r/").await.len(), 3);
+    assert_eq!(
+        keys(client.clone(), "rec.runs/612f62/s/").await,
+        [format!("rec.runs/612f62/s/{}", slot(2))]
+    );
     assert_eq!(
         records.recent(job, 10).await.unwrap(),
         [
             common::run_record(job, 150, RunOutcome::Failed),
-            common::run_record(job, 149, RunOutcome::Failed)
+            common::run_record(job, 149, RunOutcome::Failed),
+            common::run_record(job, 2, RunOutcome::Ok),
         ]
     );
     assert_eq!(
         records.last_success(job).await.unwrap(),
-        Some(common::run_record(job, 1, RunOutcome::Ok))
+        Some(common::run_record(job, 2, RunOutcome::Ok))
+    );
+    assert_eq!(
+        records.last_failure(job).await.unwrap(),
+        Some(common::run_record(job, 150, RunOutcome::Failed))
+    );
+    assert_eq!(records.control(job).await.unwrap(), Some(control));
+
+    // A success replaced by another outcome loses its marker: it counts as the others do.
+    records
+        .append(
+            &common::run_record(job, 2, RunOutcome::Missed),
+            Retention::new(1, 3),
+        )
+        .await
+        .unwrap();
+    assert!(keys(client.clone(), "rec.runs/612f62/s/").await.is_empty());
+    assert_eq!(
+        records.recent(job, 10).await.unwrap(),
+        [
+            common::run_record(job, 150, RunOutcome::Failed),
+            common::run_record(job, 149, RunOutcome::Failed),
+            common::run_record(job, 2, RunOutcome::Missed),
+        ],
+        "replaced in its place"
     );
 
     // Foreign values ("x" is 78 in hex).
@@ -80,12 +129,22 @@ async fn run_records_keep_to_their_own_keys_and_refuse_foreign_values() {
         .await
         .unwrap();
     client.put("rec.runs/78/ok", "{}", None).await.unwrap();
+    client.put("rec.runs/78/failed", "[]", None).await.unwrap();
+    client.put("rec.runs/78/control", "{}", None).await.unwrap();
     assert!(matches!(
         records.recent("x", 10).await,
         Err(Error::Backend { .. })
     ));
     assert!(matches!(
         records.last_success("x").await,
+        Err(Error::Backend { .. })
+    ));
+    assert!(matches!(
+        records.last_failure("x").await,
+        Err(Error::Backend { .. })
+    ));
+    assert!(matches!(
+        records.control("x").await,
         Err(Error::Backend { .. })
     ));
 }

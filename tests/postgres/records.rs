@@ -4,10 +4,11 @@ use super::*;
 
 /// Run records live in `<table>_runs`, made beside the lease table also when only it is
 /// missing (an older deployment), and also for the longest table name; a foreign value in
-/// it is `Error::Backend`, never a panic.
+/// it (a record, the last success or failure, the control) is `Error::Backend`, never a
+/// panic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_records_have_a_table_of_their_own_and_refuse_foreign_values() {
-    use distlock::records::{RunOutcome, RunRecords};
+    use distlock::records::{Retention, RunOutcome, RunRecords};
 
     let server = PostgresServer::start().await;
     let raw = server.client().await;
@@ -27,7 +28,7 @@ async fn run_records_have_a_table_of_their_own_and_refuse_foreign_values() {
             RunOutcome::Failed
         };
         records
-            .append(&common::run_record("job", n, outcome), 2)
+            .append(&common::run_record("job", n, outcome), Retention::each(2))
             .await
             .unwrap();
     }
@@ -36,7 +37,10 @@ async fn run_records_have_a_table_of_their_own_and_refuse_foreign_values() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(rows, 3, "two records and the last success");
+    assert_eq!(
+        rows, 5,
+        "the success, the two newest failures, the last success and the last failure"
+    );
     let leases: i64 = raw
         .query_one("SELECT count(*) FROM public.records", &[])
         .await
@@ -47,6 +51,7 @@ async fn run_records_have_a_table_of_their_own_and_refuse_foreign_values() {
     // Foreign values.
     raw.execute(
         "INSERT INTO public.records_runs (job, id, record) VALUES ('\\x6f74686572', 0, 'x'), \
+         ('\\x6f74686572', -1, '[]'), ('\\x6f74686572', -2, '{}'), \
          ('\\x6f74686572', 7, '{\"v\":1}')",
         &[],
     )
@@ -60,18 +65,243 @@ async fn run_records_have_a_table_of_their_own_and_refuse_foreign_values() {
         records.last_success("other").await,
         Err(Error::Backend { .. })
     ));
+    assert!(matches!(
+        records.last_failure("other").await,
+        Err(Error::Backend { .. })
+    ));
+    assert!(matches!(
+        records.control("other").await,
+        Err(Error::Backend { .. })
+    ));
 
     // The longest lease table name still has room for `_runs`.
     let long = "t".repeat(distlock::postgres::MAX_IDENTIFIER_LEN - "_fence".len());
     let b = backend(&postgres_url(server.addr(), &format!("table={long}"))).await;
     let records = b.run_records().unwrap();
     records
-        .append(&common::run_record("job", 1, RunOutcome::Ok), 5)
+        .append(
+            &common::run_record("job", 1, RunOutcome::Ok),
+            Retention::each(5),
+        )
         .await
         .unwrap();
     assert_eq!(
         records.last_success("job").await.unwrap(),
         Some(common::run_record("job", 1, RunOutcome::Ok))
+    );
+}
+
+/// A run records' table made by a version before slots (no `slot`, `ok` or index; the
+/// other tables there) is upgraded on connect: its rows read as before and count in their
+/// class (read from their bytes) for the trim; new records upsert by slot beside them, and
+/// the last success, last failure and control are kept apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_versions_run_records_table_is_upgraded_on_connect() {
+    use distlock::records::{JobControl, Retention, RunOutcome};
+
+    let server = PostgresServer::start().await;
+    let raw = server.client().await;
+    let url = postgres_url(server.addr(), "table=upgraded");
+    drop(backend(&url).await);
+    // The older version's table: only `(job, id, record)`, ids from the sequence.
+    raw.batch_execute(
+        "DROP TABLE public.upgraded_runs; \
+         CREATE TABLE public.upgraded_runs (job bytea NOT NULL, id bigserial NOT NULL, \
+         record bytea NOT NULL, PRIMARY KEY (job, id))",
+    )
+    .await
+    .unwrap();
+    let old = |n: u64, outcome| common::run_record("job", n, outcome);
+    for (n, outcome) in [
+        (0, RunOutcome::Ok),
+        (1, RunOutcome::Failed),
+        (2, RunOutcome::Ok),
+        (3, RunOutcome::Failed),
+    ] {
+        raw.execute(
+            "INSERT INTO public.upgraded_runs (job, record) VALUES ('job', $1)",
+            &[&old(n, outcome).encode()],
+        )
+        .await
+        .unwrap();
+    }
+    raw.execute(
+        "INSERT INTO public.upgraded_runs (job, id, record) VALUES ('job', 0, $1)",
+        &[&old(2, RunOutcome::Ok).encode()],
+    )
+    .await
+    .unwrap();
+
+    let b = backend(&url).await;
+    let records = b.run_records().unwrap();
+    let columns: i64 = raw
+        .query_one(
+            "SELECT count(*) FROM information_schema.columns \
+             WHERE table_name = 'upgraded_runs' AND column_name IN ('slot', 'ok')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(columns, 2, "the columns are added");
+    let index: bool = raw
+        .query_one(
+            "SELECT to_regclass('public.upgraded_slots') IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(index, "the slot index is made");
+    assert_eq!(
+        records.recent("job", 10).await.unwrap(),
+        [
+            old(3, RunOutcome::Failed),
+            old(2, RunOutcome::Ok),
+            old(1, RunOutcome::Failed),
+            old(0, RunOutcome::Ok)
+        ],
+        "the old rows read as before"
+    );
+    assert_eq!(
+        records.last_success("job").await.unwrap(),
+        Some(old(2, RunOutcome::Ok))
+    );
+    assert_eq!(records.last_failure("job").await.unwrap(), None);
+
+    // A run under way, then its end (in its place); the old rows count in their class.
+    let keep = Retention::new(2, 2);
+    records
+        .append(&old(4, RunOutcome::Running), keep)
+        .await
+        .unwrap();
+    assert_eq!(
+        records.recent("job", 10).await.unwrap(),
+        [
+            old(4, RunOutcome::Running),
+            old(3, RunOutcome::Failed),
+            old(2, RunOutcome::Ok),
+            old(0, RunOutcome::Ok)
+        ],
+        "the oldest other (1) went; both old successes stay"
+    );
+    records.append(&old(4, RunOutcome::Ok), keep).await.unwrap();
+    records
+        .append(&old(5, RunOutcome::Missed), keep)
+        .await
+        .unwrap();
+    assert_eq!(
+        records.recent("job", 10).await.unwrap(),
+        [
+            old(5, RunOutcome::Missed),
+            old(4, RunOutcome::Ok),
+            old(3, RunOutcome::Failed),
+            old(2, RunOutcome::Ok)
+        ],
+        "the end replaced the running record in its place; the oldest success (0) went"
+    );
+    assert_eq!(
+        records.last_success("job").await.unwrap(),
+        Some(old(4, RunOutcome::Ok))
+    );
+    let control = JobControl::new("op", std::time::UNIX_EPOCH).paused(true);
+    records.set_control("job", &control).await.unwrap();
+    records
+        .append(&old(6, RunOutcome::TimedOut), keep)
+        .await
+        .unwrap();
+    assert_eq!(records.control("job").await.unwrap(), Some(control));
+    assert_eq!(
+        records.last_failure("job").await.unwrap(),
+        Some(old(6, RunOutcome::TimedOut))
+    );
+    let kept: i64 = raw
+        .query_one("SELECT count(*) FROM public.upgraded_runs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        kept,
+        4 + 3,
+        "4 records, the last success and failure, the control"
+    );
+}
+
+/// An append's trim deletes a record only as its snapshot saw it: a record replaced by
+/// another session while the trim waits for it (a run's end, now a success, replacing its
+/// running record, which was the oldest other) is left, not deleted for the class it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trim_leaves_a_record_replaced_after_its_snapshot() {
+    use distlock::records::{Retention, RunOutcome};
+
+    let server = PostgresServer::start().await;
+    let url = postgres_url(server.addr(), "table=replaced&timeout=10s");
+    let b = Arc::new(backend(&url).await);
+    let records = b.run_records().unwrap();
+    let keep = Retention::new(1, 1);
+    let run = |n: u64, outcome| common::run_record("job", n, outcome);
+    records
+        .append(&run(1, RunOutcome::Running), keep)
+        .await
+        .unwrap();
+    records.append(&run(2, RunOutcome::Ok), keep).await.unwrap();
+    // Another session replaces the running record with its end, and holds the row.
+    let raw = server.client().await;
+    raw.batch_execute("BEGIN").await.unwrap();
+    raw.execute(
+        "UPDATE replaced_runs SET ok = true, record = $1 WHERE job = 'job' AND slot = $2",
+        &[
+            &run(1, RunOutcome::Ok).encode(),
+            &run(1, RunOutcome::Ok).slot(),
+        ],
+    )
+    .await
+    .unwrap();
+    let trim = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            b.run_records()
+                .unwrap()
+                .append(&run(3, RunOutcome::Missed), keep)
+                .await
+        })
+    };
+    let watch = server.client().await;
+    let since = Instant::now();
+    loop {
+        let waiting: i64 = watch
+            .query_one("SELECT count(*) FROM pg_locks WHERE NOT granted", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "the trim never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    raw.batch_execute("COMMIT").await.unwrap();
+    trim.await.unwrap().unwrap();
+    assert_eq!(
+        records.recent("job", 10).await.unwrap(),
+        [
+            run(3, RunOutcome::Missed),
+            run(2, RunOutcome::Ok),
+            run(1, RunOutcome::Ok)
+        ],
+        "the replaced record is left (one success too many until the next append)"
+    );
+    records
+        .append(&run(4, RunOutcome::Missed), keep)
+        .await
+        .unwrap();
+    assert_eq!(
+        records.recent("job", 10).await.unwrap(),
+        [run(4, RunOutcome::Missed), run(2, RunOutcome::Ok)],
+        "the next append trims it"
     );
 }
 
