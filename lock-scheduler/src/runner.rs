@@ -296,8 +296,9 @@ const DOWN: &str = "no replica ran it: the scheduler was not running";
 /// - the fire times after the newest one the journal or the claims know, and before that,
 ///   passed while no replica ran: with [`CatchUp::Latest`] the newest of them within the
 ///   deadline runs once (when no fire time is within its lateness, which would stand for
-///   it), and the others become one `missed` summary record (its slot is the first one's,
-///   so replicas starting together leave one record).
+///   it), and the others become one `missed` summary record (its slot is the last one's,
+///   so replicas starting together leave one record, and one starting after it finds them
+///   known).
 ///
 /// Nothing is taken for missed while the job's lock is held (a run going on elsewhere),
 /// nor on a backend that keeps no journal or cannot inspect a lock, nor for a job never
@@ -313,24 +314,23 @@ async fn start_up(inner: &Arc<Inner>, control: &Control, job: &Arc<Job>, zone: &
     if let Some(newest) = newest_known(inner, job).await {
         // The fire times after the newest known, up to the one due now (or now).
         let until = recent.as_ref().map(instant_of).unwrap_or(now);
-        let mut missed: Vec<Zoned> = Vec::new();
+        // The first, the one before the newest, and the newest are all that is kept.
+        let (mut first, mut prev, mut last): (Option<Zoned>, Option<Zoned>, Option<Zoned>) =
+            (None, None, None);
         let mut count = 0usize;
         let mut fire = job.schedule.next_after(newest, zone);
         while let Some(f) = fire.filter(|f| instant_of(f) < until) {
             count += 1;
-            // The first and the newest are all that is kept.
-            if missed.len() < 2 {
-                missed.push(f.clone());
-            } else {
-                missed[1] = f.clone();
+            if first.is_none() {
+                first = Some(f.clone());
             }
+            prev = last.replace(f.clone());
             if count >= MAX_COUNTED {
                 break;
             }
             fire = job.schedule.next_after(instant_of(&f), zone);
         }
-        if let Some(first) = missed.first().cloned() {
-            let last = missed.last().cloned().unwrap_or_else(|| first.clone());
+        if let (Some(first), Some(last)) = (first, last) {
             let caught = match job.catch_up {
                 CatchUp::Latest { deadline }
                     if recent.is_none()
@@ -345,10 +345,9 @@ async fn start_up(inner: &Arc<Inner>, control: &Control, job: &Arc<Job>, zone: &
                 }
                 _ => false,
             };
-            let summarised = if caught { count - 1 } else { count };
-            if summarised > 0 {
-                let end = if caught { None } else { Some(last) };
-                record_missed(inner, job, zone, first, now, DOWN, Some((summarised, end))).await;
+            let summarised = if caught { prev.map(|p| (count - 1, p)) } else { Some((count, last)) };
+            if let Some((n, end)) = summarised {
+                record_missed(inner, job, zone, first, now, DOWN, Some((n, end))).await;
             }
         }
     }
@@ -408,9 +407,9 @@ async fn newest_known(inner: &Inner, job: &Job) -> Option<SystemTime> {
 }
 
 /// Records `first` and the fire times after it that are past their lateness bound at
-/// `now` as missed, in one record (whose slot is `first`'s), and returns the instant to
-/// look for the next fire time after. `counted` is how many and the last of them when the
-/// caller counted them already (its `None` last: the count only).
+/// `now` as missed, in one record at the last of them (so a replica starting later takes
+/// them all for known), and returns that last one to look for the next fire time after.
+/// `counted` is how many and the last when the caller counted them already.
 async fn record_missed(
     inner: &Inner,
     job: &Job,
@@ -418,7 +417,7 @@ async fn record_missed(
     first: Zoned,
     now: SystemTime,
     why: &str,
-    counted: Option<(usize, Option<Zoned>)>,
+    counted: Option<(usize, Zoned)>,
 ) -> SystemTime {
     let (count, last) = match counted {
         Some(counted) => counted,
@@ -440,19 +439,19 @@ async fn record_missed(
                     break;
                 }
             }
-            (count, Some(last))
+            (count, last)
         }
     };
-    let at = instant_of(&first);
-    let detail = match (&last, count) {
-        (_, 1) => why.to_owned(),
-        (Some(last), n) => format!(
-            "{why}; {n} fire times from this one to {} were missed",
-            jiff::Timestamp::try_from(instant_of(last))
+    let at = instant_of(&last);
+    let detail = if count == 1 {
+        why.to_owned()
+    } else {
+        format!(
+            "{why}; {count} fire times from {} to this one were missed",
+            jiff::Timestamp::try_from(instant_of(&first))
                 .map(|t| t.to_string())
                 .unwrap_or_default()
-        ),
-        (None, n) => format!("{why}; {n} fire times from this one on were missed"),
+        )
     };
     let record = RunRecord::new(
         job.name.clone(),
@@ -464,5 +463,5 @@ async fn record_missed(
     .detail(Some(detail))
     .clock_offset_ms(inner.offset_ms());
     observe::finish(inner, &record, None).await;
-    last.map(|l| instant_of(&l)).unwrap_or(at).max(at)
+    at
 }

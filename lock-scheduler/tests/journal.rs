@@ -126,11 +126,13 @@ async fn catch_up_latest_runs_the_newest_missed_fire_time_once() {
     c.add(job(60)).unwrap();
     let (rb, rc) = (b.start().unwrap(), c.start().unwrap());
     until("the catch-up ran", || runs.len() == 2).await;
+    let deadline = std::time::Instant::now() + common::PATIENCE;
     let kept = loop {
         let kept = records(&b, "nightly").await;
         if kept.iter().all(|r| r.outcome != RunOutcome::Running) && kept.len() == 3 {
             break kept;
         }
+        assert!(std::time::Instant::now() < deadline, "{kept:#?}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -146,17 +148,18 @@ async fn catch_up_latest_runs_the_newest_missed_fire_time_once() {
         .iter()
         .find(|r| r.outcome == RunOutcome::Missed)
         .unwrap();
-    assert_eq!(missed.scheduled_at, secs(1_000_020));
+    assert_eq!(missed.scheduled_at, secs(1_000_030), "at the last it stands for");
     assert!(missed.detail.as_deref().unwrap().contains("2 fire times"));
     rb.shutdown(GRACE).await;
     rc.shutdown(GRACE).await;
 
-    // Down again until 200: 50..190 missed, older than a 30 s deadline but 190.
+    // Down again until 205: 50..200 missed, 200 older than the 3 s deadline (and past
+    // its lateness): one record at 200, nothing caught up.
     clock.set(secs(1_000_205));
     let d = replica(&server, &clock, "d");
-    d.add(job(10)).unwrap();
+    d.add(job(3)).unwrap();
     let rd = d.start().unwrap();
-    let missed = record_for(&d, "nightly", secs(1_000_050), "d").await;
+    let missed = record_for(&d, "nightly", secs(1_000_200), "d").await;
     assert_eq!(missed.outcome, RunOutcome::Missed);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(runs.len(), 2, "past its deadline: not caught up");

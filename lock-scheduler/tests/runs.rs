@@ -366,8 +366,8 @@ async fn a_lock_taken_away_cancels_the_run() {
 }
 
 /// A scheduler that wakes long after its fire times (a suspended machine) records the
-/// ones passed by more than the lateness bound as one Missed record (at the first of
-/// them, saying how many), runs none of them, and goes on with the next fire time.
+/// ones passed by more than the lateness bound as one Missed record (at the last of
+/// them, saying how many from which), runs none of them, and goes on with the next fire time.
 #[tokio::test]
 async fn fire_times_passed_while_suspended_are_missed() {
     let clock = ManualClock::new(secs(1_000_005));
@@ -382,12 +382,12 @@ async fn fire_times_passed_while_suspended_are_missed() {
     let running = scheduler.start().unwrap();
     // Default lateness for a 10 s period: at_least 5 s, lateness 2.5 s.
     clock.set(secs(1_000_035));
-    let record = record_for(&scheduler, "sleepy", secs(1_000_010), "a").await;
+    let record = record_for(&scheduler, "sleepy", secs(1_000_030), "a").await;
     assert_eq!(record.outcome, RunOutcome::Missed);
     assert_eq!((record.started_at, record.fence), (None, None));
     let detail = record.detail.unwrap();
     assert!(
-        detail.contains("3 fire times from this one to 1970-01-12T13:47:10Z"),
+        detail.contains("3 fire times from 1970-01-12T13:46:50Z to this one"),
         "{detail}"
     );
     assert_eq!(runs.len(), 0, "no catch-up burst");
@@ -635,10 +635,13 @@ async fn a_long_suspension_writes_one_missed_record() {
         .unwrap();
     let running = scheduler.start().unwrap();
     clock.set(secs(1_000_100));
-    let missed = record_for(&scheduler, "tiny", secs(1_000_001), "a").await;
+    let missed = record_for(&scheduler, "tiny", secs(1_000_099), "a").await;
     assert_eq!(missed.outcome, RunOutcome::Missed);
     let detail = missed.detail.unwrap();
-    assert!(detail.contains("99 fire times from this one"), "{detail}");
+    assert!(
+        detail.contains("99 fire times from 1970-01-12T13:46:41Z"),
+        "{detail}"
+    );
     // The fire time due now runs; none between the first and it.
     let now = record_for(&scheduler, "tiny", secs(1_000_100), "a").await;
     assert_eq!(now.outcome, RunOutcome::Ok);
@@ -650,7 +653,7 @@ async fn a_long_suspension_writes_one_missed_record() {
             .collect::<Vec<_>>(),
         [
             (secs(1_000_100), RunOutcome::Ok),
-            (secs(1_000_001), RunOutcome::Missed),
+            (secs(1_000_099), RunOutcome::Missed),
         ]
     );
     running.shutdown(GRACE).await;
@@ -734,7 +737,7 @@ async fn fire_times_passed_while_no_replica_ran_are_missed_at_the_start() {
     ))
     .unwrap();
     let running = b.start().unwrap();
-    let record = record_for(&b, "down", secs(1_000_020), "b").await;
+    let record = record_for(&b, "down", secs(1_000_040), "b").await;
     assert_eq!(record.outcome, RunOutcome::Missed);
     let detail = record.detail.unwrap();
     assert!(
