@@ -409,7 +409,8 @@ async fn newest_known(inner: &Inner, job: &Job) -> Option<SystemTime> {
 /// Records `first` and the fire times after it that are past their lateness bound at
 /// `now` as missed, in one record at the last of them (so a replica starting later takes
 /// them all for known), and returns that last one to look for the next fire time after.
-/// `counted` is how many and the last when the caller counted them already.
+/// `counted` is how many and the last when the caller counted them already. A replica that
+/// found them [`LATE`] records them only if it wins the last one's claim.
 async fn record_missed(
     inner: &Inner,
     job: &Job,
@@ -443,6 +444,18 @@ async fn record_missed(
         }
     };
     let at = instant_of(&last);
+    if why == LATE {
+        // Found late by this replica alone: the record is the claim winner's, as a run's
+        // is (another replica may have run these fire times, or be recording them).
+        match inner
+            .locker
+            .claim_fire_time(&job.name, at, &inner.replica)
+            .await
+        {
+            Ok(answer) if answer.won => {}
+            _ => return at,
+        }
+    }
     let detail = if count == 1 {
         why.to_owned()
     } else {

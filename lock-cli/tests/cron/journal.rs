@@ -1,6 +1,5 @@
 //! The run journal an operator reads with `distlock cron status`: a run shows as running
-//! from its start and abandoned when its replica died; one record per fire time whatever
-//! the replicas; the output's tail kept; catch-up after downtime; an outage recorded as
+//! from its start and abandoned when its replica died; the output's tail kept; catch-up after downtime; an outage recorded as
 //! `unavailable`; pause, resume and trigger acting on every replica through the server.
 
 use super::*;
@@ -111,61 +110,6 @@ async fn a_run_shows_running_then_abandoned_on_postgres() {
 async fn a_run_shows_running_then_abandoned_on_etcd() {
     let server = EtcdServer::start().await;
     running_then_abandoned(&format!("etcd://{}", server.addr())).await;
-}
-
-/// Three replicas, 100 fire times: 100 records, one per fire time, none a duplicate.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_replicas_leave_one_record_per_fire_time() {
-    let _serial = SERIAL.lock().await;
-    let server = RedisServer::start().await;
-    let url = server.url();
-    let setup = Setup::new(
-        r#"
-history = 1000
-[[job]]
-name = "tick"
-schedule = "every 250ms"
-command = ["true"]
-"#,
-    );
-    let mut replicas: Vec<Replica> = ["a", "b", "c"]
-        .iter()
-        .map(|n| setup.replica(&url, n, &[]))
-        .collect();
-    let status = status_until(&setup, &url, "tick", Duration::from_secs(90), |lines| {
-        lines.len() >= 103
-    })
-    .await;
-    terminate_all(&mut replicas, Duration::from_secs(30)).await;
-    let all = lines(&status, "tick");
-    // The first and the newest few may be from the start or still under way.
-    let settled: Vec<&Value> = all[2..102].iter().collect();
-    let fires: BTreeSet<i64> = settled
-        .iter()
-        .map(|l| {
-            l["scheduled_at"]
-                .as_str()
-                .unwrap()
-                .parse::<jiff::Timestamp>()
-                .unwrap()
-                .as_millisecond()
-        })
-        .collect();
-    assert_eq!(fires.len(), 100, "{status:#}");
-    let (first, last) = (*fires.first().unwrap(), *fires.last().unwrap());
-    assert_eq!(last - first, 99 * 250, "100 consecutive fire times: {status:#}");
-    for l in &settled {
-        assert_eq!(l["runs"], 1, "no duplicate: {l:#}");
-        assert!(
-            l["outcome"] == "ok" || l["outcome"] == "skipped-busy",
-            "{l:#}"
-        );
-    }
-    let on: BTreeSet<&str> = settled
-        .iter()
-        .map(|l| l["replica"].as_str().unwrap())
-        .collect();
-    assert!(!on.is_empty());
 }
 
 /// Waits until the wall clock is `offset` past a multiple of `period` seconds.
