@@ -22,12 +22,9 @@ pub(crate) fn trigger_key(job: &str) -> String {
 }
 
 fn records(locker: &Locker) -> Result<&dyn RunRecords> {
-    locker
-        .backend()
-        .run_records()
-        .ok_or(Error::RecordsNotKept {
-            backend: locker.capabilities().name,
-        })
+    locker.backend().run_records().ok_or(Error::RecordsNotKept {
+        backend: locker.capabilities().name,
+    })
 }
 
 /// Reads, changes and writes the job's control. Two operators changing one job at the
@@ -98,8 +95,8 @@ pub async fn trigger(locker: &Locker, job: &str, by: &str) -> Result<SystemTime>
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or_default();
-        let at = SystemTime::UNIX_EPOCH
-            + Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX));
+        let at =
+            SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX));
         c.trigger(Some(at))
     })
     .await?;

@@ -155,7 +155,10 @@ impl FireTime {
                 }
                 Err(e) => {
                     let (outcome, what) = if e.is_transient() {
-                        (RunOutcome::Unavailable, "until the fire time's latest start")
+                        (
+                            RunOutcome::Unavailable,
+                            "until the fire time's latest start",
+                        )
                     } else {
                         (RunOutcome::Failed, "")
                     };
@@ -368,7 +371,10 @@ impl FireTime {
     /// The whole fire time: claim, wait for it, lock, run, record, hold, release.
     async fn go(self) -> Ended {
         if self.paused().await {
-            tracing::info!(job = self.job.name, "the job is paused: the fire time is not run");
+            tracing::info!(
+                job = self.job.name,
+                "the job is paused: the fire time is not run"
+            );
             observe::paused(&self.job.name);
             return Ended {
                 record: None,

@@ -43,7 +43,6 @@ pub fn per_fire_time(records: &[RunRecord]) -> Vec<RunRecord> {
     sorted.into_iter().cloned().collect()
 }
 
-
 /// One fire time as the journal tells it ([`fire_times`]), with what an operator looks
 /// for flagged.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -259,7 +258,12 @@ mod tests {
             run(160, 158, 161, 8, RunOutcome::Ok).cause(RunCause::Trigger),
         ];
         let lines = fire_times(&records, Some(&[7]));
-        let by_fire = |f: u64| lines.iter().find(|l| l.record.scheduled_at == at(f)).unwrap();
+        let by_fire = |f: u64| {
+            lines
+                .iter()
+                .find(|l| l.record.scheduled_at == at(f))
+                .unwrap()
+        };
         assert_eq!(lines.len(), 7);
         assert!(!by_fire(100).overlaps_next && by_fire(100).runs == 1);
         assert!(by_fire(110).overlaps_next);
@@ -285,11 +289,16 @@ mod tests {
                 RunRecord::new("j", at(n * 1000), "a", at(n * 1000 + n), RunOutcome::Ok)
                     .started_at(Some(at(n * 1000)))
             })
-            .chain([RunRecord::new("j", at(7), "a", at(9999), RunOutcome::TimedOut)
-                .started_at(Some(at(7)))])
+            .chain([
+                RunRecord::new("j", at(7), "a", at(9999), RunOutcome::TimedOut)
+                    .started_at(Some(at(7))),
+            ])
             .collect();
         let stats = duration_stats(&records).unwrap();
-        assert_eq!(stats.samples, 100, "a timed-out run is not a duration sample");
+        assert_eq!(
+            stats.samples, 100,
+            "a timed-out run is not a duration sample"
+        );
         assert_eq!(stats.p50, Duration::from_secs(50));
         assert_eq!(stats.p95, Duration::from_secs(95));
         assert_eq!(stats.p99, Duration::from_secs(99));

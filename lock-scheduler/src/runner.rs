@@ -303,11 +303,24 @@ const DOWN: &str = "no replica ran it: the scheduler was not running";
 /// Nothing is taken for missed while the job's lock is held (a run going on elsewhere),
 /// nor on a backend that keeps no journal or cannot inspect a lock, nor for a job never
 /// recorded. In leader mode only the summary is written: the leader fires.
-async fn start_up(inner: &Arc<Inner>, control: &Control, job: &Arc<Job>, zone: &TimeZone, now: SystemTime) {
+async fn start_up(
+    inner: &Arc<Inner>,
+    control: &Control,
+    job: &Arc<Job>,
+    zone: &TimeZone,
+    now: SystemTime,
+) {
     let recent = due_within_lateness(job, zone, now);
     let spawn = |fire: Zoned, plan: Plan, cause: RunCause| {
         if inner.leader.is_none() {
-            let task = run_fire(inner.clone(), control.clone(), job.clone(), fire, plan, cause);
+            let task = run_fire(
+                inner.clone(),
+                control.clone(),
+                job.clone(),
+                fire,
+                plan,
+                cause,
+            );
             control.spawn_run(task);
         }
     };
@@ -345,7 +358,11 @@ async fn start_up(inner: &Arc<Inner>, control: &Control, job: &Arc<Job>, zone: &
                 }
                 _ => false,
             };
-            let summarised = if caught { prev.map(|p| (count - 1, p)) } else { Some((count, last)) };
+            let summarised = if caught {
+                prev.map(|p| (count - 1, p))
+            } else {
+                Some((count, last))
+            };
             if let Some((n, end)) = summarised {
                 record_missed(inner, job, zone, first, now, DOWN, Some((n, end))).await;
             }

@@ -86,8 +86,11 @@ async fn a_start_within_a_fire_time_s_lateness_runs_it() {
     let clock = ManualClock::new(secs(1_000_011));
     let a = replica(&server(), &clock, "a");
     let runs = Runs::default();
-    a.add(noting(Job::every("soon", Duration::from_secs(10)).unwrap(), &runs))
-        .unwrap();
+    a.add(noting(
+        Job::every("soon", Duration::from_secs(10)).unwrap(),
+        &runs,
+    ))
+    .unwrap();
     let running = a.start().unwrap();
     let record = record_for(&a, "soon", secs(1_000_010), "a").await;
     assert_eq!(record.outcome, RunOutcome::Ok);
@@ -148,7 +151,11 @@ async fn catch_up_latest_runs_the_newest_missed_fire_time_once() {
         .iter()
         .find(|r| r.outcome == RunOutcome::Missed)
         .unwrap();
-    assert_eq!(missed.scheduled_at, secs(1_000_030), "at the last it stands for");
+    assert_eq!(
+        missed.scheduled_at,
+        secs(1_000_030),
+        "at the last it stands for"
+    );
     assert!(missed.detail.as_deref().unwrap().contains("2 fire times"));
     rb.shutdown(GRACE).await;
     rc.shutdown(GRACE).await;
@@ -175,8 +182,11 @@ async fn a_pause_holds_every_replica_until_resumed() {
     let runs = Runs::default();
     let (a, b) = (replica(&server, &clock, "a"), replica(&server, &clock, "b"));
     for s in [&a, &b] {
-        s.add(noting(Job::every("p", Duration::from_secs(10)).unwrap(), &runs))
-            .unwrap();
+        s.add(noting(
+            Job::every("p", Duration::from_secs(10)).unwrap(),
+            &runs,
+        ))
+        .unwrap();
     }
     let (ra, rb) = (a.start().unwrap(), b.start().unwrap());
     let control = control::pause(a.locker(), "p", "ops").await.unwrap();
@@ -187,7 +197,10 @@ async fn a_pause_holds_every_replica_until_resumed() {
     clock.set(secs(1_000_020));
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(runs.len(), 0, "paused on both replicas");
-    assert!(records(&a, "p").await.is_empty(), "a paused fire time leaves no record");
+    assert!(
+        records(&a, "p").await.is_empty(),
+        "a paused fire time leaves no record"
+    );
     control::resume(b.locker(), "p", "ops").await.unwrap();
     clock.set(secs(1_000_030));
     until("a run after the resume", || runs.len() == 1).await;

@@ -113,9 +113,17 @@ async fn three_replicas_leave_one_record_per_fire_time() {
     let fires: Vec<SystemTime> = settled.iter().map(|r| r.scheduled_at).collect();
     let mut distinct = fires.clone();
     distinct.dedup();
-    assert_eq!(distinct.len(), 100, "one record per fire time: {settled:#?}");
+    assert_eq!(
+        distinct.len(),
+        100,
+        "one record per fire time: {settled:#?}"
+    );
     let span = fires[99].duration_since(fires[0]).unwrap();
-    assert_eq!(span, Duration::from_millis(99 * 200), "consecutive: {settled:#?}");
+    assert_eq!(
+        span,
+        Duration::from_millis(99 * 200),
+        "consecutive: {settled:#?}"
+    );
     for r in &settled {
         assert!(
             matches!(

@@ -79,7 +79,9 @@ pub async fn run(action: Action, args: ControlArgs) -> Result<Exit, CliError> {
     };
     let said = match action {
         Action::Pause => {
-            control::pause(&locker, &args.job, &by).await.map_err(failed)?;
+            control::pause(&locker, &args.job, &by)
+                .await
+                .map_err(failed)?;
             format!("paused {:?} on every replica (by {by})\n", args.job)
         }
         Action::Resume => {

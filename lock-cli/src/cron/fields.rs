@@ -159,7 +159,9 @@ impl Fields<'_> {
     pub(super) fn count(&self, field: &str) -> Result<Option<usize>, FileError> {
         match self.table.get(field) {
             None => Ok(None),
-            Some(Value::Integer(n)) if *n >= 1 => Ok(Some(usize::try_from(*n).unwrap_or(usize::MAX))),
+            Some(Value::Integer(n)) if *n >= 1 => {
+                Ok(Some(usize::try_from(*n).unwrap_or(usize::MAX)))
+            }
             Some(_) => Err(self.err(
                 field,
                 "must be a whole number of at least 1 (records kept per job)",

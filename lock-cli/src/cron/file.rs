@@ -327,7 +327,10 @@ pub fn parse(text: &str) -> Result<CronFile, FileError> {
         let (own_history, own_failed) = (fields.count("history")?, fields.count("history_failed")?);
         if own_history.is_some() || own_failed.is_some() {
             let ok = own_history.unwrap_or(history);
-            job = job.history(Retention::new(ok, own_failed.or(own_history).unwrap_or(history_failed)));
+            job = job.history(Retention::new(
+                ok,
+                own_failed.or(own_history).unwrap_or(history_failed),
+            ));
         }
         let timing = Timing {
             at_least: options.at_least,

@@ -297,10 +297,9 @@ fn text(report: &Report) -> String {
             ("last failure", &job.last_failure),
         ] {
             match r {
-                Some(r) => out.push_str(&format!(
-                    "  {what}: {} on {}\n",
-                    r.scheduled_at, r.replica
-                )),
+                Some(r) => {
+                    out.push_str(&format!("  {what}: {} on {}\n", r.scheduled_at, r.replica))
+                }
                 None => out.push_str(&format!("  {what}: never\n")),
             }
         }

@@ -77,7 +77,10 @@ command = {}
         .collect();
     assert_eq!(ok, ran, "{context}");
     // Each record says how far its replica's clock was from the server's.
-    for r in job(&status, "tick")["fire_times"].as_array().expect("fire_times") {
+    for r in job(&status, "tick")["fire_times"]
+        .as_array()
+        .expect("fire_times")
+    {
         let expected = match r["replica"].as_str().unwrap() {
             "behind" => -6000,
             "ahead" => 5000,

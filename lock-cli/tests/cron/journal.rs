@@ -6,7 +6,9 @@ use super::*;
 
 /// The `fire_times[]` of `name` in a status document.
 fn lines<'a>(status: &'a Value, name: &str) -> &'a Vec<Value> {
-    job(status, name)["fire_times"].as_array().expect("fire_times")
+    job(status, name)["fire_times"]
+        .as_array()
+        .expect("fire_times")
 }
 
 /// Polls `cron status` until `pred` holds of the job's lines, or panics after `limit`.
@@ -23,7 +25,10 @@ async fn status_until(
         if pred(lines(&status, name)) {
             return status;
         }
-        assert!(Instant::now() < deadline, "not within {limit:?}: {status:#}");
+        assert!(
+            Instant::now() < deadline,
+            "not within {limit:?}: {status:#}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -147,7 +152,11 @@ command = {}
     let mut first = setup.replica(url, "a", &[]);
     let ran = wait_for_runs(&setup, "daily", 1, Duration::from_secs(20)).await;
     first.terminate(PROMPT).await;
-    let last_ran = ran.iter().map(|r| epoch_secs(&r.scheduled_at)).max().unwrap();
+    let last_ran = ran
+        .iter()
+        .map(|r| epoch_secs(&r.scheduled_at))
+        .max()
+        .unwrap();
     // Down across two fire times, then back 2 s after a fire time (outside its lateness).
     tokio::time::sleep(Duration::from_secs(8)).await;
     align(4, Duration::from_secs(2)).await;
@@ -194,7 +203,10 @@ command = {}
         .collect();
     assert_eq!(missed.len(), 1, "one summary record: {status:#}");
     assert_eq!(missed[0]["outcome"], "missed");
-    assert_eq!(epoch_secs(missed[0]["scheduled_at"].as_str().unwrap()), last_ran + 4);
+    assert_eq!(
+        epoch_secs(missed[0]["scheduled_at"].as_str().unwrap()),
+        last_ran + 4
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -248,13 +260,14 @@ command = {}
     pause(false);
     // A long one: from 0.5 s before the next fire time to 4 s after (past the lateness).
     align(5, Duration::from_millis(4500)).await;
-    let long_fire = short_fire + 5 * ((std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-        + 1
-        - short_fire)
-        / 5);
+    let long_fire = short_fire
+        + 5 * ((std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+            + 1
+            - short_fire)
+            / 5);
     pause(true);
     tokio::time::sleep(Duration::from_millis(4500)).await;
     pause(false);
@@ -272,10 +285,17 @@ command = {}
             .filter(|l| epoch_secs(l["scheduled_at"].as_str().unwrap()) == secs)
             .collect()
     };
-    assert_eq!(of(long_fire).len(), 1, "one record for two replicas: {status:#}");
+    assert_eq!(
+        of(long_fire).len(),
+        1,
+        "one record for two replicas: {status:#}"
+    );
     let short = of(short_fire);
     assert_eq!(short.len(), 1, "{status:#}");
-    assert_eq!(short[0]["outcome"], "ok", "retried within its lateness: {status:#}");
+    assert_eq!(
+        short[0]["outcome"], "ok",
+        "retried within its lateness: {status:#}"
+    );
     assert!(
         all.iter().all(|l| l["outcome"] != "failed"),
         "an outage is no job failure: {status:#}"
@@ -286,28 +306,16 @@ command = {}
 async fn an_outage_is_recorded_unavailable_and_retried_on_redis() {
     let server = RedisServer::start().await;
     let url = server.url();
-    an_outage_is_its_own_outcome(&url, |on| {
-        if on {
-            server.pause()
-        } else {
-            server.resume()
-        }
-    })
-    .await;
+    an_outage_is_its_own_outcome(&url, |on| if on { server.pause() } else { server.resume() })
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_is_recorded_unavailable_and_retried_on_postgres() {
     let server = PostgresServer::start().await;
     let url = server.url();
-    an_outage_is_its_own_outcome(&url, |on| {
-        if on {
-            server.pause()
-        } else {
-            server.resume()
-        }
-    })
-    .await;
+    an_outage_is_its_own_outcome(&url, |on| if on { server.pause() } else { server.resume() })
+        .await;
 }
 
 /// `cron pause` stops the job on both replicas (status says paused), `cron trigger` runs
@@ -328,7 +336,15 @@ command = {}
         let url = url.to_owned();
         async move {
             let out = finish(
-                distlock(["cron", what.as_str(), "tick", "--url", url.as_str(), "--by", "ops"]),
+                distlock([
+                    "cron",
+                    what.as_str(),
+                    "tick",
+                    "--url",
+                    url.as_str(),
+                    "--by",
+                    "ops",
+                ]),
                 PROMPT,
             )
             .await;
@@ -357,7 +373,9 @@ command = {}
     );
     let status = setup.status(url).await;
     assert!(
-        lines(&status, "tick").iter().any(|l| l["cause"] == "trigger" && l["outcome"] == "ok"),
+        lines(&status, "tick")
+            .iter()
+            .any(|l| l["cause"] == "trigger" && l["outcome"] == "ok"),
         "{status:#}"
     );
 
@@ -365,7 +383,11 @@ command = {}
     let resumed = setup.lines().len();
     let deadline = Instant::now() + Duration::from_secs(10);
     while setup.lines().len() < resumed + 4 {
-        assert!(Instant::now() < deadline, "not resumed: {:#?}", setup.lines());
+        assert!(
+            Instant::now() < deadline,
+            "not resumed: {:#?}",
+            setup.lines()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let status = setup.status(url).await;

@@ -29,7 +29,10 @@ command = {}
     loop {
         let status = setup.status(&url).await;
         let recs = records(&status, "slowpoke");
-        if let Some((_, r, o)) = recs.iter().find(|(s, _, _)| s == &running.scheduled_at) {
+        if let Some((_, r, o)) = recs
+            .iter()
+            .find(|(s, _, o)| s == &running.scheduled_at && o != "running")
+        {
             assert_eq!(
                 (r.as_str(), o.as_str()),
                 ("only", "timed-out"),
@@ -76,7 +79,10 @@ command = {}
     loop {
         let status = setup.status(&url).await;
         let recs = records(&status, "doomed");
-        if let Some((_, _, o)) = recs.iter().find(|(s, _, _)| s == &running.scheduled_at) {
+        if let Some((_, _, o)) = recs
+            .iter()
+            .find(|(s, _, o)| s == &running.scheduled_at && o != "running")
+        {
             assert_eq!(o, "lock-lost", "{status:#}");
             break;
         }
