@@ -15,12 +15,6 @@ use crate::job::Job;
 use crate::plan::Plan;
 use crate::state::{Control, Inner};
 
-/// The claim key of a job's triggers: apart from its fire times' claims, so a trigger
-/// never moves the job's claim past a fire time still to come (claims only move forward).
-pub(crate) fn trigger_key(job: &str) -> String {
-    format!("{job}\u{1f}trigger")
-}
-
 fn records(locker: &Locker) -> Result<&dyn RunRecords> {
     locker.backend().run_records().ok_or(Error::RecordsNotKept {
         backend: locker.capabilities().name,
@@ -110,7 +104,7 @@ fn trigger_lateness(inner: &Inner) -> Duration {
 }
 
 /// Polls `job`'s control every [`control_poll`](crate::SchedulerBuilder::control_poll)
-/// and runs each new trigger as a fire time of its own (claimed under [`trigger_key`]),
+/// and runs each new trigger as a fire time of its own (claimed under `fire::trigger_key`),
 /// until the scheduler stops. A trigger older than its lateness when first seen is not
 /// run.
 pub(crate) async fn poll_triggers(inner: Arc<Inner>, control: Control, job: Arc<Job>) {

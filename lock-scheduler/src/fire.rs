@@ -91,7 +91,7 @@ impl FireTime {
     /// trigger never moves the job's claim past a fire time still to come).
     fn claim_key(&self) -> String {
         match self.cause {
-            RunCause::Trigger => crate::control::trigger_key(&self.job.name),
+            RunCause::Trigger => trigger_key(&self.job.name),
             _ => self.job.name.clone(),
         }
     }
@@ -428,6 +428,12 @@ impl FireTime {
             ran_until: Some(ran_until),
         }
     }
+}
+
+/// The claim key of a job's triggers: apart from its fire times' claims, so a trigger
+/// never moves the job's claim past a fire time still to come (claims only move forward).
+pub(crate) fn trigger_key(job: &str) -> String {
+    format!("{job}\u{1f}trigger")
 }
 
 /// How a run ended, as [`FireTime::run`] saw it.
