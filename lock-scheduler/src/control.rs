@@ -127,15 +127,7 @@ pub(crate) async fn poll_triggers(inner: Arc<Inner>, control: Control, job: Arc<
                     if let Ok(fire) = jiff::Timestamp::try_from(at) {
                         let fire = fire.to_zoned(zone.clone());
                         tracing::info!(job = job.name, by = c.changed_by, "triggered");
-                        let task = crate::fire::run_fire(
-                            inner.clone(),
-                            control.clone(),
-                            job.clone(),
-                            fire,
-                            plan,
-                            RunCause::Trigger,
-                        );
-                        control.spawn_run(task);
+                        control.spawn_fire(&inner, &job, fire, plan, RunCause::Trigger);
                     }
                 }
             }

@@ -48,8 +48,21 @@ impl Control {
         loops.spawn(job_loop(inner.clone(), self.clone(), job, after));
     }
 
+    /// Starts the task of fire time `fire` of `job` (not after a stop).
+    pub(crate) fn spawn_fire(
+        &self,
+        inner: &Arc<Inner>,
+        job: &Arc<Job>,
+        fire: Zoned,
+        plan: Plan,
+        cause: RunCause,
+    ) {
+        let task = run_fire(inner.clone(), self.clone(), job.clone(), fire, plan, cause);
+        self.spawn_run(task);
+    }
+
     /// Starts the task of one fire time (not after a stop).
-    pub(crate) fn spawn_run(&self, run: impl std::future::Future<Output = Ended> + Send + 'static) {
+    fn spawn_run(&self, run: impl std::future::Future<Output = Ended> + Send + 'static) {
         let mut runs = lock(&self.state.runs);
         if self.stopping() {
             return;
@@ -245,15 +258,7 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
             after = at;
             continue;
         }
-        let task = run_fire(
-            inner.clone(),
-            control.clone(),
-            job.clone(),
-            fire,
-            plan,
-            RunCause::Schedule,
-        );
-        control.spawn_run(task);
+        control.spawn_fire(&inner, &job, fire, plan, RunCause::Schedule);
         after = at;
     }
 }
@@ -313,15 +318,7 @@ async fn start_up(
     let recent = due_within_lateness(job, zone, now);
     let spawn = |fire: Zoned, plan: Plan, cause: RunCause| {
         if inner.leader.is_none() {
-            let task = run_fire(
-                inner.clone(),
-                control.clone(),
-                job.clone(),
-                fire,
-                plan,
-                cause,
-            );
-            control.spawn_run(task);
+            control.spawn_fire(inner, job, fire, plan, cause);
         }
     };
     if let Some(newest) = newest_known(inner, job).await {

@@ -6,19 +6,13 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use common::{outcomes, record_for, records, replica, server, step, until, Runs};
+use common::{outcomes, record_for, records, replica, secs, server, step, until, Runs, GRACE};
 use lock_scheduler::{
     control, BoxError, CatchUp, Job, JobContext, ManualClock, RunCause, RunOutcome,
 };
 use tokio::sync::Notify;
-
-const GRACE: Duration = Duration::from_secs(10);
-
-fn secs(s: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_secs(s)
-}
 
 fn noting(job: Job, runs: &Runs) -> Job {
     let runs = runs.clone();

@@ -6,21 +6,17 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use common::{outcomes, record_for, records, replica, server, step, t, until, DropFlag, Runs};
+use common::{
+    outcomes, record_for, records, replica, secs, server, step, t, until, DropFlag, Runs, GRACE,
+};
 use lock_core::{Admin, LockOptions, Locker};
 use lock_scheduler::jiff::SignedDuration;
 use lock_scheduler::{
     BoxError, Error, Job, JobContext, ManualClock, OnBusy, RunOutcome, RunRecord, Scheduler,
 };
 use tokio::sync::Notify;
-
-const GRACE: Duration = Duration::from_secs(10);
-
-fn secs(s: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_secs(s)
-}
 
 /// A job that notes each run in `runs` and succeeds.
 fn noting(job: Job, runs: &Runs) -> Job {

@@ -5,7 +5,7 @@ use clap::Args;
 use distlock::scheduler::control;
 
 use super::command::rfc3339;
-use crate::common::{print_stdout, Target};
+use crate::common::{print_stdout, Target, UrlArg};
 use crate::exit::{CliError, Exit, UNAVAILABLE, USAGE};
 
 pub const AFTER_HELP: &str = "\
@@ -29,15 +29,8 @@ pub struct ControlArgs {
     #[arg(value_name = "JOB")]
     job: String,
 
-    /// Lock server URL, the replicas' (the forms are in `distlock --help`).
-    #[arg(
-        short = 'u',
-        long,
-        value_name = "URL",
-        env = "DISTLOCK_URL",
-        hide_env_values = true
-    )]
-    url: Option<String>,
+    #[command(flatten)]
+    server: UrlArg,
 
     /// Who asks, as the journal and `cron status` show it [default: USER@HOSTNAME].
     #[arg(long, value_name = "NAME")]
@@ -70,7 +63,7 @@ pub async fn run(action: Action, args: ControlArgs) -> Result<Exit, CliError> {
     if let Err(e) = distlock::validate_key(&args.job) {
         return Err(CliError::new(USAGE, format!("bad job name: {e}")));
     }
-    let target = Target::choose(args.url);
+    let target = Target::choose(args.server.url);
     let locker = target.connect().await?;
     let by = args.by.unwrap_or_else(asker);
     let failed = |e: distlock::scheduler::Error| match e {

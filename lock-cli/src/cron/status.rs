@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::command::rfc3339;
 use super::file;
-use crate::common::{print_stdout, Target};
+use crate::common::{print_stdout, Target, UrlArg};
 use crate::exit::{CliError, Exit, INTERNAL, UNAVAILABLE};
 use crate::units::fmt_duration;
 use crate::verbosity::note;
@@ -45,15 +45,8 @@ pub struct StatusArgs {
     #[arg(value_name = "FILE")]
     file: PathBuf,
 
-    /// Lock server URL (the forms are in `distlock --help`) [default: memory://].
-    #[arg(
-        short = 'u',
-        long,
-        value_name = "URL",
-        env = "DISTLOCK_URL",
-        hide_env_values = true
-    )]
-    url: Option<String>,
+    #[command(flatten)]
+    server: UrlArg,
 
     /// How many of each job's fire times to show.
     #[arg(long, value_name = "N", default_value_t = 10)]
@@ -173,7 +166,7 @@ fn ms(d: Duration) -> u64 {
 /// A bad file, an unreachable server, a backend without run records.
 pub async fn run(args: StatusArgs) -> Result<Exit, CliError> {
     let file = file::load(&args.file)?;
-    let target = Target::choose(args.url);
+    let target = Target::choose(args.server.url);
     let locker = target.connect().await?;
     let backend = locker.capabilities().name;
     if locker.backend().run_records().is_none() {

@@ -26,6 +26,14 @@ pub fn show(at: SystemTime) -> String {
         .to_string()
 }
 
+/// The instant `s` seconds after the Unix epoch.
+pub fn secs(s: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(s)
+}
+
+/// How long a shutdown at the end of a test may take.
+pub const GRACE: Duration = Duration::from_secs(10);
+
 /// One shared in-memory lock server.
 pub fn server() -> Arc<MemoryBackend> {
     Arc::new(MemoryBackend::new())
