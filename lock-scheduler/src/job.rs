@@ -83,6 +83,8 @@ impl std::fmt::Debug for Job {
             .field("lateness", &self.lateness)
             .field("ttl", &self.ttl)
             .field("on_busy", &self.on_busy)
+            .field("catch_up", &self.catch_up)
+            .field("history", &self.history)
             .field("task", &self.task.is_some())
             .finish()
     }
@@ -242,6 +244,16 @@ impl Job {
     /// The job's schedule.
     pub fn schedule(&self) -> &Schedule {
         &self.schedule
+    }
+
+    /// What a start after downtime does with missed fire times ([`Job::catch_up`]).
+    pub fn catch_up_value(&self) -> CatchUp {
+        self.catch_up
+    }
+
+    /// The job's own retention, if set ([`Job::history`]).
+    pub fn history_value(&self) -> Option<lock_core::records::Retention> {
+        self.history
     }
 
     /// The job's own time zone, if set (else the scheduler's default applies).

@@ -515,6 +515,56 @@ command = ["b"]
     }
 
     #[test]
+    fn catch_up_and_history_are_read_at_the_top_and_per_job() {
+        let file = parse(
+            r#"
+history = 50
+history_failed = 20
+catch_up = "latest"
+
+[[job]]
+name = "a"
+schedule = "0 30 2 * * *"
+command = ["a"]
+
+[[job]]
+name = "b"
+schedule = "0 30 2 * * *"
+catch_up = "latest"
+starting_deadline = "1h"
+history_failed = 5
+command = ["b"]
+
+[[job]]
+name = "c"
+schedule = "0 30 2 * * *"
+catch_up = "none"
+command = ["c"]
+"#,
+        )
+        .unwrap();
+        assert_eq!((file.history, file.history_failed), (50, 20));
+        let [a, b, c] = &file.jobs[..] else {
+            panic!("three jobs")
+        };
+        let day = Duration::from_secs(24 * 3600);
+        assert_eq!(
+            a.job.catch_up_value(),
+            CatchUp::Latest { deadline: day },
+            "the top's, with the default deadline"
+        );
+        assert_eq!(a.job.history_value(), None, "the scheduler's (50, 20)");
+        assert_eq!(
+            b.job.catch_up_value(),
+            CatchUp::Latest {
+                deadline: Duration::from_secs(3600)
+            }
+        );
+        assert_eq!(b.job.history_value(), Some(Retention::new(50, 5)));
+        assert_eq!(c.job.catch_up_value(), CatchUp::None);
+    }
+
+    #[test]
     fn each_problem_names_its_job_and_field() {
         let job = |extra: &str| {
             format!(
@@ -530,6 +580,24 @@ command = ["b"]
             (job("timeout = 5"), job_field("\"j\"", "timeout")),
             (job("at_least = \"soon\""), job_field("\"j\"", "at_least")),
             (job("on_busy = \"queue\""), job_field("\"j\"", "on_busy")),
+            (job("catch_up = \"all\""), job_field("\"j\"", "catch_up")),
+            (
+                job("starting_deadline = \"1h\""),
+                job_field("\"j\"", "starting_deadline"),
+            ),
+            (
+                job("catch_up = \"none\"\nstarting_deadline = \"1h\""),
+                job_field("\"j\"", "starting_deadline"),
+            ),
+            (
+                job("catch_up = \"latest\"\nstarting_deadline = \"0s\""),
+                job_field("\"j\"", "starting_deadline"),
+            ),
+            (
+                job("history_failed = 0"),
+                job_field("\"j\"", "history_failed"),
+            ),
+            (job("history = \"many\""), job_field("\"j\"", "history")),
             (
                 job("leave_children = \"yes\""),
                 job_field("\"j\"", "leave_children"),
