@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Longest first (seconds on the 2-core machine), so the slow ones do not start last.
 WEIGHTS = {
-    "etcd": 105, "cron": 94, "postgres": 68, "redis": 66, "redlock": 57,
-    "exclusion_etcd": 54, "memory": 52, "scheduler_clocks": 49, "exclusion_postgres": 46,
+    "cron": 205, "etcd": 110, "redis": 81, "postgres": 68, "exclusion_etcd": 68,
+    "memory": 64, "exclusion_postgres": 61, "redlock": 54, "scheduler_clocks": 49,
     "redis_sentinel": 42, "etcd_tls": 39, "exclusion_fire_times": 38, "backends": 30,
     "exclusion_redis": 30, "exclusion_redis_cluster": 30, "exclusion_redlock": 26,
     "exclusion_memory": 25, "redis_cluster": 22, "redis_tls": 19, "redis5": 18,
