@@ -275,9 +275,14 @@ pub async fn a_permit_waiter_wakes_on_release(t: &Target) {
     g2.release().await.unwrap();
 }
 
+/// How long a grant that is due may take in
+/// [`a_permit_waiter_behind_its_siblings_spends_no_refused_attempt`]: a liveness bound,
+/// far below the permits' TTL, above a loaded server's round trips.
+const GRANT_BOUND: Duration = Duration::from_secs(10);
+
 /// A Locker's waiter for permits that its own guards hold between them waits for one of
-/// them to end without an attempt the server is certain to refuse, and is granted promptly
-/// when one of them releases (whichever it is).
+/// them to end without an attempt the server is certain to refuse, and is granted when one
+/// of them releases (whichever it is), without a refused attempt either.
 pub async fn a_permit_waiter_behind_its_siblings_spends_no_refused_attempt(t: &Target) {
     if !keeps_permits(t).await {
         return;
@@ -309,7 +314,7 @@ pub async fn a_permit_waiter_behind_its_siblings_spends_no_refused_attempt(t: &T
         let mut siblings = Vec::new();
         for (blocker, sibling) in blockers.into_iter().zip([first, second]) {
             blocker.release().await.unwrap();
-            let sibling = tokio::time::timeout(slack(t) * 4, sibling)
+            let sibling = tokio::time::timeout(GRANT_BOUND, sibling)
                 .await
                 .unwrap_or_else(|_| panic!("round {round}: a sibling is granted"))
                 .unwrap()
@@ -334,18 +339,15 @@ pub async fn a_permit_waiter_behind_its_siblings_spends_no_refused_attempt(t: &T
             "round {round}: an attempt refused while the Locker's own guards held both permits"
         );
         // The sibling that won its permit first: not the one the queue saw last.
-        let released = Instant::now();
         siblings.remove(0).release().await.unwrap();
-        let third = tokio::time::timeout(slack(t) * 4, third)
+        // Liveness only: how soon a release wakes a permit waiter is the rule
+        // `a_permit_waiter_wakes_on_release`'s; here a loaded etcd's two transactions may
+        // take longer than any bound tight enough to tell a wake-up from a backoff tick.
+        let third = tokio::time::timeout(GRANT_BOUND, third)
             .await
             .unwrap_or_else(|_| panic!("round {round}: the waiter is granted after a release"))
             .unwrap()
             .unwrap_or_else(|e| panic!("round {round}: {e}"));
-        let after = released.elapsed();
-        assert!(
-            after < slack(t),
-            "round {round}: granted {after:?} after a sibling's release"
-        );
         assert_eq!(
             counting.refused.load(Ordering::SeqCst),
             before,
