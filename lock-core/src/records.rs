@@ -5,11 +5,17 @@
 //! The record and its encoding live here, once; a backend only stores and reads the bytes
 //! [`RunRecord::encode`] makes, keyed by the job's name.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
 use crate::error::{Error, Result};
+
+mod codec;
+mod control;
+
+use codec::{from_millis, keep_tail, millis, truncate};
+pub use control::JobControl;
 
 /// Longest [`RunRecord::detail`] kept; a longer one is cut (on a character boundary) so a
 /// job's error text cannot grow a record without bound.
@@ -343,42 +349,6 @@ impl RunRecord {
     }
 }
 
-/// Keeps the last `max` bytes of `s`, starting on a character boundary.
-fn keep_tail(s: &mut String, max: usize) {
-    if s.len() > max {
-        let mut start = s.len() - max;
-        while !s.is_char_boundary(start) {
-            start += 1;
-        }
-        s.drain(..start);
-    }
-}
-
-fn truncate(s: &mut String, max: usize) {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-}
-
-fn millis(t: SystemTime) -> i64 {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
-        Err(e) => -i64::try_from(e.duration().as_millis()).unwrap_or(i64::MAX),
-    }
-}
-
-fn from_millis(ms: i64) -> SystemTime {
-    if ms >= 0 {
-        UNIX_EPOCH + Duration::from_millis(ms.unsigned_abs())
-    } else {
-        UNIX_EPOCH - Duration::from_millis(ms.unsigned_abs())
-    }
-}
-
 /// How many records of a job a lock server keeps: the newest `successes` records of
 /// [`RunOutcome::Ok`] and, apart from them, the newest `others` of every other outcome
 /// (so a run of failures cannot push the last successes out, nor the reverse). Each
@@ -413,84 +383,6 @@ impl Retention {
         } else {
             self.others
         }
-    }
-}
-
-/// What operators set for a job across every replica at once, kept in the lock server
-/// beside its records: a pause, and the latest trigger.
-///
-/// Written by `distlock cron pause / resume / trigger` (or [`RunRecords::set_control`]);
-/// every replica reads it before each fire time and polls it for triggers.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct JobControl {
-    /// While true, no replica starts a run of the job (fire times pass unrecorded; a
-    /// trigger still runs).
-    pub paused: bool,
-    /// The newest trigger: a run is asked for at this instant, run once on one replica
-    /// (each trigger instant is claimed like a fire time).
-    pub trigger: Option<SystemTime>,
-    /// Who changed the control last (`user@host`, or what the caller says).
-    pub changed_by: String,
-    /// When the control was changed last, on the changer's clock.
-    pub changed_at: SystemTime,
-}
-
-impl JobControl {
-    /// A control that pauses nothing and triggers nothing, changed by `by` at `at`.
-    pub fn new(changed_by: impl Into<String>, changed_at: SystemTime) -> Self {
-        JobControl {
-            paused: false,
-            trigger: None,
-            changed_by: changed_by.into(),
-            changed_at,
-        }
-    }
-
-    /// Sets [`paused`](Self::paused).
-    #[must_use]
-    pub fn paused(mut self, paused: bool) -> Self {
-        self.paused = paused;
-        self
-    }
-
-    /// Sets [`trigger`](Self::trigger).
-    #[must_use]
-    pub fn trigger(mut self, trigger: Option<SystemTime>) -> Self {
-        self.trigger = trigger;
-        self
-    }
-
-    /// The control as the bytes a backend stores (one line of JSON).
-    pub fn encode(&self) -> Vec<u8> {
-        let value = serde_json::json!({
-            "v": 1,
-            "paused": self.paused,
-            "trigger": self.trigger.map(millis),
-            "changed_by": self.changed_by,
-            "changed_at": millis(self.changed_at),
-        });
-        serde_json::to_vec(&value).expect("a JSON value always serializes")
-    }
-
-    /// Reads a control [`encode`](Self::encode) made, stored by the backend `backend`.
-    ///
-    /// # Errors
-    /// [`Error::Backend`] when the bytes are not such a control.
-    pub fn decode(backend: &'static str, bytes: &[u8]) -> Result<Self> {
-        let bad = |why: &str| Error::backend(backend, format!("unreadable job control: {why}"));
-        let value: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| bad(&e.to_string()))?;
-        Ok(JobControl {
-            paused: value["paused"].as_bool().ok_or_else(|| bad("no paused"))?,
-            trigger: value["trigger"].as_i64().map(from_millis),
-            changed_by: value["changed_by"].as_str().unwrap_or_default().to_owned(),
-            changed_at: from_millis(
-                value["changed_at"]
-                    .as_i64()
-                    .ok_or_else(|| bad("no changed_at"))?,
-            ),
-        })
     }
 }
 

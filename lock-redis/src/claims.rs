@@ -47,7 +47,7 @@ impl RedisNode {
         let fire = fire_millis(job, fire_time)?.to_string();
         let key = self.claim_key(job);
         let reply = self
-            .eval(&scripts::CLAIM, "claim_fire_time", |cmd| {
+            .eval(&scripts::schedule::CLAIM, "claim_fire_time", |cmd| {
                 cmd.arg(1)
                     .arg(&key)
                     .arg(&fire)
@@ -77,7 +77,7 @@ impl RedisNode {
         let key = self.claim_key(job);
         let op = "fire_claim";
         let reply = self
-            .eval(&scripts::CURRENT_CLAIM, op, |cmd| {
+            .eval(&scripts::schedule::CURRENT_CLAIM, op, |cmd| {
                 cmd.arg(1).arg(&key);
             })
             .await?;

@@ -45,7 +45,7 @@ impl RedisNode {
         let flag = |yes: bool| if yes { "1" } else { "0" };
         let (successes, others) = (keep.successes.max(1), keep.others.max(1));
         let reply = self
-            .eval(&scripts::APPEND_RUN, "append_run", |cmd| {
+            .eval(&scripts::schedule::APPEND_RUN, "append_run", |cmd| {
                 cmd.arg(3)
                     .arg(&runs)
                     .arg(&last_ok)

@@ -1,5 +1,6 @@
 //! The records' encoding, slots, controls and retention.
 use super::*;
+use std::time::UNIX_EPOCH;
 
 #[test]
 fn a_record_reads_back_as_written() {
