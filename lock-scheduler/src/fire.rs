@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::FutureExt;
 use jiff::Zoned;
 use lock_core::records::{RunCause, RunOutcome, RunRecord};
-use lock_core::{LockGuard, LockOptions, WaitStrategy};
+use lock_core::{Backoff, LockGuard, LockOptions, WaitStrategy};
 use tracing::Instrument;
 
 use crate::job::{Job, JobContext, OnBusy};
@@ -110,9 +110,8 @@ impl FireTime {
 
     /// Waits before the next try of a step the lock server failed, if the fire time's
     /// latest start leaves room for one; false when it does not (or the scheduler stops).
-    async fn retry_after(&self, tries: &mut u32) -> bool {
-        let pause = RETRY_FIRST * 2u32.saturating_pow((*tries).min(4));
-        *tries += 1;
+    async fn retry_after(&self, backoff: &mut Backoff) -> bool {
+        let pause = backoff.next_delay();
         let latest = self.at + self.plan.lateness;
         if self.inner.server_now() + pause > latest || self.control.stopping() {
             return false;
@@ -139,7 +138,7 @@ impl FireTime {
     /// replica: no record, it runs there).
     async fn claim(&self) -> std::result::Result<Placed, Ended> {
         let key = self.claim_key();
-        let mut tries = 0;
+        let mut backoff = retry_backoff();
         let (answer, sent, asked_at, answered) = loop {
             let sent = Instant::now();
             let asked_at = self.inner.clock.now();
@@ -150,7 +149,7 @@ impl FireTime {
                 .await;
             match claimed {
                 Ok(answer) => break (answer, sent, asked_at, Instant::now()),
-                Err(e) if e.is_transient() && self.retry_after(&mut tries).await => {
+                Err(e) if e.is_transient() && self.retry_after(&mut backoff).await => {
                     tracing::debug!(job = self.job.name, error = %e.report(), "claim failed; retrying");
                 }
                 Err(e) => {
@@ -229,7 +228,7 @@ impl FireTime {
             .watchdog(true)
             .wait(wait);
         let mut stop = self.control.state.stop.subscribe();
-        let mut tries = 0;
+        let mut backoff = retry_backoff();
         let acquired = loop {
             let acquired = futures::select_biased! {
                 _ = stop.wait_for(|stopping| *stopping).fuse() => None,
@@ -243,7 +242,7 @@ impl FireTime {
                             lock_core::Error::Locked { .. } | lock_core::Error::Timeout { .. }
                         ) =>
                 {
-                    if self.retry_after(&mut tries).await {
+                    if self.retry_after(&mut backoff).await {
                         continue;
                     }
                     let detail = format!(
@@ -443,9 +442,12 @@ struct Ran {
     output: Option<String>,
 }
 
-/// The first pause before a step the lock server failed is tried again (doubling, up to
-/// 16 times as long, while the fire time's latest start allows).
-const RETRY_FIRST: Duration = Duration::from_millis(250);
+/// The pacing of a step the lock server failed, tried again while the fire time's latest
+/// start allows: lock-core's backoff (full jitter, so replicas do not retry in step) from
+/// 250 ms, growing to 4 s.
+fn retry_backoff() -> Backoff {
+    Backoff::new(Duration::from_millis(250), Duration::from_secs(4))
+}
 
 const SHUT_DOWN_WAITING: &str = "the scheduler shut down while waiting for the lock";
 const HELD_ELSEWHERE: &str = "the lock was held elsewhere";

@@ -153,13 +153,16 @@ pub fn fire_times(records: &[RunRecord], live_fences: Option<&[u64]>) -> Vec<Fir
         .filter_map(|l| l.started_at.map(|s| (l.scheduled_at, s)))
         .collect();
     starts.sort();
+    // Runs that started, per fire time (more than one: a duplicate).
+    let mut started: std::collections::HashMap<std::time::SystemTime, usize> =
+        std::collections::HashMap::new();
+    for r in records.iter().filter(|r| r.started_at.is_some()) {
+        *started.entry(r.scheduled_at).or_default() += 1;
+    }
     lines
         .into_iter()
         .map(|record| {
-            let runs = records
-                .iter()
-                .filter(|r| r.scheduled_at == record.scheduled_at && r.started_at.is_some())
-                .count();
+            let runs = started.get(&record.scheduled_at).copied().unwrap_or(0);
             let state = match (record.outcome, record.fence, live_fences) {
                 (RunOutcome::Running, Some(fence), Some(live)) if !live.contains(&fence) => {
                     LineState::Abandoned
@@ -171,10 +174,8 @@ pub fn fire_times(records: &[RunRecord], live_fences: Option<&[u64]>) -> Vec<Fir
                 LineState::Abandoned => None,
                 _ => record.started_at.map(|_| record.ended_at),
             };
-            let next_start = starts
-                .iter()
-                .find(|(at, _)| *at > record.scheduled_at)
-                .map(|(_, s)| *s);
+            let next = starts.partition_point(|(at, _)| *at <= record.scheduled_at);
+            let next_start = starts.get(next).map(|(_, s)| *s);
             let overlaps_next = matches!((end, next_start), (Some(e), Some(n)) if e > n);
             let early = record.cause != RunCause::Trigger
                 && record.started_at.is_some_and(|s| {

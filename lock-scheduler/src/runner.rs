@@ -250,7 +250,7 @@ async fn job_loop(inner: Arc<Inner>, control: Control, job: Arc<Job>, mut after:
         observe::period(&job.name, plan.gap);
         let now = inner.server_now();
         if now > at + plan.lateness {
-            after = record_missed(&inner, &job, &zone, fire, now, LATE, None).await;
+            after = record_missed(&inner, &job, &zone, fire, now, Found::Late).await;
             continue;
         }
         if !crate::leader::may_fire(&inner, &control, at + plan.lateness).await {
@@ -292,6 +292,14 @@ const LATE: &str =
 
 /// Why a fire time passed while no replica was running is missed.
 const DOWN: &str = "no replica ran it: the scheduler was not running";
+
+/// How missed fire times were found.
+enum Found {
+    /// Due past their lateness bound when this replica's timer woke (suspended, starved).
+    Late,
+    /// At a start: passed while no replica ran; how many, and the last of them.
+    Down(usize, Zoned),
+}
 
 /// At the start, on the server's clock `now`:
 ///
@@ -361,7 +369,7 @@ async fn start_up(
                 Some((count, last))
             };
             if let Some((n, end)) = summarised {
-                record_missed(inner, job, zone, first, now, DOWN, Some((n, end))).await;
+                record_missed(inner, job, zone, first, now, Found::Down(n, end)).await;
             }
         }
     }
@@ -423,20 +431,24 @@ async fn newest_known(inner: &Inner, job: &Job) -> Option<SystemTime> {
 /// Records `first` and the fire times after it that are past their lateness bound at
 /// `now` as missed, in one record at the last of them (so a replica starting later takes
 /// them all for known), and returns that last one to look for the next fire time after.
-/// `counted` is how many and the last when the caller counted them already. A replica that
-/// found them [`LATE`] records them only if it wins the last one's claim.
+/// A replica that found them [`Found::Late`] records them only if it wins the last one's
+/// claim.
 async fn record_missed(
     inner: &Inner,
     job: &Job,
     zone: &TimeZone,
     first: Zoned,
     now: SystemTime,
-    why: &str,
-    counted: Option<(usize, Zoned)>,
+    found: Found,
 ) -> SystemTime {
-    let (count, last) = match counted {
-        Some(counted) => counted,
-        None => {
+    let why = match found {
+        Found::Late => LATE,
+        Found::Down(..) => DOWN,
+    };
+    let late = matches!(found, Found::Late);
+    let (count, last) = match found {
+        Found::Down(count, last) => (count, last),
+        Found::Late => {
             let past_bound = |fire: &Zoned| {
                 let at = instant_of(fire);
                 now > at + Plan::new(job, zone, at).lateness
@@ -458,7 +470,7 @@ async fn record_missed(
         }
     };
     let at = instant_of(&last);
-    if why == LATE {
+    if late {
         // Found late by this replica alone: the record is the claim winner's, as a run's
         // is (another replica may have run these fire times, or be recording them).
         match inner
