@@ -277,6 +277,14 @@ fn rand_u32() -> u32 {
     h.finish() as u32
 }
 
+/// A random 128-bit value (owner tokens of the raw loops).
+pub fn rand_u128() -> u128 {
+    (u128::from(rand_u32()) << 96)
+        ^ (u128::from(rand_u32()) << 64)
+        ^ u128::from(rand_u32()) << 32
+        ^ u128::from(rand_u32())
+}
+
 /// A subject under its report name; its rounds run in child processes.
 pub struct Named {
     pub name: &'static str,

@@ -78,3 +78,11 @@ pub use node::{
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub use watch::ReleaseWatch;
+
+/// The Lua sources of a lock's grant and release, for the benches' raw loop that does the
+/// same server work with no library around it.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub fn lock_scripts() -> (&'static str, &'static str) {
+    (scripts::ACQUIRE.source, scripts::RELEASE.source)
+}
