@@ -5,6 +5,8 @@
 //! and by drop.
 
 mod common;
+#[path = "common/fenced.rs"]
+mod fenced;
 #[path = "common/rslock.rs"]
 mod rslock_peer;
 
@@ -14,6 +16,7 @@ use std::time::Duration;
 use common::{
     named, ratio, Bench, Child, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS,
 };
+use fenced::RawFenced;
 use lock_testkit::RedisServer;
 use redis::aio::MultiplexedConnection;
 use rslock_peer::Rslock;
@@ -54,69 +57,6 @@ impl Subject for RawProtocol {
     }
 }
 
-/// The bound of the fenced protocol: distlock's own grant and release scripts
-/// ([`lock_redis::lock_scripts`]) called in a plain loop with redis-rs (`EVALSHA`, fencing
-/// and release notices as distlock does them, a fresh owner token per grant), with no
-/// Locker, guard, queue or group commit around them: what the server work of a fenced lock
-/// costs, against which the library's own overhead and rslock's unfenced pair are read.
-struct RawFenced {
-    conn: MultiplexedConnection,
-    acquire: redis::Script,
-    release: redis::Script,
-}
-
-impl RawFenced {
-    fn keys(key: &str, owner: &str) -> [String; 4] {
-        let lock = format!("fenced:{{{key}}}");
-        [
-            lock.clone(),
-            format!("{lock}:fence"),
-            format!("{lock}:x:{owner}"),
-            format!("{lock}:holders"),
-        ]
-    }
-}
-
-impl Subject for RawFenced {
-    type Guard = (Arc<str>, String);
-    async fn lock(&self, key: Arc<str>) -> (Arc<str>, String) {
-        let mut conn = self.conn.clone();
-        let owner = format!("{:032x}", common::rand_u128());
-        let keys = Self::keys(&key, &owner);
-        loop {
-            let reply: Vec<redis::Value> = self
-                .acquire
-                .key(&keys[0])
-                .key(&keys[1])
-                .key(&keys[2])
-                .key(&keys[3])
-                .arg(&owner)
-                .arg(30_000)
-                .arg(630_000)
-                .invoke_async(&mut conn)
-                .await
-                .expect("raw fenced acquire");
-            if reply.first() == Some(&redis::Value::Int(1)) {
-                return (key, owner);
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-    async fn unlock(&self, (key, owner): (Arc<str>, String)) {
-        let mut conn = self.conn.clone();
-        let keys = Self::keys(&key, &owner);
-        let _: Vec<redis::Value> = self
-            .release
-            .key(&keys[0])
-            .arg("fenced:released")
-            .arg(&owner)
-            .arg(&*key)
-            .invoke_async(&mut conn)
-            .await
-            .expect("raw fenced release");
-    }
-}
-
 fn ratios(w: Workload) -> Vec<Ratio> {
     let (goal, drop_goal) = match w {
         Workload::Lone => (Some(1.0), Some(0.95)),
@@ -153,20 +93,7 @@ async fn main() {
                     .expect("raw connect");
                 child.run(&Arc::new(RawProtocol { conn })).await
             }
-            "raw-fenced" => {
-                let conn = redis::Client::open(url)
-                    .expect("a Redis URL")
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("raw connect");
-                let (acquire, release) = lock_redis::lock_scripts();
-                let raw = RawFenced {
-                    conn,
-                    acquire: redis::Script::new(acquire),
-                    release: redis::Script::new(release),
-                };
-                child.run(&Arc::new(raw)).await
-            }
+            "raw-fenced" => child.run(&RawFenced::connect(&[url]).await).await,
             other => panic!("no subject {other}"),
         }
         return;

@@ -5,6 +5,8 @@
 //! and by drop.
 
 mod common;
+#[path = "common/fenced.rs"]
+mod fenced;
 #[path = "common/rslock.rs"]
 mod rslock_peer;
 
@@ -14,6 +16,7 @@ use std::time::Duration;
 use common::{
     named, ratio, Bench, Child, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS,
 };
+use fenced::RawFenced;
 use lock_testkit::RedisNodes;
 use redis::aio::MultiplexedConnection;
 use rslock_peer::Rslock;
@@ -77,7 +80,8 @@ impl Subject for RawFanOut {
 
 fn ratios(w: Workload) -> Vec<Ratio> {
     let (goal, drop_goal) = match w {
-        Workload::Lone | Workload::Distinct(_) => (Some(1.2), Some(0.95)),
+        Workload::Lone => (Some(1.0), Some(0.95)),
+        Workload::Distinct(_) => (Some(1.2), Some(0.95)),
         Workload::OneKey(..) => (None, None),
     };
     vec![
@@ -85,6 +89,8 @@ fn ratios(w: Workload) -> Vec<Ratio> {
         ratio("ours-drop", "rslock", goal),
         ratio("ours-drop", "ours", drop_goal),
         ratio("ours", "raw", None),
+        ratio("raw-fenced", "rslock", None),
+        ratio("ours", "raw-fenced", None),
     ]
 }
 
@@ -102,7 +108,8 @@ async fn main() {
                     .await
             }
             "ours-drop" => child.run(&Distlock::connect(&url, End::Drop).await).await,
-            "rslock" => child.run(&Rslock::new(urls)).await,
+            "rslock" => child.run(&Rslock::new(urls.clone())).await,
+            "raw-fenced" => child.run(&RawFenced::connect(&urls).await).await,
             "raw" => {
                 let mut conns = Vec::new();
                 for url in urls {
@@ -124,12 +131,13 @@ async fn main() {
     let hosts: Vec<String> = nodes.addrs().iter().map(|a| a.to_string()).collect();
     let bench = Bench {
         backend: "redlock",
-        peers: "rslock 0.10 and raw SET NX PX + DEL on all nodes, 3 redis-server",
+        peers: "rslock 0.10, raw SET NX PX + DEL and raw-fenced (distlock's scripts in a plain loop) on all nodes, 3 redis-server",
         subjects: vec![
             named("ours"),
             named("ours-drop"),
             named("rslock"),
             named("raw"),
+            named("raw-fenced"),
         ],
         target: hosts.join(","),
         servers: nodes.nodes().iter().filter_map(|n| n.pid()).collect(),
