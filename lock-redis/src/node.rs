@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 use lock_core::{Attempt, Capabilities, Error, Holder, Owner, Permits, Result, Ttl};
 use redis::Value;
 
-use crate::codec::{hex, integers, millis};
+use crate::codec::{hex, millis};
 use crate::error::{Failure, NAME};
 use crate::handle::RedisNode;
-use crate::ops::{mismatched, AcquireOp, Op, Out, Queued, ReleaseOp};
+use crate::ops::{mismatched, AcquireOp, HandOverOp, Op, Out, Queued, ReleaseOp};
 use crate::scripts;
 
 /// What the Redis backend promises (see the crate documentation).
@@ -95,23 +95,25 @@ impl RedisNode {
     pub async fn hand_over(&self, name: &str, from: Owner, to: Owner, ttl: Ttl) -> Result<Attempt> {
         let ttl_ms = ttl.as_millis();
         let started = Instant::now();
-        let (lock_key, fence_key) = (self.lock_key(name), self.fence_key(name));
-        let tombstone = self.tombstone_key(name, to);
-        let (from, to) = (hex(from), hex(to));
-        let reply = self
-            .eval(&scripts::HAND_OVER, "hand_over", |cmd| {
-                cmd.arg(3)
-                    .arg(&lock_key)
-                    .arg(&fence_key)
-                    .arg(&tombstone)
-                    .arg(&from[..])
-                    .arg(&to[..])
-                    .arg(ttl_ms)
-                    .arg(ttl_ms + millis(FENCE_RETENTION));
-            })
-            .await?;
-        let numbers = integers(&reply, 2).map_err(|f| self.failure("hand_over", f))?;
-        let reply = (numbers[0], numbers[1]);
+        let op = HandOverOp {
+            fence_key: self.fence_key(name),
+            tombstone: self.tombstone_key(name, to),
+            from: hex(from),
+            to: hex(to),
+            ttl_ms,
+            retention: ttl_ms + millis(FENCE_RETENTION),
+            timeout: self.timeout,
+        };
+        let reply = match self
+            .grouped("hand_over", self.lock_key(name), Op::HandOver(op))
+            .await?
+        {
+            Out::Acquire(flag, value) => (flag, value),
+            Out::Refused(message) => {
+                return Err(self.failure("hand_over", Failure::Refused(message)))
+            }
+            Out::Release(_) => return Err(self.failure("hand_over", mismatched())),
+        };
         self.attempt_reply("hand_over", name, Permits::LOCK, started + ttl.get(), reply)
     }
 

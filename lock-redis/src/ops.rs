@@ -28,6 +28,18 @@ pub(crate) struct AcquireOp {
     pub(crate) timeout: Duration,
 }
 
+/// One hand-over of a group (its lock key travels with it).
+pub(crate) struct HandOverOp {
+    pub(crate) fence_key: String,
+    /// The next owner's tombstone: an abandoned attempt is not handed the lock.
+    pub(crate) tombstone: String,
+    pub(crate) from: [u8; 32],
+    pub(crate) to: [u8; 32],
+    pub(crate) ttl_ms: u64,
+    pub(crate) retention: u64,
+    pub(crate) timeout: Duration,
+}
+
 /// One release of a group (its lock key travels with it).
 pub(crate) struct ReleaseOp {
     pub(crate) owner: [u8; 32],
@@ -45,10 +57,12 @@ fn group_deadline(timeouts: impl Iterator<Item = Duration>) -> tokio::time::Inst
 /// One grouped operation of a node.
 pub(crate) enum Op {
     Acquire(AcquireOp),
+    HandOver(HandOverOp),
     Release(ReleaseOp),
 }
 
-/// Its answer: `(1, fence)`, `(0, pttl)` or `(-2, 0)` (held with permits) for an acquire; 1 or 0 for a release; or the
+/// Its answer: `(1, fence)`, `(0, pttl)` or `(-2, 0)` (held with permits) for an acquire
+/// or a hand-over; 1 or 0 for a release; or the
 /// server's refusal of an operation on this request's keys alone (e.g. `WRONGTYPE`), which
 /// is this caller's error and nobody else's in its group.
 pub(crate) enum Out {
@@ -57,8 +71,8 @@ pub(crate) enum Out {
     Refused(String),
 }
 
-/// A node's acquires and releases, each group one call of [`scripts::ACQUIRE`] or of
-/// [`scripts::RELEASE`] over one or more locks. One group commit carries both, so
+/// A node's acquires, hand-overs and releases, each group one call of [`scripts::ACQUIRE`],
+/// [`scripts::HAND_OVER`] or [`scripts::RELEASE`] over one or more locks. One group commit carries both, so
 /// operations on one lock reach the server in the order they were sent (a clean-up release
 /// never overtakes the abandoned acquire it cleans up after).
 pub(crate) struct Ops {
@@ -90,22 +104,47 @@ impl Ops {
         let link = self.link.upgrade().ok_or_else(gone)?;
         let deadline = group_deadline(ops.iter().map(|(_, op)| match op {
             Op::Acquire(a) => a.timeout,
+            Op::HandOver(h) => h.timeout,
             Op::Release(r) => r.timeout,
         }));
         let acquires: Vec<(&String, &AcquireOp)> = ops
             .iter()
             .filter_map(|(k, op)| match op {
                 Op::Acquire(a) => Some((k, a)),
-                Op::Release(_) => None,
+                _ => None,
             })
             .collect();
         let releases: Vec<(&String, &ReleaseOp)> = ops
             .iter()
             .filter_map(|(k, op)| match op {
                 Op::Release(r) => Some((k, r)),
-                Op::Acquire(_) => None,
+                _ => None,
             })
             .collect();
+        let hand_overs: Vec<(&String, &HandOverOp)> = ops
+            .iter()
+            .filter_map(|(k, op)| match op {
+                Op::HandOver(h) => Some((k, h)),
+                _ => None,
+            })
+            .collect();
+        if hand_overs.len() == ops.len() {
+            let reply = link
+                .eval(&scripts::HAND_OVER, deadline, dispatched, |cmd| {
+                    cmd.arg(hand_overs.len() * 3);
+                    for (lock_key, op) in &hand_overs {
+                        cmd.arg(*lock_key).arg(&op.fence_key).arg(&op.tombstone);
+                    }
+                    for (_, op) in &hand_overs {
+                        cmd.arg(&op.from[..])
+                            .arg(&op.to[..])
+                            .arg(op.ttl_ms)
+                            .arg(op.retention);
+                    }
+                })
+                .await?;
+            return forget_if_replica(&link, acquire_answers(&reply, hand_overs.len()));
+        }
         if acquires.len() == ops.len() {
             let reply = link
                 .eval(&scripts::ACQUIRE, deadline, dispatched, |cmd| {
@@ -124,7 +163,9 @@ impl Ops {
             return forget_if_replica(&link, acquire_answers(&reply, acquires.len()));
         }
         if releases.len() != ops.len() {
-            return Err(Failure::Reply("a group mixed acquires and releases".into()));
+            return Err(Failure::Reply(
+                "a group mixed acquires, hand-overs and releases".into(),
+            ));
         }
         let queued = || {
             dispatched();
@@ -188,12 +229,14 @@ impl GroupSend for Ops {
         Arc::new(Failure::Timeout)
     }
 
-    /// A group is one script call: acquires or releases, not both; on a cluster, of one
-    /// hash slot (a lock's keys share its slot, so the lock keys decide).
+    /// A group is one script call: acquires, hand-overs or releases, one kind; on a
+    /// cluster, of one hash slot (a lock's keys share its slot, so the lock keys decide).
     fn groups_with(&self, first: &Self::Request, other: &Self::Request) -> bool {
         matches!(
             (&first.1, &other.1),
-            (Op::Acquire(_), Op::Acquire(_)) | (Op::Release(_), Op::Release(_))
+            (Op::Acquire(_), Op::Acquire(_))
+                | (Op::HandOver(_), Op::HandOver(_))
+                | (Op::Release(_), Op::Release(_))
         ) && (!self.cluster || cluster::slot_of(&first.0) == cluster::slot_of(&other.0))
     }
 }
@@ -227,7 +270,7 @@ fn gone() -> Failure {
     )
 }
 
-/// The `n` answers of an [`scripts::ACQUIRE`] reply: `flag, value` pairs, the value of a
+/// The `n` answers of an [`scripts::ACQUIRE`] or [`scripts::HAND_OVER`] reply: `flag, value` pairs, the value of a
 /// `-1` flag being the server's error message for that lock.
 fn acquire_answers(reply: &Value, n: usize) -> std::result::Result<Vec<Out>, Failure> {
     let unexpected = || Failure::unexpected(reply);

@@ -255,48 +255,71 @@ return out
 "#
 ));
 
-/// Pass a lock straight from its holder to the next owner, with a new fence. KEYS: lock,
-/// fence counter, tombstone of the next owner. ARGV: holder, next owner, ttl ms, counter
-/// retention ms. Returns `1, fence` when handed over and `0, pttl` when the holder no
-/// longer holds it or the next owner's attempt was abandoned ([`ABANDON`]; nothing changes
-/// then). Asked again after a lost reply (the next owner holds it already), it
-/// answers as [`ACQUIRE`] does: the same fence, a fresh TTL. When the new fence cannot be
-/// written (e.g. `OOM`), the hand-over is undone (the holder keeps the lock, the next
-/// owner holds nothing) and the error is returned.
+/// Pass locks straight from their holders to the next owners, with new fences, for one
+/// caller or a group of them (as [`ACQUIRE`] groups grants). KEYS: lock, fence counter,
+/// tombstone of the next owner, for each lock. ARGV: holder, next owner, ttl ms, counter
+/// retention ms, for each lock. Returns, for each lock in order, `1, fence` when handed
+/// over, `0, pttl` when the holder no longer holds it or the next owner's attempt was
+/// abandoned ([`ABANDON`]; nothing changes then), and `-1, message` when the server refused
+/// an operation on that lock's keys. Asked again after a lost reply (the next owner holds
+/// it already), it answers as [`ACQUIRE`] does: the same fence, a fresh TTL. When the new
+/// fence cannot be written (e.g. `OOM`), the hand-over is undone (the holder keeps the
+/// lock, the next owner holds nothing) and the error is that lock's answer. Each lock's
+/// commands go through `redis.pcall`, so an error on one never aborts another's.
 pub(crate) static HAND_OVER: Script = Script::new(concat!(
-    awaited_helpers!(),
     r#"
-local lock, counter = KEYS[1], KEYS[2]
-local from, to, ttl, retention = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local clock
-if redis.call('EXISTS', KEYS[3]) == 1 then return {0, redis.call('PTTL', lock)} end
-local holder = redis.call('GET', lock)
-local fence, err
-if mine(holder, from) then
-  local left = redis.call('PTTL', lock)
-  -- Waiters elsewhere still wait: the mark passes to the next owner.
-  redis.call('SET', lock, awaited(holder) and to .. '*' or to, 'PX', ttl)
+local out = {}
+for i = 1, #KEYS / 3 do
+  local lock, counter = KEYS[3 * i - 2], KEYS[3 * i - 1]
+  local from, to = ARGV[4 * i - 3], ARGV[4 * i - 2]
+  local ttl, retention = ARGV[4 * i - 1], ARGV[4 * i]
+  local fence, err, flag, value
+  local holder = redis.pcall('EXISTS', KEYS[3 * i]) == 0 and redis.pcall('GET', lock)
+  if type(holder) == 'table' then
+    err = holder.err
+  elseif holder and (holder == from or holder == from .. '*') then
+    local left = redis.pcall('PTTL', lock)
+    -- Waiters elsewhere still wait: the mark passes to the next owner.
+    local set = redis.pcall('SET', lock, holder == from and to or to .. '*', 'PX', ttl)
+    if set.err then
+      err = set.err
+    else
 "#,
     next_fence!(),
     r#"
-  if not fence then
-    -- Undo: the holder keeps its lock, `to` gets nothing.
-    if left > 0 then redis.pcall('SET', lock, holder, 'PX', left) else redis.pcall('SET', lock, holder) end
-    return redis.error_reply(err)
-  end
-  return {1, fence}
-elseif mine(holder, to) then
-  redis.call('PEXPIRE', lock, ttl)
+      if not fence then
+        -- Undo: the holder keeps its lock, `to` gets nothing.
+        if type(left) == 'number' and left > 0 then
+          redis.pcall('SET', lock, holder, 'PX', left)
+        else
+          redis.pcall('SET', lock, holder)
+        end
+      end
+    end
+  elseif holder and (holder == to or holder == to .. '*') then
+    local pushed = redis.pcall('PEXPIRE', lock, ttl)
+    if type(pushed) == 'table' then
+      err = pushed.err
+    else
 "#,
     current_fence!(),
     r#"
-  if not fence then
-    redis.pcall('DEL', lock)
-    return redis.error_reply(err)
+      if not fence then redis.pcall('DEL', lock) end
+    end
+  else
+    -- Abandoned (the next owner's tombstone), or no longer the holder's.
+    flag, value = 0, redis.pcall('PTTL', lock)
   end
-  return {1, fence}
+  if flag then
+    out[2 * i - 1], out[2 * i] = flag, value
+  elseif fence then
+    out[2 * i - 1], out[2 * i] = 1, fence
+  else
+    out[2 * i - 1], out[2 * i] = -1, tostring(err)
+  end
 end
-return {0, redis.call('PTTL', lock)}
+return out
 "#
 ));
 

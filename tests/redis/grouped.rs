@@ -1,4 +1,5 @@
-//! A foreign value in a group fails only its own caller.
+//! Grouped script calls: a foreign value in a group fails only its own caller; hand-overs
+//! sent together are one call, each answered as alone.
 
 use super::*;
 
@@ -128,6 +129,91 @@ async fn a_foreign_type_in_a_release_group_fails_only_its_own_caller() {
                 assert!(matches!(e, Error::Backend { .. }), "{e:?}");
                 assert!(e.report().to_string().contains("WRONGTYPE"), "{e}");
             }
+        }
+    }
+}
+
+/// Hand-overs sent together are grouped into few script calls (a dropped guard's release
+/// that hands the key to the next waiter, on many keys at once), and each caller gets the
+/// answer it gets alone: a key its holder no longer holds stays with its holder (`Taken`),
+/// a next owner whose attempt was abandoned is not handed the key, a hand-over asked again
+/// after a lost reply answers the same fence, a lock key holding a foreign list is that
+/// caller's own error, and every other key passes to its next owner with a higher fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hand_overs_sent_together_are_grouped_and_each_answered_alone() {
+    let server = RedisServer::start().await;
+    let node = node(&server, "handed:").await;
+    let ttl = valid_ttl(Duration::from_secs(10));
+    let names: Vec<String> = (0..40).map(|i| format!("ho/{i}")).collect();
+    let (me, other, next) = (Owner::random(), Owner::random(), Owner::random());
+    let mut fences = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let holder = if i < 5 { other } else { me };
+        match node.try_acquire(name, holder, ttl).await.unwrap() {
+            Attempt::Granted { fence, .. } => fences.push(fence),
+            taken => panic!("{name}: {taken:?}"),
+        }
+    }
+    // Key 5: the next owner's attempt there was abandoned. Key 6: handed over once already.
+    let abandoned = Owner::random();
+    assert!(!node.abandon(&names[5], abandoned).await.unwrap());
+    let handed = match node.hand_over(&names[6], me, next, ttl).await.unwrap() {
+        Attempt::Granted { fence, .. } => fence,
+        taken => panic!("first hand-over: {taken:?}"),
+    };
+    assert!(handed > fences[6]);
+    raw_list(&server, &node.lock_key(&names[7])).await;
+    let to = |i: usize| if i == 5 { abandoned } else { next };
+
+    let before = calls(&server, "evalsha").await;
+    let answers = futures::future::join_all(
+        names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| node.hand_over(name, me, to(i), ttl)),
+    )
+    .await;
+    let used = calls(&server, "evalsha").await - before;
+    assert!(
+        used < 20,
+        "40 concurrent hand-overs took {used} calls: not grouped"
+    );
+    for (i, answer) in answers.into_iter().enumerate() {
+        let name = &names[i];
+        let value = raw_string(&server, &node.lock_key(name)).await;
+        match (i, answer) {
+            (0..=4, Ok(Attempt::Taken { .. })) => {
+                assert_eq!(value, Some(other.to_string()), "{name} stays its holder's")
+            }
+            (5, Ok(Attempt::Taken { .. })) => {
+                assert_eq!(
+                    value,
+                    Some(me.to_string()),
+                    "{name} not handed to an abandoned attempt"
+                )
+            }
+            (6, Ok(Attempt::Granted { fence, .. })) => {
+                assert_eq!(fence, handed, "{name}: asked again, the same fence");
+                assert_eq!(value, Some(next.to_string()));
+            }
+            (7, Err(e)) => {
+                assert!(matches!(e, Error::Backend { .. }), "{e:?}");
+                assert!(e.report().to_string().contains("WRONGTYPE"), "{e}");
+                assert_eq!(raw_type(&server, &node.lock_key(name)).await, "list");
+            }
+            (8.., Ok(Attempt::Granted { fence, .. })) => {
+                assert!(
+                    fence > fences[i],
+                    "{name}: fence {fence} after {}",
+                    fences[i]
+                );
+                assert_eq!(
+                    value,
+                    Some(next.to_string()),
+                    "{name} passed to the next owner"
+                );
+            }
+            (_, answer) => panic!("hand-over of {name}: {answer:?}"),
         }
     }
 }
