@@ -14,7 +14,9 @@
 //!
 //! distlock's subjects use `locker.acquire(key, &opts.permits(Permits::new(1, 4)))` with the
 //! Locker's default options otherwise (watchdog on), ended by `release().await` (`ours`) or
-//! by drop (`ours-drop`). Like every bench, each subject runs each round in its own process
+//! by drop (`ours-drop`). Then, per backend, one task of each kind of grant (`lock`, `ours`:
+//! 1 of 4 permits, `reader`, `writer`) against the lock's cycle (`<backend>-kinds`): each
+//! kind is to be within 1.2× of a lock. Like every bench, each subject runs each round in its own process
 //! (see `common`).
 
 mod common;
@@ -41,8 +43,13 @@ const WORKLOADS: [Workload; 2] = [
 
 /// distlock taking one of [`PERMITS`] permits per grant.
 async fn ours(url: &str, end: End) -> Arc<Distlock> {
+    claiming(url, end, Permits::new(1, PERMITS).expect("1 of 4")).await
+}
+
+/// distlock claiming `permits` per grant (a lock, a semaphore's permit, a reader or a
+/// writer).
+async fn claiming(url: &str, end: End, permits: Permits) -> Arc<Distlock> {
     let subject = Arc::into_inner(Distlock::connect(url, end).await).expect("fresh");
-    let permits = Permits::new(1, PERMITS).expect("1 of 4");
     let opts = subject.locker.default_options().clone().permits(permits);
     Arc::new(Distlock {
         opts: Some(opts),
@@ -191,6 +198,40 @@ async fn raw_sql(url: &str) -> Arc<RawSql> {
     Arc::new(RawSql { client, release })
 }
 
+/// Each kind of grant against a lock's cycle on the same backend, one task: a semaphore's
+/// permit, a reader and a writer are each to be within 1.2× of a lock (a ratio of at
+/// least 1 / 1.2).
+fn kinds(_: Workload) -> Vec<Ratio> {
+    let goal = Some(1.0 / 1.2);
+    vec![
+        ratio("ours", "lock", goal),
+        ratio("reader", "lock", goal),
+        ratio("writer", "lock", goal),
+    ]
+}
+
+/// The kinds' bench of the backend at `target`: a lock, 1 of 4 permits, a reader and a
+/// writer, one task each, released with `release().await`.
+async fn run_kinds(backend: &'static str, target: String, servers: Vec<u32>, settings: Settings) {
+    let bench = Bench {
+        backend,
+        peers:
+            "a lock on the same backend (the semaphore's permit, a reader and a writer, one task)",
+        subjects: vec![
+            named("lock"),
+            named("ours"),
+            named("reader"),
+            named("writer"),
+        ],
+        target,
+        servers,
+        raw: None,
+        settings,
+    };
+    let measured = bench.run(&[Workload::Lone]).await;
+    bench.report(&measured, kinds);
+}
+
 fn ratios(peer: &'static str) -> impl Fn(Workload) -> Vec<Ratio> {
     move |_| {
         vec![
@@ -208,6 +249,21 @@ async fn main() {
         match (url.split(':').next().unwrap_or(""), child.subject()) {
             (_, "ours") => child.run(&ours(&url, End::Release).await).await,
             (_, "ours-drop") => child.run(&ours(&url, End::Drop).await).await,
+            (_, "lock") => {
+                child
+                    .run(&Distlock::connect(&url, End::Release).await)
+                    .await
+            }
+            (_, "reader") => {
+                child
+                    .run(&claiming(&url, End::Release, Permits::read()).await)
+                    .await
+            }
+            (_, "writer") => {
+                child
+                    .run(&claiming(&url, End::Release, Permits::write()).await)
+                    .await
+            }
             ("memory", "semaphore-map") => child.run(&Arc::new(SemaphoreMap::default())).await,
             ("postgres", "raw") => child.run(&raw_sql(&url).await).await,
             ("redis", "raw") => {
@@ -235,6 +291,7 @@ async fn main() {
     };
     let measured = memory.run(&WORKLOADS).await;
     memory.report(&measured, ratios("semaphore-map"));
+    run_kinds("memory-kinds", "memory://".to_owned(), Vec::new(), settings).await;
 
     let server = RedisServer::start().await;
     let redis = Bench {
@@ -249,6 +306,8 @@ async fn main() {
     };
     let measured = redis.run(&WORKLOADS).await;
     redis.report(&measured, ratios("raw"));
+    let servers = server.pid().into_iter().collect();
+    run_kinds("redis-kinds", server.url(), servers, settings).await;
     drop(server);
 
     let server = PostgresServer::start().await;
@@ -263,4 +322,6 @@ async fn main() {
     };
     let measured = postgres.run(&WORKLOADS).await;
     postgres.report(&measured, ratios("raw"));
+    let servers = server.pid().into_iter().collect();
+    run_kinds("postgres-kinds", server.url(), servers, settings).await;
 }

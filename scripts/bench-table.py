@@ -12,7 +12,10 @@ import json
 import os
 import sys
 
-BACKENDS = ["memory", "redis", "redlock", "etcd", "postgres", "memory-permits", "redis-permits", "postgres-permits"]
+BACKENDS = [
+    "memory", "redis", "redlock", "etcd", "postgres", "memory-permits", "redis-permits",
+    "postgres-permits", "memory-kinds", "redis-kinds", "postgres-kinds",
+]
 PEER = {
     "memory": "mutex-map",
     "redis": "rslock",
@@ -22,6 +25,10 @@ PEER = {
     "memory-permits": "semaphore-map",
     "redis-permits": "raw",
     "postgres-permits": "raw",
+    # A semaphore's permit, a reader and a writer against a lock on the same backend.
+    "memory-kinds": "lock",
+    "redis-kinds": "lock",
+    "postgres-kinds": "lock",
 }
 START, END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
 
@@ -62,6 +69,9 @@ def table(directory):
                 return "–" if r is None else f"{r['client_cpu_us']:.1f} + {r['server_cpu_us']:.1f}"
 
             ours = fmt_ratio(ratio.get(("ours", peer)))
+            if peer == "lock":
+                ours = f"semaphore {ours}; reader {fmt_ratio(ratio.get(('reader', peer)))}; " \
+                    f"writer {fmt_ratio(ratio.get(('writer', peer)))}"
             unwatched = ratio.get(("ours-nowd", peer))
             if unwatched is not None:
                 ours += f"; without watchdog {fmt_ratio(unwatched)}"
