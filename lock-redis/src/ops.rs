@@ -94,7 +94,7 @@ impl Ops {
         }
     }
 
-    /// Runs `ops` (all acquires or all releases) as one script call; `dispatched` is called
+    /// Runs `ops` (all acquires, all hand-overs or all releases) as one script call; `dispatched` is called
     /// once the call is queued on the connection, which the server reads in order.
     async fn run(
         &self,
@@ -107,27 +107,18 @@ impl Ops {
             Op::HandOver(h) => h.timeout,
             Op::Release(r) => r.timeout,
         }));
-        let acquires: Vec<(&String, &AcquireOp)> = ops
-            .iter()
-            .filter_map(|(k, op)| match op {
-                Op::Acquire(a) => Some((k, a)),
-                _ => None,
-            })
-            .collect();
-        let releases: Vec<(&String, &ReleaseOp)> = ops
-            .iter()
-            .filter_map(|(k, op)| match op {
-                Op::Release(r) => Some((k, r)),
-                _ => None,
-            })
-            .collect();
-        let hand_overs: Vec<(&String, &HandOverOp)> = ops
-            .iter()
-            .filter_map(|(k, op)| match op {
-                Op::HandOver(h) => Some((k, h)),
-                _ => None,
-            })
-            .collect();
+        let acquires = of_kind(ops, |op| match op {
+            Op::Acquire(a) => Some(a),
+            _ => None,
+        });
+        let releases = of_kind(ops, |op| match op {
+            Op::Release(r) => Some(r),
+            _ => None,
+        });
+        let hand_overs = of_kind(ops, |op| match op {
+            Op::HandOver(h) => Some(h),
+            _ => None,
+        });
         if hand_overs.len() == ops.len() {
             let reply = link
                 .eval(&scripts::HAND_OVER, deadline, dispatched, |cmd| {
@@ -239,6 +230,16 @@ impl GroupSend for Ops {
                 | (Op::Release(_), Op::Release(_))
         ) && (!self.cluster || cluster::slot_of(&first.0) == cluster::slot_of(&other.0))
     }
+}
+
+/// The operations of one kind among `ops`, with their lock keys.
+fn of_kind<'a, T>(
+    ops: &'a [(String, Op)],
+    pick: impl Fn(&'a Op) -> Option<&'a T>,
+) -> Vec<(&'a String, &'a T)> {
+    ops.iter()
+        .filter_map(|(key, op)| pick(op).map(|picked| (key, picked)))
+        .collect()
 }
 
 /// `answers` as they are; a `READONLY` among them (the node became a replica: its writes

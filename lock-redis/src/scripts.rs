@@ -161,6 +161,23 @@ end
     };
 }
 
+/// The answer of lock `i` of a grouped script into `out` (a `flag, value` pair): `flag,
+/// value` when the script set `flag` (taken, abandoned, held with permits), `1, fence` when
+/// granted, else `-1` and the server's error `err`.
+macro_rules! answer {
+    () => {
+        r#"
+  if flag then
+    out[2 * i - 1], out[2 * i] = flag, value
+  elseif fence then
+    out[2 * i - 1], out[2 * i] = 1, fence
+  else
+    out[2 * i - 1], out[2 * i] = -1, tostring(err)
+  end
+"#
+    };
+}
+
 /// Take locks if free, for one caller or a group of them. KEYS: lock, fence counter,
 /// tombstone of the owner, holders of the key's permits ([`ACQUIRE_PERMITS`]), for each
 /// lock. ARGV: owner, ttl ms, counter retention ms, for each lock. Returns, for each lock
@@ -243,13 +260,9 @@ for i = 1, #KEYS / 4 do
       flag, value = 0, redis.pcall('PTTL', lock)
     end
   end
-  if flag then
-    out[2 * i - 1], out[2 * i] = flag, value
-  elseif fence then
-    out[2 * i - 1], out[2 * i] = 1, fence
-  else
-    out[2 * i - 1], out[2 * i] = -1, tostring(err)
-  end
+"#,
+    answer!(),
+    r#"
 end
 return out
 "#
@@ -311,13 +324,9 @@ for i = 1, #KEYS / 3 do
     -- Abandoned (the next owner's tombstone), or no longer the holder's.
     flag, value = 0, redis.pcall('PTTL', lock)
   end
-  if flag then
-    out[2 * i - 1], out[2 * i] = flag, value
-  elseif fence then
-    out[2 * i - 1], out[2 * i] = 1, fence
-  else
-    out[2 * i - 1], out[2 * i] = -1, tostring(err)
-  end
+"#,
+    answer!(),
+    r#"
 end
 return out
 "#
