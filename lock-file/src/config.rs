@@ -1,4 +1,4 @@
-//! Building a [`FileBackend`]: [`FileBuilder`], `file://` URLs, and the per-user default
+//! Building a [`FileBackend`](crate::FileBackend): [`FileBuilder`], `file://` URLs, and the per-user default
 //! directory ([`user_dir`]).
 
 use std::io;
@@ -6,14 +6,15 @@ use std::path::{Path, PathBuf};
 
 use lock_core::{Error, LockUrl, Result};
 
-use crate::{io_error, sys, FileBackend, NAME};
+use crate::error::{io_error, NAME};
+use crate::sys;
 
-/// Options of a [`FileBackend`]: the directory of its lock files, and whether fences are
+/// Options of a [`FileBackend`](crate::FileBackend): the directory of its lock files, and whether fences are
 /// synced to the disk.
 #[derive(Clone, Debug)]
 pub struct FileBuilder {
-    dir: PathBuf,
-    sync: bool,
+    pub(crate) dir: PathBuf,
+    pub(crate) sync: bool,
 }
 
 impl FileBuilder {
@@ -30,59 +31,12 @@ impl FileBuilder {
         self
     }
 
-    /// The backend. The directory is created with its parents when missing (mode 0777
-    /// less the umask: directories shared between users are set up by the administrator);
-    /// lock files are created in it as keys are first locked, and never deleted.
-    ///
-    /// # Errors
-    /// [`Error::InvalidUrl`]-like refusals are [`Error::Unsupported`] for a directory on a
-    /// file system where `flock` does not exclude the descriptors of one process from each
-    /// other (NFS, SMB on Linux); [`Error::Backend`] when the directory cannot be created,
-    /// is not a directory, or is not writable.
-    pub fn open(self) -> Result<FileBackend> {
-        create_dir(&self.dir)?;
-        let meta = std::fs::metadata(&self.dir)
-            .map_err(|e| io_error("read the metadata of", &self.dir, e))?;
-        if !meta.is_dir() {
-            return Err(io_error(
-                "use",
-                &self.dir,
-                io::Error::other("not a directory"),
-            ));
-        }
-        if let Some(why) = sys::unsuitable_file_system(&self.dir) {
-            tracing::warn!(dir = %self.dir.display(), why, "refusing a lock directory");
-            return Err(Error::Unsupported {
-                backend: NAME,
-                operation: "lock directories on network file systems (flock is emulated there with per-process record locks)",
-            });
-        }
-        Ok(FileBackend::from_parts(self.dir, self.sync))
-    }
-}
-
-/// Creates `dir` and its parents when missing.
-pub(crate) fn create_dir(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| io_error("create the lock directory", dir, e))
-}
-
-impl FileBackend {
-    /// The backend a `file:///absolute/dir[?sync=false]` URL describes.
+    /// The options a `file:///absolute/dir[?sync=false]` URL describes.
     ///
     /// # Errors
     /// [`Error::InvalidUrl`] for another scheme, a host, user info, a missing or relative
-    /// path, or an unknown parameter; then as [`FileBuilder::open`].
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use lock_core::{LockUrl, Locker};
-    /// use lock_file::FileBackend;
-    ///
-    /// let url = LockUrl::parse("file:///run/lock/myapp").unwrap();
-    /// let locker = Locker::new(FileBackend::from_url(&url).unwrap());
-    /// ```
-    pub fn from_url(url: &LockUrl) -> Result<FileBackend> {
+    /// path, or an unknown parameter.
+    pub fn from_url(url: &LockUrl) -> Result<FileBuilder> {
         if url.scheme != "file" {
             return Err(url.invalid(format!(
                 "the file backend takes file:// URLs, not {}://",
@@ -104,34 +58,52 @@ impl FileBackend {
         }
         url.check_params(&["sync"])?;
         let sync = url.bool_param("sync")?.unwrap_or(true);
-        FileBackend::builder(&url.path).sync(sync).open()
+        Ok(FileBuilder::new(PathBuf::from(&url.path)).sync(sync))
     }
+}
 
-    /// The `file://` URL of `dir` (percent-encoded), as [`from_url`](Self::from_url) reads
-    /// it back.
-    ///
-    /// # Errors
-    /// [`Error::InvalidUrl`] when `dir` is not absolute or not UTF-8.
-    pub fn url_of(dir: &Path) -> Result<String> {
-        let path = dir
-            .to_str()
-            .filter(|p| dir.is_absolute() && p.starts_with('/'))
-            .ok_or_else(|| {
-                Error::invalid_url(
-                    "file://",
-                    format!(
-                        "the lock directory {} is not an absolute UTF-8 path",
-                        dir.display()
-                    ),
-                )
-            })?;
-        let url = LockUrl::parse("file:///x")?;
-        Ok(LockUrl {
-            path: path.to_owned(),
-            ..url
-        }
-        .to_string())
+/// Creates `dir` when missing and checks that it can hold file locks.
+pub(crate) fn check_dir(dir: &Path) -> Result<()> {
+    create_dir(dir)?;
+    let meta = std::fs::metadata(dir).map_err(|e| io_error("read the metadata of", dir, e))?;
+    if !meta.is_dir() {
+        return Err(io_error("use", dir, io::Error::other("not a directory")));
     }
+    if let Some(why) = sys::unsuitable_file_system(dir) {
+        tracing::warn!(dir = %dir.display(), why, "refusing a lock directory");
+        return Err(Error::Unsupported {
+            backend: NAME,
+            operation: "lock directories on network file systems (flock is emulated there with per-process record locks)",
+        });
+    }
+    Ok(())
+}
+
+/// Creates `dir` and its parents when missing.
+pub(crate) fn create_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| io_error("create the lock directory", dir, e))
+}
+
+/// The `file://` URL of `dir` (percent-encoded).
+pub(crate) fn url_of(dir: &Path) -> Result<String> {
+    let path = dir
+        .to_str()
+        .filter(|p| dir.is_absolute() && p.starts_with('/'))
+        .ok_or_else(|| {
+            Error::invalid_url(
+                "file://",
+                format!(
+                    "the lock directory {} is not an absolute UTF-8 path",
+                    dir.display()
+                ),
+            )
+        })?;
+    let url = LockUrl::parse("file:///x")?;
+    Ok(LockUrl {
+        path: path.to_owned(),
+        ..url
+    }
+    .to_string())
 }
 
 /// The per-user lock directory, created when missing: `$XDG_RUNTIME_DIR/distlock` when
@@ -211,6 +183,7 @@ fn private_dir(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::FileBackend;
 
     fn refused(url: &str, needle: &str) {
         let parsed = LockUrl::parse(url).expect("the generic shape");

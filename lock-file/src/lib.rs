@@ -4,6 +4,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
+mod error;
 mod names;
 mod state;
 mod sys;
@@ -25,10 +26,9 @@ use lock_core::{
 
 pub use config::{user_dir, FileBuilder};
 
+use error::{io_error, NAME};
 use names::{file_name, LOCK_SUFFIX, RAW_SUFFIX};
 use sys::Flock;
-
-const NAME: &str = "file";
 
 const CAPABILITIES: Capabilities = Capabilities::new(NAME)
     .min_ttl(Duration::from_millis(1))
@@ -97,6 +97,34 @@ impl FileBackend {
         FileBuilder::new(dir.into())
     }
 
+    /// The backend a `file:///absolute/dir[?sync=false]` URL describes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for another scheme, a host, user info, a missing or relative
+    /// path, or an unknown parameter; then as [`FileBuilder::open`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use lock_core::{LockUrl, Locker};
+    /// use lock_file::FileBackend;
+    ///
+    /// let url = LockUrl::parse("file:///run/lock/myapp").unwrap();
+    /// let locker = Locker::new(FileBackend::from_url(&url).unwrap());
+    /// ```
+    pub fn from_url(url: &lock_core::LockUrl) -> Result<FileBackend> {
+        FileBuilder::from_url(url)?.open()
+    }
+
+    /// The `file://` URL of `dir` (percent-encoded), as [`from_url`](Self::from_url) reads
+    /// it back.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] when `dir` is not absolute or not UTF-8.
+    pub fn url_of(dir: &Path) -> Result<String> {
+        config::url_of(dir)
+    }
+
     /// The directory of the lock files.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
@@ -113,7 +141,8 @@ impl FileBackend {
         lock(&self.inner.held).len()
     }
 
-    fn from_parts(dir: PathBuf, sync: bool) -> FileBackend {
+    fn start(builder: FileBuilder) -> FileBackend {
+        let (dir, sync) = (builder.dir, builder.sync);
         let notices = Arc::new(ReleaseNotices::new());
         let wake = {
             let notices = notices.clone();
@@ -128,6 +157,21 @@ impl FileBackend {
                 watcher: watch::Watcher::new(wake),
             }),
         }
+    }
+}
+
+impl FileBuilder {
+    /// The backend. The directory is created with its parents when missing (mode 0777
+    /// less the umask: directories shared between users are set up by the administrator);
+    /// lock files are created in it as keys are first locked, and never deleted.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a directory on a file system where `flock` does not
+    /// exclude the descriptors of one process from each other (NFS, SMB on Linux);
+    /// [`Error::Backend`] when the directory cannot be created or is not a directory.
+    pub fn open(self) -> Result<FileBackend> {
+        config::check_dir(&self.dir)?;
+        Ok(FileBackend::start(self))
     }
 }
 
@@ -195,15 +239,6 @@ impl Inner {
         drop(held.write);
         self.notices.notify(&held.key);
     }
-}
-
-/// A file-system error as the typed error: not transient (retrying does not make a
-/// directory writable), with the path in the message.
-fn io_error(what: &str, path: &Path, e: io::Error) -> Error {
-    Error::backend(
-        NAME,
-        io::Error::new(e.kind(), format!("cannot {what} {}: {e}", path.display())),
-    )
 }
 
 #[async_trait]

@@ -40,7 +40,7 @@ pub(crate) fn unsuitable_file_system(dir: &Path) -> Option<&'static str> {
 
 #[cfg(unix)]
 mod imp {
-    use super::Flock;
+    use crate::sys::Flock;
     use std::fs::File;
     use std::io;
     use std::os::unix::io::AsRawFd;
@@ -99,7 +99,7 @@ mod imp {
 
 #[cfg(not(unix))]
 mod imp {
-    use super::Flock;
+    use crate::sys::Flock;
     use std::fs::File;
     use std::io;
     use std::path::Path;
