@@ -31,7 +31,7 @@ async fn exclusion_file() {
     let config = if std::env::var_os(SOAK_ENV).is_some() {
         config
     } else {
-        config.duration(Duration::from_secs(9))
+        config.duration(Duration::from_secs(6))
     };
     let keys = config.key_names();
 
