@@ -12,9 +12,10 @@ import json
 import os
 import sys
 
-BACKENDS = ["memory", "redis", "redlock", "etcd", "postgres", "memory-permits", "redis-permits", "postgres-permits"]
+BACKENDS = ["memory", "file", "redis", "redlock", "etcd", "postgres", "memory-permits", "redis-permits", "postgres-permits"]
 PEER = {
     "memory": "mutex-map",
+    "file": "flock",
     "redis": "rslock",
     "redlock": "rslock",
     "etcd": "lock-rpc",

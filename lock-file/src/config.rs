@@ -1,5 +1,5 @@
-//! Building a [`FileBackend`](crate::FileBackend): [`FileBuilder`], `file://` URLs, and the per-user default
-//! directory ([`user_dir`]).
+//! Building a [`FileBackend`](crate::FileBackend): [`FileBuilder`], `file://` URLs, and
+//! the per-user default directory ([`user_dir`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -9,8 +9,8 @@ use lock_core::{Error, LockUrl, Result};
 use crate::error::{io_error, NAME};
 use crate::sys;
 
-/// Options of a [`FileBackend`](crate::FileBackend): the directory of its lock files, and whether fences are
-/// synced to the disk.
+/// Options of a [`FileBackend`](crate::FileBackend): the directory of its lock files, and
+/// whether fences are synced to the disk.
 #[derive(Clone, Debug)]
 pub struct FileBuilder {
     pub(crate) dir: PathBuf,
