@@ -66,6 +66,9 @@ def table(directory):
             unwatched = ratio.get(("ours-nowd", peer))
             if unwatched is not None:
                 ours += f"; without watchdog {fmt_ratio(unwatched)}"
+            unsynced = ratio.get(("ours-nosync", peer))
+            if unsynced is not None:
+                ours += f"; without sync {fmt_ratio(unsynced)}"
             rows.append(
                 f"| {backend} (vs {peer}) | {w} | {ours} "
                 f"| {fmt_ratio(ratio.get(('ours-drop', peer)))} "
