@@ -26,6 +26,10 @@ impl FileBuilder {
     /// grant is returned (default `true`): without it, a crash of the host (not of a
     /// process) can lose the last fences and hand them out again after the reboot. Off
     /// costs nothing on a tmpfs directory, which a reboot empties anyway.
+    ///
+    /// The sync runs on the thread that polls the attempt (an attempt answers within one
+    /// poll, which is what makes it cancel-safe): on a slow disk it holds that runtime
+    /// thread for the flush (about 0.2 ms on an SSD, more on spinning disks).
     pub fn sync(mut self, on: bool) -> Self {
         self.sync = on;
         self
