@@ -395,3 +395,16 @@ async fn the_help_names_the_default_file_lock() {
         out.stdout
     );
 }
+
+/// A scheduled run needs fire-time claims, which a file lock cannot keep: on the default
+/// it is refused with the reason (exit 69), never run on this host alone.
+#[tokio::test]
+async fn a_scheduled_run_on_the_default_file_lock_is_refused() {
+    let out = finish(
+        distlock(["run", "sched", "--schedule", "*/5 * * * * *", "--", "true"]),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(69)
+        .expect_stderr("the file backend cannot keep fire-time claims");
+}
