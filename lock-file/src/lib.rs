@@ -168,7 +168,9 @@ impl FileBuilder {
     /// # Errors
     /// [`Error::Unsupported`] for a directory on a file system where `flock` does not
     /// exclude the descriptors of one process from each other (NFS, SMB on Linux);
-    /// [`Error::Backend`] when the directory cannot be created or is not a directory.
+    /// [`Error::Backend`] when the directory cannot be created or is not a directory. A
+    /// directory this process may not write is found at the first attempt on a key: a
+    /// non-transient [`Error::Backend`] naming the lock file (`Permission denied`).
     pub fn open(self) -> Result<FileBackend> {
         config::check_dir(&self.dir)?;
         Ok(FileBackend::start(self))
