@@ -13,11 +13,12 @@ import os
 import sys
 
 BACKENDS = [
-    "memory", "redis", "redlock", "etcd", "postgres", "memory-permits", "redis-permits",
-    "postgres-permits", "memory-kinds", "redis-kinds", "postgres-kinds",
+    "memory", "file", "redis", "redlock", "etcd", "postgres", "memory-permits",
+    "redis-permits", "postgres-permits", "memory-kinds", "redis-kinds", "postgres-kinds",
 ]
 PEER = {
     "memory": "mutex-map",
+    "file": "flock",
     "redis": "rslock",
     "redlock": "rslock",
     "etcd": "lock-rpc",
@@ -75,6 +76,9 @@ def table(directory):
             unwatched = ratio.get(("ours-nowd", peer))
             if unwatched is not None:
                 ours += f"; without watchdog {fmt_ratio(unwatched)}"
+            unsynced = ratio.get(("ours-nosync", peer))
+            if unsynced is not None:
+                ours += f"; without sync {fmt_ratio(unsynced)}"
             rows.append(
                 f"| {backend} (vs {peer}) | {w} | {ours} "
                 f"| {fmt_ratio(ratio.get(('ours-drop', peer)))} "

@@ -36,7 +36,8 @@ WEIGHTS = {
     "memory": 64, "exclusion_postgres": 61, "redlock": 54, "scheduler_clocks": 49,
     "redis_sentinel": 42, "etcd_tls": 39, "exclusion_fire_times": 38, "backends": 30,
     "exclusion_redis": 30, "exclusion_redis_cluster": 30, "exclusion_redlock": 26,
-    "exclusion_memory": 25, "redis_cluster": 22, "redis_tls": 19, "redis5": 18,
+    "exclusion_memory": 25, "file": 25, "redis_cluster": 22, "redis_tls": 19, "redis5": 18,
+    "exclusion_file": 14,
 }
 
 

@@ -62,7 +62,7 @@ step "Rust $msrv (the declared minimum): cargo check, every feature and target"
 msrv_check() { CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --locked --quiet "$@"; }
 msrv_check --workspace --all-features --all-targets
 step "Rust $msrv: each facade feature alone"
-for feature in "" memory redis redlock etcd postgres scheduler tls tls-ring "redis,tls" \
+for feature in "" memory file redis redlock etcd postgres scheduler tls tls-ring "redis,tls" \
   "redis,tls-ring"; do
   msrv_check -p distlock --no-default-features ${feature:+--features "$feature"}
 done

@@ -6,6 +6,7 @@
 //! | URL | feature | backend |
 //! |---|---|---|
 //! | `memory://` | `memory` (default) | in-process keyed async mutex |
+//! | `file:///absolute/dir[?sync=false]` | `file` | `flock` on a lock file per key: the processes of one host |
 //! | `redis://[user:pass@]host[:port][/db][?prefix=…&timeout=…]`, `rediss://…[?ca=…&cert=…&key=…]` | `redis` | one Redis |
 //! | `redis+sentinel://[user:pass@]host[:port],…/<master>[/db][?prefix=…&timeout=…&sentinel_password=…]` | `redis` | the master a set of Redis Sentinels names, followed across failovers |
 //! | `redis+cluster://[user:pass@]host:port,host:port,…[?prefix=…&timeout=…]` | `redis` | a Redis Cluster (seed nodes) |
@@ -32,6 +33,8 @@ pub use lock_core::*;
 
 #[cfg(feature = "etcd")]
 pub use lock_etcd as etcd;
+#[cfg(feature = "file")]
+pub use lock_file as file;
 #[cfg(feature = "memory")]
 pub use lock_memory::MemoryBackend;
 #[cfg(feature = "postgres")]
@@ -53,6 +56,7 @@ pub const DEFAULT_URL: &str = "memory://";
 /// backend; the same whichever features are compiled.
 pub const SCHEMES: &[(&str, &str)] = &[
     ("memory", "memory"),
+    ("file", "file"),
     ("redis", "redis"),
     ("rediss", "redis"),
     ("redis+sentinel", "redis"),
@@ -77,6 +81,8 @@ pub async fn connect(url: &str) -> Result<Locker> {
     match url.scheme.as_str() {
         #[cfg(feature = "memory")]
         "memory" => Ok(Locker::new(lock_memory::MemoryBackend::from_url(&url)?)),
+        #[cfg(feature = "file")]
+        "file" => Ok(Locker::new(lock_file::FileBackend::from_url(&url)?)),
         #[cfg(feature = "redis")]
         "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => {
             Ok(Locker::new(lock_redis::RedisBackend::connect(&url).await?))
@@ -161,7 +167,7 @@ mod tests {
                     assert!(reason.starts_with("unknown scheme `"), "{reason}");
                     assert!(
                         reason.ends_with(
-                            "(expected memory, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd, postgres, postgresql)"
+                            "(expected memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd, postgres, postgresql)"
                         ),
                         "{reason}"
                     );
@@ -177,6 +183,7 @@ mod tests {
         let url = LockUrl::parse("redis://h").unwrap();
         for (scheme, feature) in [
             ("memory", "memory"),
+            ("file", "file"),
             ("redis", "redis"),
             ("rediss", "redis"),
             ("redis+sentinel", "redis"),
@@ -204,6 +211,7 @@ mod tests {
         for (scheme, feature) in SCHEMES {
             let compiled = match *feature {
                 "memory" => cfg!(feature = "memory"),
+                "file" => cfg!(feature = "file"),
                 "redis" => cfg!(feature = "redis"),
                 "redlock" => cfg!(feature = "redlock"),
                 "etcd" => cfg!(feature = "etcd"),

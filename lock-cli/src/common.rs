@@ -31,7 +31,8 @@ pub enum Origin {
     Flag,
     /// The `DISTLOCK_URL` environment variable.
     Env,
-    /// Neither was given: `memory://`.
+    /// Neither was given: `memory://`, or for `distlock run` a file lock in the per-user
+    /// lock directory.
     Default,
 }
 
@@ -85,6 +86,27 @@ impl Target {
         }
     }
 
+    /// `distlock run`'s choice: the URL of `--url` (or `DISTLOCK_URL`), else a file lock in
+    /// the per-user lock directory ([`distlock::file::user_dir`]): it excludes the
+    /// processes of this user on this host, as `flock(1)` does, where `memory://` would
+    /// exclude nothing between two `distlock` processes.
+    ///
+    /// # Errors
+    /// The per-user directory cannot be made, or is not this user's alone.
+    pub fn choose_on_this_host(url: Option<String>) -> Result<Target, CliError> {
+        if url.is_some() {
+            return Ok(Target::choose(url));
+        }
+        let origin = Origin::Default.describe();
+        let url = distlock::file::user_dir()
+            .and_then(|dir| distlock::file::FileBackend::url_of(&dir))
+            .map_err(|e| CliError::from_lock(e, "file://", origin))?;
+        Ok(Target {
+            url,
+            origin: Origin::Default,
+        })
+    }
+
     /// A URL given with `--url`.
     pub fn flag(url: String) -> Target {
         Target {
@@ -93,7 +115,8 @@ impl Target {
         }
     }
 
-    /// Whether neither `--url` nor `DISTLOCK_URL` named the server (it is `memory://`).
+    /// Whether neither `--url` nor `DISTLOCK_URL` named the server (it is `memory://`, or
+    /// the per-user file lock of [`choose_on_this_host`](Self::choose_on_this_host)).
     pub fn is_default(&self) -> bool {
         self.origin == Origin::Default
     }

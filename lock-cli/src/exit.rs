@@ -78,7 +78,7 @@ impl CliError {
                 );
                 if reason.contains("scheme") {
                     e.hint(
-                        "use memory://, redis://HOST:PORT[/DB], rediss://…, \
+                        "use memory://, file:///DIR, redis://HOST:PORT[/DB], rediss://…, \
                          redis+sentinel://H1:P1,…/MASTER, redis+cluster://H1:P1,…, \
                          redlock://H1:P1,H2:P2,…, etcd://HOST:PORT[,…] or \
                          postgres://USER@HOST:PORT/DB (all in `distlock --help`)",

@@ -31,9 +31,12 @@ use crate::exit::{CliError, Exit, INTERNAL, USAGE};
 use crate::verbosity::Verbosity;
 
 const AFTER_HELP: &str = "\
-Lock servers (-u/--url, else $DISTLOCK_URL, else memory://):
+Lock servers (-u/--url, else $DISTLOCK_URL, else memory://; for `run`, else a file lock in
+$XDG_RUNTIME_DIR/distlock):
   memory://
       this process only, for trying things out
+  file:///DIR[?sync=false]
+      flock on a file per key in DIR: the processes of this host, free when the holder dies
   redis://[USER:PASS@]HOST[:PORT][/DB][?prefix=P&timeout=DUR]
       one Redis server (port 6379)
   rediss://[USER:PASS@]HOST[:PORT][/DB][?ca=PEM&cert=PEM&key=PEM&prefix=P&timeout=DUR]
@@ -62,6 +65,7 @@ events, -vv debug, -vvv trace; RUST_LOG (like lock_redis=debug) replaces that fi
 
 Examples:
   distlock run nightly-report --url redis://10.0.0.5:6379 -- ./report.sh
+  distlock run --no-wait backup -- ./backup.sh    (a file lock: one at a time on this host)
   distlock bench --url memory:// --url redis://127.0.0.1:6379
   distlock status nightly-report --url redis://10.0.0.5:6379
   distlock cron jobs.toml --url redis://10.0.0.5:6379

@@ -108,7 +108,7 @@ pub async fn run(args: RunArgs) -> Result<Exit, CliError> {
 
 /// `distlock run` up to its exit; `ran` is set to how long CMD ran, if it ran.
 async fn run_locked(args: &RunArgs, ran: &mut Option<Duration>) -> Result<Exit, CliError> {
-    let target = Target::choose(args.url.clone());
+    let target = Target::choose_on_this_host(args.url.clone())?;
     distlock::validate_key(&args.key).map_err(|e| target.error(e))?;
     let scheduled = args
         .schedule
@@ -133,7 +133,13 @@ async fn run_locked(args: &RunArgs, ran: &mut Option<Duration>) -> Result<Exit, 
     };
     let caps = locker.capabilities();
     caps.effective_ttl(args.ttl).map_err(|e| target.error(e))?;
-    if !caps.cross_process {
+    if target.is_default() {
+        note!(
+            "distlock: note: no --url or DISTLOCK_URL: a file lock in {}, which excludes the \
+             processes of this host only (name a lock server to exclude across hosts)",
+            target.shown()
+        );
+    } else if !caps.cross_process {
         note!(
             "distlock: note: {} locks exclude only inside this distlock process; other \
              processes are not kept out (use --url or DISTLOCK_URL to name a lock server)",

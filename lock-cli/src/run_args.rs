@@ -80,8 +80,12 @@ the previous file otherwise: alert on it), every series labelled job=NAME
 (--metrics-job, default KEY). --metrics-push URL sends the same to a Pushgateway as the
 group job=NAME (plain HTTP; PUT after a success, else POST, which keeps the last success).
 
-With memory:// the lock excludes only inside this one distlock process: fine for trying
-the command out, useless between processes (distlock says so on stderr).";
+Without --url or DISTLOCK_URL the lock is a file lock (flock) in $XDG_RUNTIME_DIR/distlock
+(else $TMPDIR/distlock-UID): it excludes the distlock processes of this user on this host,
+as flock(1) does, and is free the moment its holder dies, so the TTL does not apply
+(distlock says so on stderr). Name a lock server to exclude across hosts. With memory://
+the lock excludes only inside this one distlock process: fine for trying the command out,
+useless between processes (distlock says so on stderr).";
 
 /// `distlock run` arguments.
 #[derive(Args, Debug)]
@@ -91,7 +95,8 @@ pub struct RunArgs {
     #[arg(value_name = "KEY")]
     pub(crate) key: String,
 
-    /// Lock server URL (the forms are in `distlock --help`) [default: memory://].
+    /// Lock server URL (the forms are in `distlock --help`) [default: a file lock in
+    /// $XDG_RUNTIME_DIR/distlock, for the processes of this host].
     #[arg(
         short = 'u',
         long,
@@ -102,7 +107,8 @@ pub struct RunArgs {
     pub(crate) url: Option<String>,
 
     /// Time to live of the lock on the server. distlock renews it every TTL/3 while CMD
-    /// runs; if distlock dies, the lock is free again after at most TTL.
+    /// runs; if distlock dies, the lock is free again after at most TTL (a file lock has
+    /// none: it is free at once).
     #[arg(
         short = 't',
         long,

@@ -40,7 +40,7 @@ async fn unknown_scheme() {
     let out = distlock_with(&["run", "k", "--url", "zookeeper://h:2181", "--", "true"]).await;
     out.expect_code(64)
         .expect_stderr("unknown scheme `zookeeper`")
-        .expect_stderr("memory, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd");
+        .expect_stderr("memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd");
     assert_human(&out);
 }
 

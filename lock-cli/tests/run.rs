@@ -1,5 +1,7 @@
 //! `distlock run` on the in-process backend: the command's life cycle, its environment
-//! and its exit statuses. Exclusion between processes needs a lock server: see redis.rs.
+//! and its exit statuses; and its default, a file lock that excludes between the
+//! `distlock` processes of this host. Exclusion between hosts needs a lock server: see
+//! redis.rs.
 
 mod common;
 
@@ -11,6 +13,9 @@ use common::{assert_gone, collect, distlock, finish, read_pid, read_when_written
 
 fn run_args(extra: &[&str], script: &str) -> Vec<String> {
     let mut args: Vec<String> = vec!["run".into(), "job".into()];
+    if !extra.contains(&"--url") {
+        args.extend(["--url".into(), "memory://".into()]);
+    }
     args.extend(extra.iter().map(|s| s.to_string()));
     args.push("--".into());
     args.extend(sh(script));
@@ -318,4 +323,88 @@ async fn a_killed_distlock_takes_its_command_with_it() {
     let out = sleeper.finish().await;
     assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{out:#?}");
     assert_gone(pid, Duration::from_secs(5)).await;
+}
+
+/// Without a URL, `distlock run` takes a file lock in `$XDG_RUNTIME_DIR/distlock`, says so,
+/// and excludes another `distlock` process (which exits 75 with `--no-wait`, as `flock -n`
+/// does); a holder killed with SIGKILL frees it at once, and the next fence is greater.
+#[tokio::test]
+async fn the_default_file_lock_excludes_between_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pid-fence");
+    let script = format!(
+        "echo \"$$ $DISTLOCK_FENCE\" > {}; exec sleep 60",
+        file.display()
+    );
+    let mut holder = distlock(["run", "default-shared", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let text = read_when_written(&file, PROMPT).await;
+    let (_, fence) = text.trim().split_once(' ').expect("pid and fence");
+    let fence: u64 = fence.parse().unwrap();
+
+    let refused = finish(
+        distlock(["run", "default-shared", "--no-wait", "--", "true"]),
+        PROMPT,
+    )
+    .await;
+    let lock_dir = common::runtime_dir().join("distlock");
+    refused
+        .expect_code(75)
+        .expect_stderr("a file lock in file://")
+        .expect_stderr(&lock_dir.display().to_string())
+        .expect_stderr("excludes the processes of this host only");
+    // Another key is free meanwhile.
+    finish(
+        distlock(["run", "default-other", "--no-wait", "--", "true"]),
+        PROMPT,
+    )
+    .await
+    .expect_code(0);
+
+    let distlock_pid = holder.id().expect("running");
+    common::kill(distlock_pid, libc::SIGKILL);
+    holder.wait().await.unwrap();
+    let next = finish(
+        distlock([
+            "run",
+            "default-shared",
+            "--no-wait",
+            "--",
+            "sh",
+            "-c",
+            "echo $DISTLOCK_FENCE",
+        ]),
+        PROMPT,
+    )
+    .await;
+    next.expect_code(0);
+    let after: u64 = next.stdout.trim().parse().unwrap();
+    assert!(after > fence, "fence {after} after {fence}");
+}
+
+/// `distlock run --help` names the default file lock.
+#[tokio::test]
+async fn the_help_names_the_default_file_lock() {
+    let out = finish(distlock(["run", "--help"]), PROMPT).await;
+    out.expect_code(0);
+    assert!(
+        out.stdout
+            .contains("Without --url or DISTLOCK_URL the lock is a file lock (flock)"),
+        "{}",
+        out.stdout
+    );
+}
+
+/// A scheduled run needs fire-time claims, which a file lock cannot keep: on the default
+/// it is refused with the reason (exit 69), never run on this host alone.
+#[tokio::test]
+async fn a_scheduled_run_on_the_default_file_lock_is_refused() {
+    let out = finish(
+        distlock(["run", "sched", "--schedule", "*/5 * * * * *", "--", "true"]),
+        PROMPT,
+    )
+    .await;
+    out.expect_code(69)
+        .expect_stderr("the file backend cannot keep fire-time claims");
 }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::target::{grant, opts, slack, wait_until_expired, Target};
+use super::target::{grant, opts, slack, Target};
 use lock_core::{Attempt, Backend, Error, Lease, Owner};
 
 /// A lock is granted, reports its key, and can be released and taken again.
@@ -55,12 +55,13 @@ pub async fn different_keys_are_independent(t: &Target) {
     g2.release().await.unwrap();
 }
 
-/// Release by a stale (expired) lease never removes the new holder's lock.
+/// Release by a stale (expired, or for a session-bound backend released) lease never
+/// removes the new holder's lock.
 pub async fn stale_release_never_removes_new_holder(t: &Target) {
     let key = t.key("stale");
     let ttl = t.short_ttl();
     let stale = grant(t, &key, Owner::random(), ttl).await;
-    wait_until_expired(t, &stale).await;
+    t.lapse(&stale).await;
     let fresh = grant(t, &key, Owner::random(), Duration::from_secs(10)).await;
     assert!(matches!(
         t.backend.as_ref().release(&stale).await,
@@ -81,12 +82,13 @@ pub async fn stale_release_never_removes_new_holder(t: &Target) {
         .expect("new holder releases");
 }
 
-/// Extend of an expired or a foreign lease fails with NotHeld and changes nothing.
+/// Extend of an expired (session-bound: released) or a foreign lease fails with NotHeld
+/// and changes nothing.
 pub async fn extend_of_expired_or_foreign_lease_fails(t: &Target) {
     let key = t.key("extend");
     let ttl = t.short_ttl();
     let expired = grant(t, &key, Owner::random(), ttl).await;
-    wait_until_expired(t, &expired).await;
+    t.lapse(&expired).await;
     assert!(matches!(
         t.backend.as_ref().extend(&expired, t.ttl(ttl)).await,
         Err(Error::NotHeld { .. })
@@ -122,7 +124,8 @@ pub async fn extend_of_expired_or_foreign_lease_fails(t: &Target) {
 }
 
 /// Fencing tokens strictly increase across successive holders of a key (when the
-/// backend promises monotonic fencing), also across Lockers and after expiry.
+/// backend promises monotonic fencing), also across Lockers and after expiry (after a drop,
+/// for a session-bound backend).
 pub async fn fencing_tokens_strictly_increase(t: &Target) {
     let key = t.key("fence");
     let lockers = [t.locker(), t.locker()];
@@ -141,6 +144,12 @@ pub async fn fencing_tokens_strictly_increase(t: &Target) {
         .await
         .unwrap();
     fences.push(expiring.fence());
+    let expiring = if t.session_bound() {
+        drop(expiring);
+        None
+    } else {
+        Some(expiring)
+    };
     let next = lockers[1]
         .acquire(&key, &opts(ttl).wait_for(ttl * 4))
         .await
@@ -156,7 +165,8 @@ pub async fn fencing_tokens_strictly_increase(t: &Target) {
     }
 }
 
-/// A lock expires after its TTL when not renewed, and the next acquirer gets it.
+/// A lock expires after its TTL when not renewed, and the next acquirer gets it; a
+/// session-bound one outlives its TTL unrenewed, and is taken at its release.
 pub async fn lock_expires_after_ttl(t: &Target) {
     let (a, b) = (t.locker(), t.locker());
     let key = t.key("expire");
@@ -164,6 +174,24 @@ pub async fn lock_expires_after_ttl(t: &Target) {
     let started = Instant::now();
     let first = a.acquire(&key, &opts(ttl).watchdog(false)).await.unwrap();
     assert!(b.try_acquire(&key).await.unwrap().is_none());
+    if t.session_bound() {
+        let waiter = super::target::spawn_acquire(&b, &key, &opts(ttl).wait_for(ttl * 10));
+        tokio::time::sleep(ttl * 2).await;
+        assert!(!first.is_lost(), "a session-bound lock outlives its TTL");
+        assert!(!waiter.is_finished(), "nobody else gets it meanwhile");
+        assert_eq!(a.stats().renewals_scheduled, 0, "nothing to renew");
+        first
+            .release()
+            .await
+            .expect("still held after twice its TTL");
+        let second = tokio::time::timeout(slack(t), waiter)
+            .await
+            .expect("the waiter gets it at the release")
+            .unwrap()
+            .expect("granted");
+        second.release().await.unwrap();
+        return;
+    }
     let second = b
         .acquire(&key, &opts(ttl).wait_for(ttl * 4))
         .await
@@ -188,12 +216,19 @@ pub async fn lock_expires_after_ttl(t: &Target) {
 pub async fn watchdog_keeps_lock_across_ttls(t: &Target) {
     let (a, b) = (t.locker(), t.locker());
     let ttl = t.short_ttl();
+    // A session-bound grant has nothing to renew: it stays held, unscheduled.
+    let scheduled = |n: usize| if t.session_bound() { 0 } else { n };
     let mut guards = Vec::new();
     for (i, ttl) in [ttl * 2, ttl * 2, ttl].into_iter().enumerate() {
         let key = t.key(&format!("watchdog-{i}"));
         guards.push((a.acquire(&key, &opts(ttl)).await.unwrap(), key));
     }
-    assert_eq!(a.stats().renewals_scheduled, 3, "{:?}", a.stats());
+    assert_eq!(
+        a.stats().renewals_scheduled,
+        scheduled(3),
+        "{:?}",
+        a.stats()
+    );
     let end = Instant::now() + ttl * 5;
     while Instant::now() < end {
         tokio::time::sleep(ttl / 2).await;
@@ -208,7 +243,12 @@ pub async fn watchdog_keeps_lock_across_ttls(t: &Target) {
     let (last, _) = guards.pop().unwrap();
     assert!(last.valid_until() > Instant::now());
     last.release().await.expect("still ours after 5 TTLs");
-    assert_eq!(a.stats().renewals_scheduled, 2, "{:?}", a.stats());
+    assert_eq!(
+        a.stats().renewals_scheduled,
+        scheduled(2),
+        "{:?}",
+        a.stats()
+    );
     for (guard, key) in guards {
         guard
             .release()
@@ -220,6 +260,9 @@ pub async fn watchdog_keeps_lock_across_ttls(t: &Target) {
 
 /// `lost()` fires when the lock is taken away behind the holder's back.
 pub async fn lost_fires_when_taken_away(t: &Target) {
+    if !t.revocable("lost_fires_when_taken_away") {
+        return;
+    }
     let locker = t.locker();
     let key = t.key("lost");
     let ttl = t.short_ttl();

@@ -76,6 +76,9 @@ pub async fn run_reports_outcomes_and_cancels_the_job(t: &Target) {
     drop(after);
     b.settle().await;
 
+    if !t.revocable("run_reports_outcomes_and_cancels_the_job") {
+        return;
+    }
     let cancelled = Arc::new(AtomicBool::new(false));
     let job = {
         let flag = DropFlag(cancelled.clone());

@@ -110,6 +110,13 @@ pub async fn renewals_while_a_waiter_is_queued_keep_the_holder(t: &Target) {
 /// while another process took the key, whose holder then releases, hands nothing stale
 /// to its queued waiter, and what the waiter gets is valid when `acquire` returns.
 pub async fn a_hand_over_never_returns_an_expired_lease(t: &Target) {
+    if t.session_bound() {
+        eprintln!(
+            "conformance [{}]: a_hand_over_never_returns_an_expired_lease not run (session-bound grants do not expire)",
+            t.caps().name
+        );
+        return;
+    }
     let b = t.locker();
     let key = t.key("expired-hand-over");
     let ttl = t.short_ttl();
@@ -171,6 +178,9 @@ pub async fn a_hand_over_never_returns_an_expired_lease(t: &Target) {
 /// A guard found lost never reaches the server again: no renewal follows a refused
 /// `extend`, whatever its watchdog period.
 pub async fn a_lost_lease_is_never_renewed_again(t: &Target) {
+    if !t.revocable("a_lost_lease_is_never_renewed_again") {
+        return;
+    }
     let counting = Arc::new(Counting {
         inner: t.backend.clone(),
         extends: AtomicUsize::new(0),

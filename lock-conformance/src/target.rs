@@ -70,6 +70,37 @@ impl Target {
         self.backend.capabilities()
     }
 
+    /// Whether grants outlive their TTL while their session lives
+    /// ([`Capabilities::session_bound`]).
+    pub(crate) fn session_bound(&self) -> bool {
+        self.caps().session_bound
+    }
+
+    /// Whether a lock can be taken away behind its holder's back: with a revoke hook, or
+    /// [`Admin::force_release`](lock_core::Admin::force_release) on a TTL-bound backend. A
+    /// session-bound grant (a file lock) ends only with its session: without a hook the
+    /// rules that revoke say so and skip that part.
+    pub(crate) fn revocable(&self, rule: &str) -> bool {
+        let can = self.revoke.is_some() || !self.session_bound();
+        if !can {
+            eprintln!(
+                "conformance [{}]: {rule}: revocation not run (session-bound grants end only with their session, and no revoke hook was given)",
+                self.caps().name
+            );
+        }
+        can
+    }
+
+    /// Ends `lease` the way a lapse ends it: waits for its expiry, or, for a session-bound
+    /// grant that never expires while its session lives, releases it.
+    pub(crate) async fn lapse(&self, lease: &Lease) {
+        if self.session_bound() {
+            self.backend.release(lease).await.expect("release");
+        } else {
+            wait_until_expired(self, lease).await;
+        }
+    }
+
     /// `ttl` as the backend accepts it (rounded up to its minimum and granularity).
     ///
     /// # Panics

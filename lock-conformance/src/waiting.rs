@@ -125,6 +125,9 @@ pub async fn a_queued_waiter_takes_over_from_its_sibling(t: &Target) {
             .await
             .unwrap();
     }
+    if !t.revocable("a_queued_waiter_takes_over_from_its_sibling") {
+        return;
+    }
     // Taken away behind the holder's back before a waiter queues: the waiter behind it
     // learns it from the hand-over, or from the holder's next renewal (at ttl / 3).
     let renewed = wait.clone().watchdog(true);

@@ -62,6 +62,17 @@ pub struct Capabilities {
     /// nodes' majorities overlap, so N independent nodes cannot bound the holders of k of
     /// N permits).
     pub permits_refusal: &'static str,
+    /// Whether grants live as long as a session (a process, a connection, an open file)
+    /// rather than a TTL: a file lock, MySQL's `GET_LOCK`, ZooKeeper's ephemeral nodes.
+    ///
+    /// A session-bound grant does not expire while its session lives: the TTL a caller
+    /// gives passes [`effective_ttl`](Self::effective_ttl)'s rules and is then ignored,
+    /// [`validity`](Self::validity) is [`SESSION_VALIDITY`](Self::SESSION_VALIDITY) from the
+    /// request, the watchdog schedules no renewal (there is nothing to renew), and
+    /// [`LockGuard::lost`](crate::LockGuard::lost) fires only when the backend learns that
+    /// the session is gone (never, for a file lock, while the process lives). An
+    /// [`extend`](crate::Backend::extend) checks that the grant is still held.
+    pub session_bound: bool,
 }
 
 /// A lock TTL that passed a backend's rules: not zero, within its maximum, rounded up to
@@ -140,7 +151,19 @@ impl Capabilities {
             clock_drift: ClockDrift::NONE,
             max_permits: 1,
             permits_refusal: "claims of several permits on a key (semaphores, reader-writer locks)",
+            session_bound: false,
         }
+    }
+
+    /// How far the validity of a [session-bound](Self::session_bound) grant reaches: a
+    /// century, "until released or the session ends" on a monotonic clock (small enough
+    /// that `Instant + SESSION_VALIDITY` never overflows).
+    pub const SESSION_VALIDITY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+    /// Sets [`session_bound`](Self::session_bound).
+    pub const fn session_bound(mut self, on: bool) -> Self {
+        self.session_bound = on;
+        self
     }
 
     /// Sets [`max_permits`](Self::max_permits).
@@ -213,8 +236,15 @@ impl Capabilities {
     }
 
     /// The least validity a grant or renewal of `ttl` sent at `sent` has once the server
-    /// applied it: `sent + ttl − allowance` (never later than `sent + ttl`).
+    /// applied it: `sent + ttl − allowance` (never later than `sent + ttl`); for a
+    /// [session-bound](Self::session_bound) backend, `sent +`
+    /// [`SESSION_VALIDITY`](Self::SESSION_VALIDITY) whatever `ttl` is.
     pub fn validity(&self, sent: Instant, ttl: Duration) -> Instant {
+        if self.session_bound {
+            return sent
+                .checked_add(Self::SESSION_VALIDITY)
+                .unwrap_or(sent + ttl);
+        }
         sent + ttl.saturating_sub(self.clock_drift.allowance(ttl))
     }
 
@@ -288,7 +318,21 @@ mod tests {
             clock_drift: ClockDrift::NONE,
             max_permits: 1,
             permits_refusal: "",
+            session_bound: false,
         }
+    }
+
+    #[test]
+    fn session_bound_validity_ignores_the_ttl() {
+        let now = Instant::now();
+        let ttl = Duration::from_millis(300);
+        let bound = Capabilities::new("session").session_bound(true);
+        assert_eq!(
+            bound.validity(now, ttl),
+            now + Capabilities::SESSION_VALIDITY
+        );
+        assert_eq!(Capabilities::new("ttl").validity(now, ttl), now + ttl);
+        assert!(bound.effective_ttl(Duration::ZERO).is_err());
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! its own and uses part of it.
 #![allow(dead_code)]
 
+#[cfg(feature = "file")]
+pub mod file_child;
 pub mod tls;
 
 use std::future::Future;

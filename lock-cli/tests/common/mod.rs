@@ -24,6 +24,8 @@ where
         }
     }
     cmd.args(args)
+        // `distlock run`'s default file lock in a directory of this test binary's own.
+        .env("XDG_RUNTIME_DIR", runtime_dir())
         .env_remove("RUST_LOG")
         .env_remove("COLUMNS")
         .stdin(Stdio::null())
@@ -41,6 +43,19 @@ where
 ///
 /// # Panics
 /// When libfaketime is not installed, with the command that installs it.
+/// The `XDG_RUNTIME_DIR` of the commands this test binary starts: under cargo's directory
+/// for tests' files, one per test process, so that `distlock run` without a URL (a file
+/// lock in `$XDG_RUNTIME_DIR/distlock`) never meets another binary's or the user's locks.
+pub fn runtime_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("xdg-runtime-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("the runtime directory");
+        dir
+    })
+}
+
 pub fn skewed<I, S>(offset: &str, args: I) -> Command
 where
     I: IntoIterator<Item = S>,

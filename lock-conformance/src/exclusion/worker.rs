@@ -322,7 +322,8 @@ impl Worker {
                         ),
                     );
                 }
-                if !watchdog && took > ttl + slack {
+                // A session-bound lock has no TTL to run past: it is held until released.
+                if !watchdog && !self.state.caps.session_bound && took > ttl + slack {
                     self.state.violation(
                         ViolationKind::RunOutcome,
                         &key_name,

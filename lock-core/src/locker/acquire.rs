@@ -213,8 +213,13 @@ pub(super) fn attempt_now(
                 let key: &str = shared_key;
                 tracing::debug!(key, fence, backend = shared.caps.name, "lock granted");
                 // Granted at the backend's own reading of the clock: no second reading.
+                let lifetime = if shared.caps.session_bound {
+                    crate::Capabilities::SESSION_VALIDITY
+                } else {
+                    ttl.get()
+                };
                 let granted_at = valid_until
-                    .checked_sub(ttl.get())
+                    .checked_sub(lifetime)
                     .unwrap_or_else(Instant::now);
                 Ok(Ok(LockGuard::new(shared, lease, ttl, opts, granted_at)))
             }

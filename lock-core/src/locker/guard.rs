@@ -22,6 +22,13 @@ use crate::options::LockOptions;
 /// [`lost`](Self::lost) resolves and [`is_lost`](Self::is_lost) turns true. Renewals,
 /// [`extend`](Self::extend) and the release reach the server one at a time, in order.
 ///
+/// With a [session-bound](crate::Capabilities::session_bound) backend (a file lock) the
+/// grant lasts until it is released or its session ends: the TTL is ignored, no watchdog
+/// renews it, [`valid_until`](Self::valid_until) lies a century ahead, and
+/// [`lost`](Self::lost) fires only when the backend learns that the session is gone (for a
+/// file lock: never while the process lives). Where the text below says the lock expires
+/// at its TTL, such a lock stays held until its session ends.
+///
 /// # Drop
 ///
 /// Dropping a guard that is still held ends the hold at once: the watchdog stops and its

@@ -61,7 +61,8 @@ pub(super) struct GuardShared {
     ops: tokio::sync::Mutex<()>,
     /// The hold's place in the Locker's watchdog schedule, while it has one.
     renewal: Mutex<Option<Ticket>>,
-    /// Whether the watchdog renews this hold.
+    /// Whether the watchdog renews this hold (asked for, and the backend's grants are not
+    /// [session-bound](crate::Capabilities::session_bound)).
     watchdog: bool,
     /// When the lock was granted, for the hold-time metric.
     granted_at: Instant,
@@ -473,6 +474,8 @@ impl GuardShared {
         opts: &LockOptions,
         granted_at: Instant,
     ) -> Arc<Self> {
+        // A session-bound grant lasts while its session does: nothing to renew.
+        let watchdog = opts.watchdog && !locker.caps.session_bound;
         let shared = locker.held.insert(|slot| {
             let shared = Arc::new(GuardShared {
                 slot,
@@ -486,14 +489,14 @@ impl GuardShared {
                 settled: AtomicBool::new(false),
                 ops: tokio::sync::Mutex::new(()),
                 renewal: Mutex::new(None),
-                watchdog: opts.watchdog,
+                watchdog,
                 granted_at,
                 key_label: opts.metrics_label,
                 announce: opts.announce,
             });
             (shared.clone() as Arc<dyn Held>, shared)
         });
-        if opts.watchdog {
+        if watchdog {
             // A renewal period after the grant, counted from its validity (no clock read).
             let before_end = ttl.get() - renewal_period(ttl.get());
             let valid_until = shared.valid_until();
