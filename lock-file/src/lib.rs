@@ -198,6 +198,14 @@ impl Inner {
     /// attempt wakes no watcher), then, holding it, the next fence written (and synced)
     /// through a second descriptor opened for writing, kept until the release.
     fn try_acquire(&self, key: &str, owner: Owner) -> Result<Option<u64>> {
+        // Grants are kept by owner: a second grant to an owner holding another key would
+        // replace (and so unlock) the first while its lease still looks held.
+        if lock(&self.held).contains_key(&owner) {
+            return Err(Error::Unsupported {
+                backend: NAME,
+                operation: "one owner token holding two file locks at once (each grant takes a fresh owner)",
+            });
+        }
         let path = self.path(key, LOCK_SUFFIX);
         let file = self.open(&path)?;
         match sys::try_lock_exclusive(&file).map_err(|e| io_error("lock", &path, e))? {

@@ -113,3 +113,27 @@ async fn a_removed_directory_is_created_again() {
     std::fs::remove_dir(&dir).unwrap();
     assert!(grant(&a, "k").await.is_some());
 }
+
+/// An owner holding one key is refused a second key (grants are kept by owner: the second
+/// used to replace the first, unlocking it while its lease still looked held).
+#[tokio::test]
+async fn an_owner_holding_a_key_is_refused_a_second_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let a = FileBackend::open(tmp.path()).unwrap();
+    let owner = Owner::random();
+    let first = Backend::try_acquire(&a, "one", owner, Permits::LOCK, ttl()).await;
+    assert!(matches!(first, Ok(Attempt::Granted { .. })), "{first:?}");
+    let second = Backend::try_acquire(&a, "two", owner, Permits::LOCK, ttl()).await;
+    assert!(
+        matches!(second, Err(Error::Unsupported { .. })),
+        "{second:?}"
+    );
+    assert!(
+        grant(&a, "one").await.is_none(),
+        "the first key is still held"
+    );
+    assert!(
+        grant(&a, "two").await.is_some(),
+        "the refused key was left free"
+    );
+}
