@@ -12,13 +12,14 @@ import json
 import os
 import sys
 
-BACKENDS = ["memory", "redis", "redlock", "etcd", "postgres", "memory-permits", "redis-permits", "postgres-permits"]
+BACKENDS = ["memory", "redis", "redlock", "etcd", "postgres", "mysql", "memory-permits", "redis-permits", "postgres-permits"]
 PEER = {
     "memory": "mutex-map",
     "redis": "rslock",
     "redlock": "rslock",
     "etcd": "lock-rpc",
     "postgres": "advisory",
+    "mysql": "get_lock",
     "memory-permits": "semaphore-map",
     "redis-permits": "raw",
     "postgres-permits": "raw",
