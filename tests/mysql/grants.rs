@@ -129,3 +129,60 @@ async fn grouped_scripts_serve_every_task_in_order() {
         locker.shutdown().await;
     }
 }
+
+/// A grant's fence is drawn in the order grants on its key are made, even when the first
+/// script to draw one is held up between drawing it and writing its row: the key's row
+/// lock, taken before the fence is drawn, keeps a second acquirer waiting until the first
+/// commits, so it never takes the key with a later fence meanwhile (and the first is never
+/// then granted with its earlier, lower one). The hold-up is a test trigger that sleeps in
+/// the first acquirer's update (after its fence was drawn), as a descheduled or paused
+/// server thread would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_drawn_before_a_later_grant_is_never_granted_after_it() {
+    let server = MariaDbServer::start().await;
+    let url = mysql_url(server.addr(), "table=ordered&timeout=10s");
+    let one = Arc::new(backend(&url).await);
+    let two = backend(&url).await;
+    let mut raw = server.client().await;
+    let k = key("ordered");
+    let held = Owner::random();
+    raw.query_drop(format!(
+        "CREATE TRIGGER hold_first BEFORE UPDATE ON ordered FOR EACH ROW \
+         IF NEW.owner = '{held}' AND OLD.owner <> NEW.owner THEN DO SLEEP(1); END IF"
+    ))
+    .await
+    .unwrap();
+    let ttl = one
+        .capabilities()
+        .effective_ttl(Duration::from_secs(10))
+        .unwrap();
+    let first = tokio::spawn({
+        let (one, k) = (one.clone(), k.clone());
+        async move { one.try_acquire(&k, held, distlock::Permits::LOCK, ttl).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let second = two
+        .try_acquire(&k, Owner::random(), distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap();
+    assert!(
+        matches!(second, Attempt::Taken { .. }),
+        "the second acquirer waited for the first one's row and found it held: {second:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(400), "it waited");
+    let Attempt::Granted { fence: first_fence, .. } = first.await.unwrap().unwrap() else {
+        panic!("the first acquirer is granted")
+    };
+    one.release(&distlock::Lease::new(k.as_str(), held, first_fence, Instant::now()))
+        .await
+        .unwrap();
+    match two
+        .try_acquire(&k, Owner::random(), distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap()
+    {
+        Attempt::Granted { fence, .. } => assert!(fence > first_fence, "{fence} > {first_fence}"),
+        other => panic!("the key is free again: {other:?}"),
+    }
+}
