@@ -2,6 +2,7 @@
 //! it broke or timed out (its server session ended before the next request), every request
 //! bounded by the operation timeout.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -112,7 +113,7 @@ impl Connection {
                     guard.keep();
                     return Ok(rows);
                 }
-                Ok(Err(e)) => Failure::Client(e),
+                Ok(Err(failure)) => failure,
                 Err(_) => Failure::Timeout,
             };
             if failure.breaks_connection() {
@@ -214,8 +215,7 @@ impl Connection {
                  SELECT CONNECTION_ID(), CAST(UNIX_TIMESTAMP() AS SIGNED)"
             ),
         )
-        .await
-        .map_err(Failure::Client)?;
+        .await?;
         let [uptime, me] = rows.as_slice() else {
             return Err(Failure::Reply(format!(
                 "{} rows from the session's set-up",
@@ -316,15 +316,32 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     lock_core::sync::lock(mutex)
 }
 
+/// Numbers the scripts sent, for their frames.
+static FRAMES: AtomicU64 = AtomicU64::new(1);
+
 /// Runs a script and answers the rows of all its result sets, in order.
-async fn run(conn: &mut Conn, script: &str) -> Result<Vec<Row>, mysql_async::Error> {
-    let mut result = conn.query_iter(script).await?;
-    let mut rows = Vec::new();
+///
+/// The script is framed by `SELECT n` before and after it, with `n` new for each script,
+/// and both frames are checked: a reply that is not this script's whole answer (the
+/// connection out of step with its requests) gives the connection up rather than
+/// answering from another script's rows.
+async fn run(conn: &mut Conn, script: &str) -> Result<Vec<Row>, Failure> {
+    let frame = FRAMES.fetch_add(1, Ordering::Relaxed);
+    let framed = format!("SELECT {frame}; {script}; SELECT {frame}");
+    let mut result = conn.query_iter(framed).await.map_err(Failure::Client)?;
+    let mut sets: Vec<Vec<Row>> = Vec::new();
     while !result.is_empty() {
-        let set: Vec<Row> = result.collect().await?;
-        rows.extend(set);
+        sets.push(result.collect().await.map_err(Failure::Client)?);
     }
-    Ok(rows)
+    let is_frame = |set: Option<&Vec<Row>>| matches!(set.map(Vec::as_slice), Some([row]) if column::<u64>(row, 0).ok() == Some(frame));
+    if sets.len() < 2 || !is_frame(sets.first()) || !is_frame(sets.last()) {
+        return Err(Failure::OutOfStep(format!(
+            "the reply to script {frame} is not its whole answer ({} result sets)",
+            sets.len()
+        )));
+    }
+    sets.pop();
+    Ok(sets.into_iter().skip(1).flatten().collect())
 }
 
 /// Column `i` of `row` as `T`, or what the reply was instead.

@@ -29,6 +29,9 @@ pub(crate) enum Failure {
     Client(mysql_async::Error),
     /// The server answered something the protocol does not allow.
     Reply(String),
+    /// The connection's replies were out of step with its requests (the reply to a script
+    /// was not its whole answer): given up, and whatever the script did is unknown.
+    OutOfStep(String),
     /// The failure of a grouped script, which each request of the group reports.
     Shared(std::sync::Arc<Failure>),
 }
@@ -37,7 +40,7 @@ impl Failure {
     /// Whether trying again later may succeed.
     pub(crate) fn is_transient(&self) -> bool {
         match self {
-            Failure::Timeout => true,
+            Failure::Timeout | Failure::OutOfStep(_) => true,
             Failure::Reply(_) => false,
             Failure::Client(e) => is_transient(e),
             Failure::Shared(f) => f.is_transient(),
@@ -48,7 +51,7 @@ impl Failure {
     /// request may still be on its way) or broke.
     pub(crate) fn breaks_connection(&self) -> bool {
         match self {
-            Failure::Timeout => true,
+            Failure::Timeout | Failure::OutOfStep(_) => true,
             Failure::Reply(_) => false,
             Failure::Client(e) => e.is_fatal(),
             Failure::Shared(f) => f.breaks_connection(),
@@ -92,6 +95,9 @@ impl RequestError {
     /// The error a caller sees: [`Error::Unavailable`] when transient, else
     /// [`Error::Backend`].
     pub(crate) fn into_error(self) -> Error {
+        if let Failure::OutOfStep(what) = &self.failure {
+            tracing::warn!(addr = %self.addr, op = self.op, "connection given up: {what}");
+        }
         if self.failure.is_transient() {
             Error::unavailable(NAME, self)
         } else {
@@ -111,7 +117,7 @@ fn describe(failure: &Failure, timeout: Duration, f: &mut fmt::Formatter<'_>) ->
     match failure {
         Failure::Shared(shared) => describe(shared, timeout, f),
         Failure::Timeout => write!(f, "no answer within {timeout:?}"),
-        Failure::Reply(what) => f.write_str(what),
+        Failure::Reply(what) | Failure::OutOfStep(what) => f.write_str(what),
         Failure::Client(mysql_async::Error::Server(s)) => {
             match s.code {
                 // Access denied (user, password, database).

@@ -158,7 +158,10 @@ async fn a_fence_drawn_before_a_later_grant_is_never_granted_after_it() {
         .unwrap();
     let first = tokio::spawn({
         let (one, k) = (one.clone(), k.clone());
-        async move { one.try_acquire(&k, held, distlock::Permits::LOCK, ttl).await }
+        async move {
+            one.try_acquire(&k, held, distlock::Permits::LOCK, ttl)
+                .await
+        }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
@@ -171,12 +174,20 @@ async fn a_fence_drawn_before_a_later_grant_is_never_granted_after_it() {
         "the second acquirer waited for the first one's row and found it held: {second:?}"
     );
     assert!(started.elapsed() >= Duration::from_millis(400), "it waited");
-    let Attempt::Granted { fence: first_fence, .. } = first.await.unwrap().unwrap() else {
+    let Attempt::Granted {
+        fence: first_fence, ..
+    } = first.await.unwrap().unwrap()
+    else {
         panic!("the first acquirer is granted")
     };
-    one.release(&distlock::Lease::new(k.as_str(), held, first_fence, Instant::now()))
-        .await
-        .unwrap();
+    one.release(&distlock::Lease::new(
+        k.as_str(),
+        held,
+        first_fence,
+        Instant::now(),
+    ))
+    .await
+    .unwrap();
     match two
         .try_acquire(&k, Owner::random(), distlock::Permits::LOCK, ttl)
         .await
