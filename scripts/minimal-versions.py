@@ -38,9 +38,9 @@ def strip(manifest: Path, root: bool) -> None:
         members = ", ".join(f'"{m}"' for m in CHECKED)
         text = re.sub(r"(?m)^members = .*$", f"members = [{members}]", text)
         # The facade without its network backends (their crates are not in this check).
-        for backend in ["lock-redis", "lock-redlock", "lock-etcd", "lock-postgres"]:
+        for backend in ["lock-redis", "lock-redlock", "lock-etcd", "lock-postgres", "lock-mysql"]:
             text = re.sub(rf"(?m)^{backend} = \{{ workspace = true, optional = true \}}\n", "", text)
-        text = re.sub(r'(?m)^(redis|redlock|etcd|postgres) = \["dep:lock-[a-z]+"\]\n', "", text)
+        text = re.sub(r'(?m)^(redis|redlock|etcd|postgres|mysql) = \["dep:lock-[a-z]+"\]\n', "", text)
         text = re.sub(r"(?m)^full = .*$", 'full = ["memory", "scheduler"]', text)
         text = re.sub(r"(?m)^tls = .*$", "tls = []", text)
         text = re.sub(r"(?m)^tls-ring = .*$", "tls-ring = []", text)
