@@ -70,7 +70,7 @@ for feature in "" memory redis redlock etcd postgres mysql scheduler tls tls-rin
 done
 msrv_check -p lock-cli --no-default-features
 # The README's install without protoc (no etcd).
-msrv_check -p lock-cli --no-default-features --features redis,redlock,postgres
+msrv_check -p lock-cli --no-default-features --features redis,redlock,postgres,mysql
 # The dependency floors of the crates whose floors are ours alone, at their lowest versions
 # (scripts/minimal-versions.py says why those crates).
 step "Rust $msrv: the dependency floors (direct minimal versions)"
