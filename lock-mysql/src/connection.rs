@@ -321,22 +321,39 @@ static FRAMES: AtomicU64 = AtomicU64::new(1);
 
 /// Runs a script and answers the rows of all its result sets, in order.
 ///
-/// The script is framed by `SELECT n` before and after it, with `n` new for each script,
-/// and both frames are checked: a reply that is not this script's whole answer (the
-/// connection out of step with its requests) gives the connection up rather than
-/// answering from another script's rows.
+/// The script is framed by `SELECT 'distlock-frame-n'` before and after it, with `n` new
+/// for each script, and the answer is read until the closing frame: `mysql_async` reports
+/// "no more results" while the error of a statement after a result set is still unread
+/// (a deadlock in the `DELETE` after a release's `SELECT … FOR UPDATE`), so its word alone
+/// would swallow the error and leave the transaction open. An answer without both frames
+/// gives the connection up rather than being read as this script's.
 async fn run(conn: &mut Conn, script: &str) -> Result<Vec<Row>, Failure> {
-    let frame = FRAMES.fetch_add(1, Ordering::Relaxed);
-    let framed = format!("SELECT {frame}; {script}; SELECT {frame}");
+    let frame = format!("distlock-frame-{}", FRAMES.fetch_add(1, Ordering::Relaxed));
+    let framed = format!("SELECT '{frame}'; {script}; SELECT '{frame}'");
     let mut result = conn.query_iter(framed).await.map_err(Failure::Client)?;
+    let is_frame = |set: &[Row]| matches!(set, [row] if column::<String>(row, 0).ok().as_deref() == Some(frame.as_str()));
     let mut sets: Vec<Vec<Row>> = Vec::new();
-    while !result.is_empty() {
-        sets.push(result.collect().await.map_err(Failure::Client)?);
+    // Empty reads in a row with nothing more reported: the answer ended.
+    let mut empty = 0;
+    loop {
+        let set: Vec<Row> = result.collect().await.map_err(Failure::Client)?;
+        let closing = !sets.is_empty() && is_frame(&set);
+        empty = if set.is_empty() && result.is_empty() {
+            empty + 1
+        } else {
+            0
+        };
+        sets.push(set);
+        if closing || empty > 1 {
+            break;
+        }
     }
-    let is_frame = |set: Option<&Vec<Row>>| matches!(set.map(Vec::as_slice), Some([row]) if column::<u64>(row, 0).ok() == Some(frame));
-    if sets.len() < 2 || !is_frame(sets.first()) || !is_frame(sets.last()) {
+    let whole = sets.len() >= 2
+        && sets.first().is_some_and(|s| is_frame(s))
+        && sets.last().is_some_and(|s| is_frame(s));
+    if !whole {
         return Err(Failure::OutOfStep(format!(
-            "the reply to script {frame} is not its whole answer ({} result sets)",
+            "the answer to a script is not its whole answer ({} result sets)",
             sets.len()
         )));
     }
