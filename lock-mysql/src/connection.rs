@@ -31,11 +31,13 @@ struct Live {
     last_used: Instant,
 }
 
-/// A server session: its connection id and when the server it runs on started (seconds
+/// A server session: its connection id, its client address as the server shows it
+/// (`host:port` in the process list), and when the server it runs on started (seconds
 /// since the Unix epoch), so that a restarted server's reuse of the id is never ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Session {
     id: u32,
+    host: String,
     booted: i64,
 }
 
@@ -153,10 +155,8 @@ impl Connection {
                      their fences): set innodb_flush_log_at_trx_commit = 1"
                 );
             }
-            live.conn
-                .query_drop(self.sql.create())
-                .await
-                .map_err(Failure::Client)?;
+            // Read to the closing frame, so that an error of any statement comes through.
+            run(&mut live.conn, &self.sql.create()).await?;
             live.last_used = Instant::now();
             lock(&self.idle).push(live);
             Ok(())
@@ -212,7 +212,8 @@ impl Connection {
                 "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
                  SET time_zone = '+00:00', autocommit = 1, innodb_lock_wait_timeout = {wait_s}; \
                  SHOW GLOBAL STATUS LIKE 'Uptime'; \
-                 SELECT CONNECTION_ID(), CAST(UNIX_TIMESTAMP() AS SIGNED)"
+                 SELECT CONNECTION_ID(), CAST(UNIX_TIMESTAMP() AS SIGNED), \
+                 (SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID())"
             ),
         )
         .await?;
@@ -224,10 +225,12 @@ impl Connection {
         };
         let uptime: i64 = column(uptime, 1)?;
         let (id, now): (u32, i64) = (column(me, 0)?, column(me, 1)?);
+        let host: String = column::<Option<String>>(me, 2)?.unwrap_or_default();
         Ok(Live {
             conn,
             session: Session {
                 id,
+                host,
                 booted: now - uptime,
             },
             last_used: Instant::now(),
@@ -278,6 +281,27 @@ async fn end_sessions(
         // A session of a server since restarted ended with it; its id may be another's now.
         if (session.booted - live.session.booted).abs() > 2 || session.id == live.session.id {
             continue;
+        }
+        // Still the same session (a restart within seconds reuses ids, the client's
+        // address tells them apart)? The address is the server's own text: matched only
+        // when it is plain.
+        let plain = session
+            .host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".:-_[]".contains(&b));
+        if plain {
+            let same: Option<i64> = live
+                .conn
+                .query_first(format!(
+                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                     WHERE ID = {} AND HOST = '{}'",
+                    session.id, session.host
+                ))
+                .await
+                .map_err(Failure::Client)?;
+            if same.unwrap_or(0) == 0 {
+                continue;
+            }
         }
         let killed = live
             .conn
