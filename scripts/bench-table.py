@@ -13,7 +13,7 @@ import os
 import sys
 
 BACKENDS = [
-    "memory", "file", "redis", "redlock", "etcd", "postgres", "memory-permits",
+    "memory", "file", "redis", "redlock", "etcd", "postgres", "mysql", "memory-permits",
     "redis-permits", "postgres-permits", "memory-kinds", "redis-kinds", "postgres-kinds",
 ]
 PEER = {
@@ -23,6 +23,7 @@ PEER = {
     "redlock": "rslock",
     "etcd": "lock-rpc",
     "postgres": "advisory",
+    "mysql": "get_lock",
     "memory-permits": "semaphore-map",
     "redis-permits": "raw",
     "postgres-permits": "raw",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every check and test of distlock on a fresh Debian machine: installs the real
-# servers the tests start (redis-server, etcd, postgresql), protoc and protobuf's
+# servers the tests start (redis-server, etcd, postgresql, mariadb-server), protoc and protobuf's
 # well-known types (etcd-client's build)
 # and faketime (the clock-skew tests) when they are missing, then the module-cycle check,
 # fmt, clippy, the build on the declared minimum Rust version (installed with rustup) and
@@ -30,6 +30,8 @@ command -v prometheus-pushgateway >/dev/null 2>&1 || missing+=(prometheus-pushga
 # PostgreSQL's binaries live under /usr/lib/postgresql/<version>/bin, not on PATH.
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null 2>&1 \
   || missing+=(postgresql)
+# MariaDB's server is in /usr/sbin (the test kit also looks there).
+command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
 if [ ${#missing[@]} -gt 0 ]; then
   step "installing ${missing[*]}"
   sudo=""
@@ -62,13 +64,13 @@ step "Rust $msrv (the declared minimum): cargo check, every feature and target"
 msrv_check() { CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --locked --quiet "$@"; }
 msrv_check --workspace --all-features --all-targets
 step "Rust $msrv: each facade feature alone"
-for feature in "" memory file redis redlock etcd postgres scheduler tls tls-ring "redis,tls" \
+for feature in "" memory file redis redlock etcd postgres mysql scheduler tls tls-ring "redis,tls" \
   "redis,tls-ring"; do
   msrv_check -p distlock --no-default-features ${feature:+--features "$feature"}
 done
 msrv_check -p lock-cli --no-default-features
 # The README's install without protoc (no etcd).
-msrv_check -p lock-cli --no-default-features --features redis,redlock,postgres
+msrv_check -p lock-cli --no-default-features --features redis,redlock,postgres,mysql
 # The dependency floors of the crates whose floors are ours alone, at their lowest versions
 # (scripts/minimal-versions.py says why those crates).
 step "Rust $msrv: the dependency floors (direct minimal versions)"

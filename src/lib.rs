@@ -13,6 +13,7 @@
 //! | `redlock://host:port,host:port,…[?drift=…]` | `redlock` | Redlock quorum over N Redis nodes |
 //! | `etcd://[user:pass@]host:port[,host:port…][?prefix=…&timeout=…&tls=true&ca=…&cert=…&key=…]` | `etcd` | etcd leases |
 //! | `postgres://[user:pass@]host[:port][/db][?table=…&schema=…&timeout=…]`, `postgresql://…` | `postgres` | a PostgreSQL lease table |
+//! | `mysql://[user:pass@]host[:port]/db[?table=…&timeout=…]`, `mariadb://…` | `mysql` | a MySQL or MariaDB lease table |
 //!
 //! A URL whose backend is not compiled in is [`Error::FeatureDisabled`], naming the feature.
 //!
@@ -37,6 +38,8 @@ pub use lock_etcd as etcd;
 pub use lock_file as file;
 #[cfg(feature = "memory")]
 pub use lock_memory::MemoryBackend;
+#[cfg(feature = "mysql")]
+pub use lock_mysql as mysql;
 #[cfg(feature = "postgres")]
 pub use lock_postgres as postgres;
 #[cfg(feature = "redis")]
@@ -65,6 +68,8 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("etcd", "etcd"),
     ("postgres", "postgres"),
     ("postgresql", "postgres"),
+    ("mysql", "mysql"),
+    ("mariadb", "mysql"),
 ];
 
 /// Builds a ready [`Locker`] from a lock-server URL.
@@ -97,6 +102,8 @@ pub async fn connect(url: &str) -> Result<Locker> {
         "postgres" | "postgresql" => Ok(Locker::new(
             lock_postgres::PostgresBackend::connect(&url).await?,
         )),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Locker::new(lock_mysql::MysqlBackend::connect(&url).await?)),
         other => Err(not_compiled(&url, other)),
     }
 }
@@ -167,7 +174,7 @@ mod tests {
                     assert!(reason.starts_with("unknown scheme `"), "{reason}");
                     assert!(
                         reason.ends_with(
-                            "(expected memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd, postgres, postgresql)"
+                            "(expected memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd, postgres, postgresql, mysql, mariadb)"
                         ),
                         "{reason}"
                     );
@@ -192,6 +199,8 @@ mod tests {
             ("etcd", "etcd"),
             ("postgres", "postgres"),
             ("postgresql", "postgres"),
+            ("mysql", "mysql"),
+            ("mariadb", "mysql"),
         ] {
             match not_compiled(&url, scheme) {
                 Error::FeatureDisabled {
@@ -216,6 +225,7 @@ mod tests {
                 "redlock" => cfg!(feature = "redlock"),
                 "etcd" => cfg!(feature = "etcd"),
                 "postgres" => cfg!(feature = "postgres"),
+                "mysql" => cfg!(feature = "mysql"),
                 other => panic!("unknown feature {other}"),
             };
             if compiled {

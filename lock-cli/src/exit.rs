@@ -80,8 +80,9 @@ impl CliError {
                     e.hint(
                         "use memory://, file:///DIR, redis://HOST:PORT[/DB], rediss://…, \
                          redis+sentinel://H1:P1,…/MASTER, redis+cluster://H1:P1,…, \
-                         redlock://H1:P1,H2:P2,…, etcd://HOST:PORT[,…] or \
-                         postgres://USER@HOST:PORT/DB (all in `distlock --help`)",
+                         redlock://H1:P1,H2:P2,…, etcd://HOST:PORT[,…], \
+                         postgres://USER@HOST:PORT/DB or mysql://USER@HOST:PORT/DB \
+                         (all in `distlock --help`)",
                     )
                 } else {
                     e

@@ -56,6 +56,8 @@ $XDG_RUNTIME_DIR/distlock):
       an etcd cluster (port 2379); TLS with tls=true or any of ca, cert, key
   postgres://[USER:PASS@]HOST[:PORT][/DB][?table=T&schema=S&timeout=DUR]
       a PostgreSQL lease table (port 5432); postgresql:// is the same
+  mysql://[USER:PASS@]HOST[:PORT]/DB[?table=T&timeout=DUR]
+      a MySQL 8 or MariaDB 10.3+ lease table (port 3306); mariadb:// is the same
 Percent-encode @ / ? # in a password; prefer $DISTLOCK_URL to --url for one (other users
 of the host see command lines). Durations are written like 500ms, 30s, 5m or 1h 30m.
 

@@ -17,7 +17,7 @@ use crate::exit::{CliError, USAGE};
 
 /// The crates whose events distlock shows by default: the command itself (its crate is
 /// named `distlock`, like the facade library) and the library crates.
-const OURS: [&str; 8] = [
+const OURS: [&str; 9] = [
     "distlock",
     "lock_core",
     "lock_memory",
@@ -25,6 +25,7 @@ const OURS: [&str; 8] = [
     "lock_redlock",
     "lock_etcd",
     "lock_postgres",
+    "lock_mysql",
     "lock_scheduler",
 ];
 

@@ -169,3 +169,21 @@ async fn postgres_client_clock_skew_moves_no_expiry() {
     }
     behind.terminate().await;
 }
+
+/// MySQL/MariaDB: exclusion between two `distlock` processes, status and fences through
+/// the command.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql() {
+    let server = lock_testkit::MariaDbServer::start().await;
+    common::cross_process_scenario(&server.url(), "mysql").await;
+}
+
+/// MySQL/MariaDB: `bench` measures the raw baseline (INSERT IGNORE + DELETE) beside the
+/// lock cycle.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_bench_baseline() {
+    let server = lock_testkit::MariaDbServer::start().await;
+    common::bench_baseline_scenario(&server.url(), "mysql", "INSERT IGNORE + DELETE").await;
+}

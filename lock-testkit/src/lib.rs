@@ -11,6 +11,7 @@ mod etcd_auth;
 mod etcd_tls;
 mod http;
 mod images;
+mod mariadb;
 mod mode;
 mod oneshot;
 mod ports;
@@ -27,6 +28,7 @@ pub use crate::cluster::{ClusterNode, RedisCluster, CLUSTER_NODE_TIMEOUT, CLUSTE
 pub use crate::etcd::{EtcdCluster, EtcdServer};
 pub use crate::etcd_auth::EtcdUser;
 pub use crate::etcd_tls::EtcdOptions;
+pub use crate::mariadb::{MariaDbServer, MARIADB_DATABASE, MARIADB_PASSWORD};
 pub use crate::mode::{launch_mode, LaunchMode};
 pub use crate::ports::unused_port;
 pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};

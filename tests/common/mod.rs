@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use distlock::{Backend, Capabilities, LockOptions, Locker, Owner};
 use lock_conformance::{run_all, BoxFuture, Faults, Target};
-use lock_testkit::{EtcdServer, FaultProxy, PostgresServer, ProxyMode, RedisServer};
+use lock_testkit::{EtcdServer, FaultProxy, MariaDbServer, PostgresServer, ProxyMode, RedisServer};
 use tokio::sync::Mutex;
 
 /// Slack for "returns within its deadline" bounds.
@@ -110,6 +110,27 @@ pub fn postgres_url(addr: SocketAddr, params: &str) -> String {
         format!(
             "postgres://postgres:{}@{addr}/postgres",
             lock_testkit::POSTGRES_PASSWORD
+        ),
+        params,
+    )
+}
+
+/// A MySQL/MariaDB backend for `url`.
+#[cfg(feature = "mysql")]
+pub async fn mysql_backend(url: &str) -> distlock::mysql::MysqlBackend {
+    distlock::mysql::MysqlBackend::connect(&distlock::LockUrl::parse(url).expect("valid URL"))
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
+}
+
+/// `mysql://` to `addr` as the test kit's `root`, database `distlock`, with `params` as
+/// its query.
+pub fn mysql_url(addr: SocketAddr, params: &str) -> String {
+    with_query(
+        format!(
+            "mysql://root:{}@{addr}/{}",
+            lock_testkit::MARIADB_PASSWORD,
+            lock_testkit::MARIADB_DATABASE
         ),
         params,
     )
@@ -332,6 +353,34 @@ impl Server for PostgresServer {
     }
     fn revive(&mut self) -> impl Future<Output = ()> + Send + '_ {
         PostgresServer::restart(self)
+    }
+}
+
+impl Server for MariaDbServer {
+    fn addr(&self) -> SocketAddr {
+        MariaDbServer::addr(self)
+    }
+    fn keeps_locks(&self) -> bool {
+        true
+    }
+    async fn has_lock_state(&self) -> bool {
+        true
+    }
+    async fn before_restart(&self) {}
+    fn kill(&mut self) {
+        MariaDbServer::kill(self)
+    }
+    fn pause(&self) {
+        MariaDbServer::pause(self)
+    }
+    fn resume(&self) {
+        MariaDbServer::resume(self)
+    }
+    fn restart(&mut self) -> impl Future<Output = ()> + Send + '_ {
+        MariaDbServer::restart(self)
+    }
+    fn revive(&mut self) -> impl Future<Output = ()> + Send + '_ {
+        MariaDbServer::restart(self)
     }
 }
 

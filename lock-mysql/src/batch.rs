@@ -1,0 +1,261 @@
+//! Group commit of acquisitions, releases and hand-overs.
+//!
+//! Every script costs the server a transaction (its commit, the parsing, the round trip)
+//! on top of its work per row. So acquisitions, releases and hand-overs (each kind apart)
+//! that arrive while [`MAX_IN_FLIGHT`](lock_core::group::MAX_IN_FLIGHT) scripts are on
+//! their way queue and go together as ONE script, one transaction, each key getting the
+//! answer its own script would have had. A request arriving when the way is free goes
+//! alone at once, so a lone caller waits for nothing.
+//!
+//! A group never holds two requests on one key (the group commit keeps them apart). Its
+//! script locks its keys' rows in ascending key order before anything else (see `sql.rs`),
+//! as every other script that locks more than one row does, so two scripts never wait for
+//! each other in a cycle; a deadlock the server still reports (InnoDB's checks of
+//! duplicate keys take locks of their own) rolls the whole script back, and it is sent
+//! again (`connection.rs`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use lock_core::group::{GroupCommit, GroupKey, GroupSend};
+use mysql_async::Row;
+
+use crate::connection::{column, Connection};
+use crate::error::{Failure, RequestError};
+use crate::sql::{AcquireRow, HandOverRow};
+
+/// One key's request.
+pub(crate) enum Request {
+    /// Acquire `key` for `owner` for `ttl_us`.
+    Acquire {
+        key: Vec<u8>,
+        owner: String,
+        ttl_us: i64,
+    },
+    /// Release `key` if it holds `owner`.
+    Release { key: Vec<u8>, owner: String },
+    /// Pass `key` from `owner` to `next` for `ttl_us`, if it still holds `owner` unexpired.
+    HandOver {
+        key: Vec<u8>,
+        owner: String,
+        next: String,
+        ttl_us: i64,
+    },
+}
+
+/// A request's answer, as its own script would have given it.
+pub(crate) enum Answer {
+    /// The acquisition's row: whether it is now the requester's, its fence, the holder's
+    /// microseconds left.
+    Acquired {
+        granted: bool,
+        fence: u64,
+        left_us: i64,
+    },
+    /// The release: `None` when no row held the owner, else whether it was still live.
+    Released { live: Option<bool> },
+    /// The hand-over: the new fence, or `None` when the row no longer held the owner.
+    HandedOver { fence: Option<u64> },
+}
+
+/// The acquisitions and releases of one backend, sent alone or grouped.
+pub(crate) type Batcher = GroupCommit<Scripts>;
+
+/// A new batcher over `connection`.
+pub(crate) fn batcher(connection: Connection) -> Arc<Batcher> {
+    GroupCommit::new(Scripts { connection })
+}
+
+/// Sends requests on the lock connections, each script bounded by the timeout.
+pub(crate) struct Scripts {
+    pub(crate) connection: Connection,
+}
+
+impl Scripts {
+    /// Sends `request` through the group commit `batcher`, within the operation timeout.
+    pub(crate) async fn send(
+        batcher: &Arc<Batcher>,
+        request: Request,
+    ) -> Result<Answer, RequestError> {
+        let key = GroupKey::of(request.key());
+        let patience = batcher.sender().connection.timeout;
+        batcher.send(key, request, patience).await
+    }
+
+    /// One script for every request of `requests` (all of one kind): one answer per
+    /// request, in order.
+    async fn send_all(&self, requests: &[Request]) -> Vec<Result<Answer, RequestError>> {
+        let sql = &self.connection.sql;
+        let (op, script) = match requests.first() {
+            Some(Request::Acquire { .. }) => {
+                let mut rows: Vec<AcquireRow<'_>> = requests
+                    .iter()
+                    .filter_map(|r| match r {
+                        Request::Acquire { key, owner, ttl_us } => Some(AcquireRow {
+                            key,
+                            owner,
+                            ttl_us: *ttl_us,
+                        }),
+                        _ => None,
+                    })
+                    .collect();
+                ("acquire", sql.acquire(&mut rows))
+            }
+            Some(Request::Release { .. }) => (
+                "release",
+                sql.release(requests.iter().map(|r| (r.key(), r.owner()))),
+            ),
+            Some(Request::HandOver { .. }) => {
+                let mut rows: Vec<HandOverRow<'_>> = requests
+                    .iter()
+                    .filter_map(|r| match r {
+                        Request::HandOver {
+                            key,
+                            owner,
+                            next,
+                            ttl_us,
+                        } => Some(HandOverRow {
+                            key,
+                            owner,
+                            next,
+                            ttl_us: *ttl_us,
+                        }),
+                        _ => None,
+                    })
+                    .collect();
+                ("hand over", sql.hand_over(&mut rows))
+            }
+            None => return Vec::new(),
+        };
+        let rows = self.connection.script(op, &script).await;
+        self.answers(op, requests, rows)
+    }
+
+    /// Matches the rows of a script (column 0: the key) to its requests: each request gets
+    /// its row's answer, or the answer of no row. A failed script fails every request alike.
+    fn answers(
+        &self,
+        op: &'static str,
+        requests: &[Request],
+        rows: Result<Vec<Row>, RequestError>,
+    ) -> Vec<Result<Answer, RequestError>> {
+        let rows = match rows {
+            Ok(rows) => rows,
+            Err(e) => {
+                let shared = Arc::new(e.failure);
+                return requests
+                    .iter()
+                    .map(|_| {
+                        Err(RequestError {
+                            addr: e.addr.clone(),
+                            op: e.op,
+                            failure: Failure::Shared(shared.clone()),
+                            timeout: e.timeout,
+                        })
+                    })
+                    .collect();
+            }
+        };
+        let mut by_key: HashMap<Vec<u8>, &Row> = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            match column::<Vec<u8>>(row, 0) {
+                Ok(key) => {
+                    by_key.insert(key, row);
+                }
+                Err(failure) => {
+                    let shared = Arc::new(failure);
+                    return requests
+                        .iter()
+                        .map(|_| Err(self.connection.error(op, Failure::Shared(shared.clone()))))
+                        .collect();
+                }
+            }
+        }
+        requests
+            .iter()
+            .map(|request| {
+                let row = by_key.get(request.key());
+                answer(request, row.copied()).map_err(|f| self.connection.error(op, f))
+            })
+            .collect()
+    }
+}
+
+/// The answer of `request` from its key's row (`None`: no row came back for the key).
+fn answer(request: &Request, row: Option<&Row>) -> Result<Answer, Failure> {
+    match (request, row) {
+        (Request::Acquire { owner, .. }, Some(row)) => {
+            let holder: String = column(row, 1)?;
+            Ok(Answer::Acquired {
+                granted: holder == *owner,
+                fence: column(row, 2)?,
+                left_us: column(row, 3)?,
+            })
+        }
+        (Request::Acquire { .. }, None) => Err(Failure::Reply(
+            "unexpected reply: no row for a key of the acquisition".into(),
+        )),
+        (Request::Release { .. }, Some(row)) => Ok(Answer::Released {
+            live: Some(column::<i64>(row, 1)? != 0),
+        }),
+        (Request::Release { .. }, None) => Ok(Answer::Released { live: None }),
+        (Request::HandOver { .. }, Some(row)) => Ok(Answer::HandedOver {
+            fence: Some(column(row, 1)?),
+        }),
+        (Request::HandOver { .. }, None) => Ok(Answer::HandedOver { fence: None }),
+    }
+}
+
+impl Request {
+    fn key(&self) -> &[u8] {
+        match self {
+            Request::Acquire { key, .. }
+            | Request::Release { key, .. }
+            | Request::HandOver { key, .. } => key,
+        }
+    }
+
+    /// The owner the request acts for (a hand-over: the one it passes the key from).
+    fn owner(&self) -> &str {
+        match self {
+            Request::Acquire { owner, .. }
+            | Request::Release { owner, .. }
+            | Request::HandOver { owner, .. } => owner,
+        }
+    }
+}
+
+impl GroupSend for Scripts {
+    type Request = Request;
+    type Answer = Answer;
+    type Error = RequestError;
+
+    // Never `dispatched` early: a request on the same key waits for the answer, so a
+    // release that cleans up after an abandoned acquisition always runs after it.
+    async fn send_one(
+        &self,
+        request: Request,
+        _dispatched: &(dyn Fn() + Sync),
+    ) -> Result<Answer, RequestError> {
+        let mut answers = self.send_all(std::slice::from_ref(&request)).await;
+        answers
+            .pop()
+            .unwrap_or_else(|| Err(self.connection.error("send", Failure::Timeout)))
+    }
+
+    async fn send_group(
+        &self,
+        requests: Vec<Request>,
+        _dispatched: &(dyn Fn() + Sync),
+    ) -> Vec<Result<Answer, RequestError>> {
+        self.send_all(&requests).await
+    }
+
+    fn no_answer(&self) -> RequestError {
+        self.connection.error("group", Failure::Timeout)
+    }
+
+    fn groups_with(&self, first: &Request, other: &Request) -> bool {
+        std::mem::discriminant(first) == std::mem::discriminant(other)
+    }
+}

@@ -1,0 +1,199 @@
+//! Grants on the database's terms: expiry on its clock, a holder asking again, grouped
+//! scripts under load.
+
+use mysql_async::prelude::Queryable;
+
+use super::*;
+
+/// Expiry is the database's: a lease granted for 2 s expires 2 s after the database's
+/// clock at the grant (as read by another session), and a second owner is told the
+/// holder's time left by the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_is_measured_on_the_database_clock() {
+    let server = MariaDbServer::start().await;
+    let backend = backend(&mysql_url(server.addr(), "table=skew")).await;
+    let mut raw = server.client().await;
+    let k = key("skew");
+    let ttl = backend
+        .capabilities()
+        .effective_ttl(Duration::from_secs(2))
+        .unwrap();
+    let now = "SELECT CAST(UNIX_TIMESTAMP(SYSDATE(6)) * 1000000 AS SIGNED)";
+    let before: i64 = raw.query_first(now).await.unwrap().unwrap();
+    let owner = Owner::random();
+    let Attempt::Granted { fence, .. } = backend
+        .try_acquire(&k, owner, distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap()
+    else {
+        panic!("a free key is granted")
+    };
+    let after: i64 = raw.query_first(now).await.unwrap().unwrap();
+    let expires: i64 = raw
+        .exec_first(
+            "SELECT expires_us FROM skew WHERE lock_key = ?",
+            (k.as_bytes(),),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        expires >= before + 2_000_000 && expires <= after + 2_000_000,
+        "expiry {expires} is the database's grant time + 2 s ({before}..{after})"
+    );
+    match backend
+        .try_acquire(&k, Owner::random(), distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap()
+    {
+        Attempt::Taken {
+            expires_in: Some(left),
+        } => assert!(
+            left <= Duration::from_secs(2) && left > Duration::from_secs(1),
+            "{left:?}"
+        ),
+        other => panic!("expected Taken with the time left, got {other:?}"),
+    }
+    // The holder asking again (a request re-sent after a lost answer) keeps its fence.
+    match backend
+        .try_acquire(&k, owner, distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap()
+    {
+        Attempt::Granted { fence: again, .. } => assert_eq!(again, fence),
+        other => panic!("the holder asking again is granted, got {other:?}"),
+    }
+    // The fences' table keeps no rows: each grant deletes the one it drew.
+    let rows: i64 = raw
+        .query_first("SELECT COUNT(*) FROM skew_fence")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rows, 0);
+}
+
+/// Many tasks of one Locker on distinct keys and on shared keys at once, so that
+/// acquisitions, releases and hand-overs queue and go as grouped scripts: every task is
+/// served, holders of one key never overlap, and each key's fences strictly increase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grouped_scripts_serve_every_task_in_order() {
+    let server = MariaDbServer::start().await;
+    let url = mysql_url(server.addr(), "table=grouped&timeout=5s");
+    let lockers = [
+        Locker::new(backend(&url).await),
+        Locker::new(backend(&url).await),
+    ];
+    let prefix = key("grouped");
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(5))
+        .wait_for(Duration::from_secs(30));
+    let inside = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
+        String,
+        (bool, u64),
+    >::new()));
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..48 {
+        let locker = lockers[t % 2].clone();
+        let (opts, inside) = (opts.clone(), inside.clone());
+        let prefix = prefix.clone();
+        tasks.spawn(async move {
+            for round in 0..6 {
+                // A third of the tasks share 4 keys; the others have their own.
+                let k = if t % 3 == 0 {
+                    format!("{prefix}/shared-{}", (t + round) % 4)
+                } else {
+                    format!("{prefix}/own-{t}")
+                };
+                let guard = locker.acquire(&k, &opts).await.unwrap();
+                {
+                    let mut inside = inside.lock().unwrap();
+                    let entry = inside.entry(k.clone()).or_insert((false, 0));
+                    assert!(!entry.0, "two holders of {k}");
+                    assert!(guard.fence() > entry.1, "fences of {k} go back");
+                    *entry = (true, guard.fence());
+                }
+                tokio::task::yield_now().await;
+                inside.lock().unwrap().get_mut(&k).unwrap().0 = false;
+                if round % 2 == 0 {
+                    guard.release().await.unwrap();
+                } else {
+                    drop(guard);
+                }
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    for locker in lockers {
+        locker.shutdown().await;
+    }
+}
+
+/// A grant's fence is drawn in the order grants on its key are made, even when the first
+/// script to draw one is held up between drawing it and writing its row: the key's row
+/// lock, taken before the fence is drawn, keeps a second acquirer waiting until the first
+/// commits, so it never takes the key with a later fence meanwhile (and the first is never
+/// then granted with its earlier, lower one). The hold-up is a test trigger that sleeps in
+/// the first acquirer's update (after its fence was drawn), as a descheduled or paused
+/// server thread would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_drawn_before_a_later_grant_is_never_granted_after_it() {
+    let server = MariaDbServer::start().await;
+    let url = mysql_url(server.addr(), "table=ordered&timeout=10s");
+    let one = Arc::new(backend(&url).await);
+    let two = backend(&url).await;
+    let mut raw = server.client().await;
+    let k = key("ordered");
+    let held = Owner::random();
+    raw.query_drop(format!(
+        "CREATE TRIGGER hold_first BEFORE UPDATE ON ordered FOR EACH ROW \
+         IF NEW.owner = '{held}' AND OLD.owner <> NEW.owner THEN DO SLEEP(1); END IF"
+    ))
+    .await
+    .unwrap();
+    let ttl = one
+        .capabilities()
+        .effective_ttl(Duration::from_secs(10))
+        .unwrap();
+    let first = tokio::spawn({
+        let (one, k) = (one.clone(), k.clone());
+        async move {
+            one.try_acquire(&k, held, distlock::Permits::LOCK, ttl)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let second = two
+        .try_acquire(&k, Owner::random(), distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap();
+    assert!(
+        matches!(second, Attempt::Taken { .. }),
+        "the second acquirer waited for the first one's row and found it held: {second:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(400), "it waited");
+    let Attempt::Granted {
+        fence: first_fence, ..
+    } = first.await.unwrap().unwrap()
+    else {
+        panic!("the first acquirer is granted")
+    };
+    one.release(&distlock::Lease::new(
+        k.as_str(),
+        held,
+        first_fence,
+        Instant::now(),
+    ))
+    .await
+    .unwrap();
+    match two
+        .try_acquire(&k, Owner::random(), distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap()
+    {
+        Attempt::Granted { fence, .. } => assert!(fence > first_fence, "{fence} > {first_fence}"),
+        other => panic!("the key is free again: {other:?}"),
+    }
+}
