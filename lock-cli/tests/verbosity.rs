@@ -18,14 +18,14 @@ fn assert_lacks(out: &Finished, needle: &str) {
 }
 
 /// -vv shows the lock library's debug events (a grant), which the default hides; -q hides
-/// distlock's own note about memory://, before or after the subcommand; -q and -v together
-/// are refused.
+/// distlock's own note about the default file lock, before or after the subcommand; -q and
+/// -v together are refused.
 #[tokio::test]
 async fn verbose_and_quiet_move_the_filter() {
     let plain = distlock_with(&["run", "k", "--", "true"]).await;
     plain
         .expect_code(0)
-        .expect_stderr("exclude only inside this distlock process");
+        .expect_stderr("excludes the processes of this host only");
     assert_lacks(&plain, "lock granted");
 
     let debug = distlock_with(&["-vv", "run", "k", "--", "true"]).await;
