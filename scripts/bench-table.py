@@ -39,7 +39,7 @@ def fmt_ratio(r):
     if r is None:
         return "–"
     goal = r.get("goal")
-    mark = "" if goal is None else (" ✓" if r["ratio"] >= goal else f" ✗ (goal {goal:g})")
+    mark = "" if goal is None else (" ✓" if r["ratio"] >= goal else f" ✗ (goal {goal:.3g})")
     return f"{r['ratio']:.2f}{mark}"
 
 
