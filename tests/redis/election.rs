@@ -318,3 +318,59 @@ async fn an_observer_in_another_process_is_woken_by_publish_and_announce() {
     );
     leading_locker.shutdown().await;
 }
+
+/// A restart from a snapshot taken while an earlier leader led brings its record back
+/// (its lock had time left): an observer that was already told a later term is not told
+/// the earlier one, even when it was told "nobody leads" in between. (Found by the
+/// exclusion checker's election mode in the stale-snapshot phase, seed
+/// 12628251590122645471: the watch compared with the last answer only, which was `None`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_is_not_told_an_earlier_term_brought_back_by_a_stale_snapshot() {
+    let mut server = RedisServer::start_with(RedisOptions {
+        rdb: true,
+        ..RedisOptions::default()
+    })
+    .await;
+    let name = "stale/leader";
+    let (candidates, observing) = (
+        Locker::new(backend(&server.url()).await),
+        Locker::new(backend(&server.url()).await),
+    );
+    let mut watch = observing.election(name).unwrap().observe();
+    assert_eq!(next_change(&mut watch).await, None);
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(30))
+        .wait_for(Duration::from_secs(5));
+    let election = candidates.election(name).unwrap();
+
+    let first = election.campaign("first", &opts).await.unwrap();
+    let early = first.term();
+    assert_eq!(next_change(&mut watch).await.map(|l| l.term), Some(early));
+    server.save().await;
+    first.resign().await.unwrap();
+    assert_eq!(next_change(&mut watch).await, None, "nobody leads");
+    let second = election.campaign("second", &opts).await.unwrap();
+    let later = second.term();
+    assert!(later > early);
+    assert_eq!(next_change(&mut watch).await.map(|l| l.term), Some(later));
+    second.resign().await.unwrap();
+    assert_eq!(next_change(&mut watch).await, None, "nobody leads");
+
+    server.restart().await;
+    let read = observing.election(name).unwrap().leader().await.unwrap();
+    assert_eq!(
+        read.as_ref().map(|l| l.term),
+        Some(early),
+        "the snapshot brought the first leader's record back"
+    );
+    if let Ok(told) = tokio::time::timeout(Duration::from_secs(2), watch.changed()).await {
+        let told = told.unwrap();
+        assert!(
+            told.as_ref().is_none_or(|l| l.term > later),
+            "told term {:?} after term {later}",
+            told.map(|l| l.term)
+        );
+    }
+    candidates.shutdown().await;
+    observing.shutdown().await;
+}

@@ -6,13 +6,13 @@
 //! release on drop and [`Locker::shutdown`] are the lock's. The backend adds the value and
 //! the notices observers wake on ([`LeaderValues`]).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::election::{check_value, Leader, LeaderValues};
 use crate::error::{Error, Result};
 use crate::locker::{validate_key, LockGuard, Locker};
 use crate::notices::ReleaseListener;
-use crate::options::LockOptions;
+use crate::options::{LockOptions, WaitStrategy};
 use crate::permits::Permits;
 
 /// How long an observer waits for a notice before reading the leader again anyway: notices
@@ -100,7 +100,10 @@ impl Election {
     /// # Errors
     /// As [`Locker::acquire`]; [`Error::InvalidKey`] for a value over
     /// [`MAX_LEADER_VALUE`](crate::election::MAX_LEADER_VALUE) bytes; the error of the
-    /// publication (the leadership is then released).
+    /// publication (the leadership is then released). A grant that expires before its value
+    /// is published (the server or this process paused past the TTL) made nobody leader:
+    /// the campaign goes on within the wait strategy's time ([`Error::Locked`] with `skip`,
+    /// [`Error::Timeout`] when the time is up).
     ///
     /// # Cancel safety
     /// As [`Locker::acquire`]: a dropped campaign leaves no leadership behind (a grant made
@@ -114,14 +117,43 @@ impl Election {
         check_value(&self.name, &value)?;
         let mut opts = opts.clone().permits(Permits::LOCK);
         opts.announce = true;
-        let guard = self.locker.acquire(self.name.as_str(), &opts).await?;
-        // Dropped on an error (or a cancelled publication): released in the background.
-        self.values().publish(&guard.lease(), &value).await?;
-        Ok(Leadership {
-            guard,
-            election: self.clone(),
-            value,
-        })
+        let limit = match opts.wait {
+            WaitStrategy::Wait(limit) => Some(limit),
+            WaitStrategy::Skip | WaitStrategy::WaitForever => None,
+        };
+        let deadline = limit.and_then(|limit| Instant::now().checked_add(limit));
+        loop {
+            let guard = self.locker.acquire(self.name.as_str(), &opts).await?;
+            // Dropped on an error (or a cancelled publication): released in the background.
+            match self.values().publish(&guard.lease(), &value).await {
+                Ok(()) => {
+                    return Ok(Leadership {
+                        guard,
+                        election: self.clone(),
+                        value,
+                    })
+                }
+                // The grant expired before its value was published (the server paused, the
+                // process descheduled past the TTL): nobody was told it leads, so the
+                // campaign goes on, in the time left to it.
+                // With `skip`, that one attempt is over: the key is refused as taken.
+                Err(Error::NotHeld { .. }) => {
+                    drop(guard);
+                    let key = self.name.clone();
+                    if matches!(opts.wait, WaitStrategy::Skip) {
+                        return Err(Error::Locked { key });
+                    }
+                    if let (Some(deadline), Some(waited)) = (deadline, limit) {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return Err(Error::Timeout { key, waited });
+                        }
+                        opts = opts.wait_for(left);
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The current leader, as the server sees it; `None` when nobody leads (or the holder
@@ -144,6 +176,7 @@ impl Election {
         LeaderWatch {
             election: self.clone(),
             last: None,
+            highest: None,
             started: false,
         }
     }
@@ -251,6 +284,10 @@ impl Leadership {
 pub struct LeaderWatch {
     election: Election,
     last: Option<Leader>,
+    /// The highest term answered so far, kept across answers of "nobody leads": a record
+    /// a server brings back (a restart from an older snapshot, a lagging member) is never
+    /// answered after a later term.
+    highest: Option<u64>,
     started: bool,
 }
 
@@ -285,10 +322,14 @@ impl LeaderWatch {
                 _ => true,
             };
             // Terms only grow: a read that lags behind one already answered (another
-            // server's view) is not a change.
-            let stale = matches!((&self.last, &now), (Some(a), Some(b)) if b.term < a.term);
+            // server's view, a record restored from an older snapshot) is not a change,
+            // whatever was answered in between.
+            let stale = matches!((self.highest, &now), (Some(a), Some(b)) if b.term < a);
             if changed && !stale {
                 self.started = true;
+                if let Some(leader) = &now {
+                    self.highest = Some(self.highest.map_or(leader.term, |t| t.max(leader.term)));
+                }
                 self.last = now.clone();
                 return Ok(now);
             }
