@@ -11,8 +11,9 @@
 //! script locks its keys' rows in ascending key order before anything else (see `sql.rs`),
 //! as every other script that locks more than one row does, so two scripts never wait for
 //! each other in a cycle; a deadlock the server still reports (InnoDB's checks of
-//! duplicate keys take locks of their own) rolls the whole script back, and it is sent
-//! again (`connection.rs`).
+//! duplicate keys take locks of their own) rolls the whole script back, and every request
+//! of it fails with the transient error (one attempt, see `connection.rs`): the Locker's
+//! waiting policy decides whether to try again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
