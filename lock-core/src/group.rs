@@ -403,5 +403,6 @@ fn take_group<S: GroupSend>(
     group
 }
 
+pub mod leases;
 #[cfg(test)]
 mod tests;

@@ -35,6 +35,14 @@ mod duration;
 mod host;
 mod parse;
 mod percent;
+// What the SQL backends' builders share, for the distlock backend crates: public only with
+// the `internals` feature, outside the semver promise (as `group`).
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod sql;
+#[cfg(not(feature = "internals"))]
+#[allow(dead_code, unreachable_pub)]
+mod sql;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -4,12 +4,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use lock_core::group::leases::LeaseRequest;
 use lock_core::{
     Admin, Attempt, Backend, Baseline, Capabilities, ClockDrift, HandOver, Holder, Lease, LockUrl,
     Owner, Permits, ReleaseListener, Result, Ttl,
 };
 
-use crate::batch::{self, Answer, Batcher, Request, Scripts};
+use crate::batch::{self, Answer, Batcher};
 use crate::config::MysqlBuilder;
 use crate::connection::{column, Connection};
 use crate::error::{Failure, NAME};
@@ -82,8 +83,9 @@ impl MysqlBackend {
     }
 
     /// Sends an acquisition, a release or a hand-over through the group commit.
-    async fn send(&self, request: Request) -> Result<Answer> {
-        Scripts::send(&self.batch, request)
+    async fn send(&self, request: LeaseRequest) -> Result<Answer> {
+        self.batch
+            .send_lease(request, self.connection().timeout)
             .await
             .map_err(|e| e.into_error())
     }
@@ -136,10 +138,10 @@ impl Backend for MysqlBackend {
         ttl: Ttl,
     ) -> Result<Attempt> {
         let sent = Instant::now();
-        let request = Request::Acquire {
+        let request = LeaseRequest::Acquire {
             key: key.as_bytes().to_vec(),
             owner: owner.to_string(),
-            ttl_us: ttl_us(ttl),
+            ttl: ttl_us(ttl),
         };
         match self.send(request).await? {
             Answer::Acquired {
@@ -181,7 +183,7 @@ impl Backend for MysqlBackend {
     /// Deletes the row if it holds the lease's owner; a row of ours that already expired is
     /// deleted too, but reported as not held.
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let request = Request::Release {
+        let request = LeaseRequest::Release {
             key: lease.key().as_bytes().to_vec(),
             owner: lease.owner().to_string(),
         };
@@ -216,11 +218,11 @@ impl HandOver for MysqlBackend {
     /// holds `from` unexpired; never free in between.
     async fn hand_over(&self, from: &Lease, to: Owner, ttl: Ttl) -> Result<Attempt> {
         let sent = Instant::now();
-        let request = Request::HandOver {
+        let request = LeaseRequest::HandOver {
             key: from.key().as_bytes().to_vec(),
             owner: from.owner().to_string(),
             next: to.to_string(),
-            ttl_us: ttl_us(ttl),
+            ttl: ttl_us(ttl),
         };
         match self.send(request).await? {
             Answer::HandedOver { fence: None } => Ok(Attempt::Taken { expires_in: None }),

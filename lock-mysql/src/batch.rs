@@ -11,37 +11,19 @@
 //! script locks its keys' rows in ascending key order before anything else (see `sql.rs`),
 //! as every other script that locks more than one row does, so two scripts never wait for
 //! each other in a cycle; a deadlock the server still reports (InnoDB's checks of
-//! duplicate keys take locks of their own) rolls the whole script back, and it is sent
-//! again (`connection.rs`).
+//! duplicate keys take locks of their own) rolls the whole script back, and every request
+//! of it fails with the transient error (one attempt, see `connection.rs`): the Locker's
+//! waiting policy decides whether to try again.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use lock_core::group::{GroupCommit, GroupKey, GroupSend};
+use lock_core::group::leases::{answer_by_key, fail_all, LeaseRequest};
+use lock_core::group::{GroupCommit, GroupSend};
 use mysql_async::Row;
 
 use crate::connection::{column, Connection};
 use crate::error::{Failure, RequestError};
 use crate::sql::{AcquireRow, HandOverRow};
-
-/// One key's request.
-pub(crate) enum Request {
-    /// Acquire `key` for `owner` for `ttl_us`.
-    Acquire {
-        key: Vec<u8>,
-        owner: String,
-        ttl_us: i64,
-    },
-    /// Release `key` if it holds `owner`.
-    Release { key: Vec<u8>, owner: String },
-    /// Pass `key` from `owner` to `next` for `ttl_us`, if it still holds `owner` unexpired.
-    HandOver {
-        key: Vec<u8>,
-        owner: String,
-        next: String,
-        ttl_us: i64,
-    },
-}
 
 /// A request's answer, as its own script would have given it.
 pub(crate) enum Answer {
@@ -72,53 +54,43 @@ pub(crate) struct Scripts {
 }
 
 impl Scripts {
-    /// Sends `request` through the group commit `batcher`, within the operation timeout.
-    pub(crate) async fn send(
-        batcher: &Arc<Batcher>,
-        request: Request,
-    ) -> Result<Answer, RequestError> {
-        let key = GroupKey::of(request.key());
-        let patience = batcher.sender().connection.timeout;
-        batcher.send(key, request, patience).await
-    }
-
     /// One script for every request of `requests` (all of one kind): one answer per
     /// request, in order.
-    async fn send_all(&self, requests: &[Request]) -> Vec<Result<Answer, RequestError>> {
+    async fn send_all(&self, requests: &[LeaseRequest]) -> Vec<Result<Answer, RequestError>> {
         let sql = &self.connection.sql;
         let (op, script) = match requests.first() {
-            Some(Request::Acquire { .. }) => {
+            Some(LeaseRequest::Acquire { .. }) => {
                 let mut rows: Vec<AcquireRow<'_>> = requests
                     .iter()
                     .filter_map(|r| match r {
-                        Request::Acquire { key, owner, ttl_us } => Some(AcquireRow {
+                        LeaseRequest::Acquire { key, owner, ttl } => Some(AcquireRow {
                             key,
                             owner,
-                            ttl_us: *ttl_us,
+                            ttl_us: *ttl,
                         }),
                         _ => None,
                     })
                     .collect();
                 ("acquire", sql.acquire(&mut rows))
             }
-            Some(Request::Release { .. }) => (
+            Some(LeaseRequest::Release { .. }) => (
                 "release",
                 sql.release(requests.iter().map(|r| (r.key(), r.owner()))),
             ),
-            Some(Request::HandOver { .. }) => {
+            Some(LeaseRequest::HandOver { .. }) => {
                 let mut rows: Vec<HandOverRow<'_>> = requests
                     .iter()
                     .filter_map(|r| match r {
-                        Request::HandOver {
+                        LeaseRequest::HandOver {
                             key,
                             owner,
                             next,
-                            ttl_us,
+                            ttl,
                         } => Some(HandOverRow {
                             key,
                             owner,
                             next,
-                            ttl_us: *ttl_us,
+                            ttl_us: *ttl,
                         }),
                         _ => None,
                     })
@@ -136,55 +108,35 @@ impl Scripts {
     fn answers(
         &self,
         op: &'static str,
-        requests: &[Request],
+        requests: &[LeaseRequest],
         rows: Result<Vec<Row>, RequestError>,
     ) -> Vec<Result<Answer, RequestError>> {
         let rows = match rows {
             Ok(rows) => rows,
             Err(e) => {
                 let shared = Arc::new(e.failure);
-                return requests
-                    .iter()
-                    .map(|_| {
-                        Err(RequestError {
-                            addr: e.addr.clone(),
-                            op: e.op,
-                            failure: Failure::Shared(shared.clone()),
-                            timeout: e.timeout,
-                        })
-                    })
-                    .collect();
+                return fail_all(requests.len(), || RequestError {
+                    addr: e.addr.clone(),
+                    op: e.op,
+                    failure: Failure::Shared(shared.clone()),
+                    timeout: e.timeout,
+                });
             }
         };
-        let mut by_key: HashMap<Vec<u8>, &Row> = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            match column::<Vec<u8>>(row, 0) {
-                Ok(key) => {
-                    by_key.insert(key, row);
-                }
-                Err(failure) => {
-                    let shared = Arc::new(failure);
-                    return requests
-                        .iter()
-                        .map(|_| Err(self.connection.error(op, Failure::Shared(shared.clone()))))
-                        .collect();
-                }
-            }
-        }
-        requests
-            .iter()
-            .map(|request| {
-                let row = by_key.get(request.key());
-                answer(request, row.copied()).map_err(|f| self.connection.error(op, f))
-            })
-            .collect()
+        answer_by_key(
+            requests,
+            &rows,
+            |row| column::<Vec<u8>>(row, 0).map_err(Arc::new),
+            |shared| self.connection.error(op, Failure::Shared(shared.clone())),
+            |request, row| answer(request, row).map_err(|f| self.connection.error(op, f)),
+        )
     }
 }
 
 /// The answer of `request` from its key's row (`None`: no row came back for the key).
-fn answer(request: &Request, row: Option<&Row>) -> Result<Answer, Failure> {
+fn answer(request: &LeaseRequest, row: Option<&Row>) -> Result<Answer, Failure> {
     match (request, row) {
-        (Request::Acquire { owner, .. }, Some(row)) => {
+        (LeaseRequest::Acquire { owner, .. }, Some(row)) => {
             let holder: String = column(row, 1)?;
             Ok(Answer::Acquired {
                 granted: holder == *owner,
@@ -192,41 +144,22 @@ fn answer(request: &Request, row: Option<&Row>) -> Result<Answer, Failure> {
                 left_us: column(row, 3)?,
             })
         }
-        (Request::Acquire { .. }, None) => Err(Failure::Reply(
+        (LeaseRequest::Acquire { .. }, None) => Err(Failure::Reply(
             "unexpected reply: no row for a key of the acquisition".into(),
         )),
-        (Request::Release { .. }, Some(row)) => Ok(Answer::Released {
+        (LeaseRequest::Release { .. }, Some(row)) => Ok(Answer::Released {
             live: Some(column::<i64>(row, 1)? != 0),
         }),
-        (Request::Release { .. }, None) => Ok(Answer::Released { live: None }),
-        (Request::HandOver { .. }, Some(row)) => Ok(Answer::HandedOver {
+        (LeaseRequest::Release { .. }, None) => Ok(Answer::Released { live: None }),
+        (LeaseRequest::HandOver { .. }, Some(row)) => Ok(Answer::HandedOver {
             fence: Some(column(row, 1)?),
         }),
-        (Request::HandOver { .. }, None) => Ok(Answer::HandedOver { fence: None }),
-    }
-}
-
-impl Request {
-    fn key(&self) -> &[u8] {
-        match self {
-            Request::Acquire { key, .. }
-            | Request::Release { key, .. }
-            | Request::HandOver { key, .. } => key,
-        }
-    }
-
-    /// The owner the request acts for (a hand-over: the one it passes the key from).
-    fn owner(&self) -> &str {
-        match self {
-            Request::Acquire { owner, .. }
-            | Request::Release { owner, .. }
-            | Request::HandOver { owner, .. } => owner,
-        }
+        (LeaseRequest::HandOver { .. }, None) => Ok(Answer::HandedOver { fence: None }),
     }
 }
 
 impl GroupSend for Scripts {
-    type Request = Request;
+    type Request = LeaseRequest;
     type Answer = Answer;
     type Error = RequestError;
 
@@ -234,7 +167,7 @@ impl GroupSend for Scripts {
     // release that cleans up after an abandoned acquisition always runs after it.
     async fn send_one(
         &self,
-        request: Request,
+        request: LeaseRequest,
         _dispatched: &(dyn Fn() + Sync),
     ) -> Result<Answer, RequestError> {
         let mut answers = self.send_all(std::slice::from_ref(&request)).await;
@@ -245,7 +178,7 @@ impl GroupSend for Scripts {
 
     async fn send_group(
         &self,
-        requests: Vec<Request>,
+        requests: Vec<LeaseRequest>,
         _dispatched: &(dyn Fn() + Sync),
     ) -> Vec<Result<Answer, RequestError>> {
         self.send_all(&requests).await
@@ -255,7 +188,7 @@ impl GroupSend for Scripts {
         self.connection.error("group", Failure::Timeout)
     }
 
-    fn groups_with(&self, first: &Request, other: &Request) -> bool {
-        std::mem::discriminant(first) == std::mem::discriminant(other)
+    fn groups_with(&self, first: &LeaseRequest, other: &LeaseRequest) -> bool {
+        first.same_kind(other)
     }
 }

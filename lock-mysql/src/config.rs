@@ -4,19 +4,29 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::url::{format_duration, Host, HostPort, UserInfo};
+use lock_core::url::sql::{SqlConfig, SqlKind};
+use lock_core::url::HostPort;
 use lock_core::{Error, LockUrl, Result};
+
+pub use lock_core::url::sql::check_identifier;
 
 /// The port of a MySQL or MariaDB server when an address or URL names none.
 pub const DEFAULT_PORT: u16 = 3306;
 /// The lease table used when none is given.
-pub const DEFAULT_TABLE: &str = "distlock_leases";
+pub const DEFAULT_TABLE: &str = lock_core::url::sql::DEFAULT_TABLE;
 /// The per-operation timeout used when none is given.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_TIMEOUT: Duration = lock_core::url::sql::DEFAULT_TIMEOUT;
 /// The URL parameters a `mysql://` or `mariadb://` URL may carry.
 pub const URL_PARAMS: &[&str] = &["table", "timeout"];
 /// The longest identifier MySQL and MariaDB keep (64 characters).
 pub const MAX_IDENTIFIER_LEN: usize = 64;
+/// What `mysql://` URLs and their messages name.
+const KIND: SqlKind = SqlKind {
+    backend: "MySQL",
+    schemes: ["mysql", "mariadb"],
+    default_port: DEFAULT_PORT,
+    params: URL_PARAMS,
+};
 /// The connections one backend keeps open: one more than the group commit sends at once,
 /// so that an extension or an inspection never waits behind two groups.
 pub(crate) const CONNECTIONS: usize = lock_core::group::MAX_IN_FLIGHT + 1;
@@ -53,13 +63,7 @@ pub(crate) const CONNECTIONS: usize = lock_core::group::MAX_IN_FLIGHT + 1;
 #[derive(Clone, PartialEq, Eq)]
 #[must_use = "setters return the changed value; it does nothing until used"]
 pub struct MysqlBuilder {
-    /// The parsed `host:port`, or the reason `addr` could not be parsed (reported by `build`).
-    addr: std::result::Result<HostPort, (String, String)>,
-    username: Option<String>,
-    password: Option<String>,
-    database: Option<String>,
-    table: String,
-    timeout: Duration,
+    sql: SqlConfig,
 }
 
 impl MysqlBuilder {
@@ -68,14 +72,8 @@ impl MysqlBuilder {
     /// set), table `distlock_leases` and a 2 s operation timeout. A malformed `addr` is
     /// reported by `build` as [`Error::InvalidUrl`].
     pub fn new(addr: impl Into<String>) -> Self {
-        let addr = addr.into();
         MysqlBuilder {
-            addr: HostPort::parse(&addr, DEFAULT_PORT).map_err(|reason| (addr, reason)),
-            username: None,
-            password: None,
-            database: None,
-            table: DEFAULT_TABLE.to_owned(),
-            timeout: DEFAULT_TIMEOUT,
+            sql: SqlConfig::new(addr.into(), DEFAULT_PORT),
         }
     }
 
@@ -89,52 +87,23 @@ impl MysqlBuilder {
     /// not a plain identifier (see [`table`](Self::table)), or a `timeout` that is not a
     /// positive duration such as `500ms` or `2s`.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
-        if !matches!(url.scheme.as_str(), "mysql" | "mariadb") {
-            return Err(url.invalid(format!(
-                "the MySQL backend takes mysql:// or mariadb:// URLs, not {}://",
-                url.scheme
-            )));
-        }
-        let host = match url.hosts.as_slice() {
-            [host] => host.with_default_port(DEFAULT_PORT),
-            [] => return Err(url.invalid(format!("{}:// needs a host", url.scheme))),
-            _ => {
-                return Err(url.invalid(format!(
-                    "{}:// names one host (several are not supported)",
-                    url.scheme
-                )))
-            }
+        let builder = MysqlBuilder {
+            sql: SqlConfig::from_url(url, &KIND)?,
         };
-        let database = url.path.strip_prefix('/').unwrap_or(&url.path);
-        if database.contains('/') {
-            return Err(url.invalid(format!("the path names one database, not `{}`", url.path)));
-        }
-        url.check_params(URL_PARAMS)?;
-        let mut builder = MysqlBuilder {
-            addr: Ok(host),
-            username: url.username().filter(|u| !u.is_empty()).map(str::to_owned),
-            password: url.password().map(str::to_owned),
-            database: (!database.is_empty()).then(|| database.to_owned()),
-            table: url.param("table").unwrap_or(DEFAULT_TABLE).to_owned(),
-            timeout: DEFAULT_TIMEOUT,
-        };
-        if let Some(timeout) = url.duration_param("timeout")? {
-            builder.timeout = timeout;
-        }
         builder.check()?;
         Ok(builder)
     }
 
     /// The user to log in as; default `root`.
     pub fn username(mut self, username: impl Into<String>) -> Self {
-        self.username = Some(username.into());
+        self.sql.username = Some(username.into());
         self
     }
 
     /// The user's password (`mysql_native_password`, or `caching_sha2_password` of MySQL
     /// 8, which over a connection without TLS asks the server for its RSA key).
     pub fn password(mut self, password: impl Into<String>) -> Self {
-        self.password = Some(password.into());
+        self.sql.password = Some(password.into());
         self
     }
 
@@ -142,7 +111,7 @@ impl MysqlBuilder {
     ///
     /// A plain identifier, as [`table`](Self::table).
     pub fn database(mut self, database: impl Into<String>) -> Self {
-        self.database = Some(database.into());
+        self.sql.database = Some(database.into());
         self
     }
 
@@ -155,25 +124,25 @@ impl MysqlBuilder {
     /// is built: names are spliced into statements (quoted), so nothing else is let
     /// through.
     pub fn table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
+        self.sql.table = table.into();
         self
     }
 
     /// The bound on every operation, connecting included; default 2 s. When it passes the
     /// operation fails with the transient [`Error::Unavailable`].
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.sql.timeout = timeout;
         self
     }
 
     /// The configured operation timeout.
     pub fn get_timeout(&self) -> Duration {
-        self.timeout
+        self.sql.timeout
     }
 
     /// The configured database and table, as given.
     pub fn table_name(&self) -> (Option<&str>, &str) {
-        (self.database.as_deref(), &self.table)
+        (self.sql.database.as_deref(), &self.sql.table)
     }
 
     /// The configuration as a URL that [`from_url`](Self::from_url) turns back into it
@@ -185,28 +154,18 @@ impl MysqlBuilder {
 
     /// Validates everything `build` needs, before any I/O and before any SQL is built.
     pub(crate) fn check(&self) -> Result<Names> {
-        if let Err((addr, reason)) = &self.addr {
-            return Err(Error::invalid_url(addr, reason.clone()));
-        }
         let refuse = |reason: String| Error::invalid_url(&self.redacted(), reason);
-        if self.timeout.is_zero() {
-            return Err(refuse(
-                "parameter `timeout` must be greater than zero".into(),
-            ));
-        }
-        let Some(database) = &self.database else {
+        self.sql.check(refuse)?;
+        let Some(database) = &self.sql.database else {
             return Err(refuse(
                 "a database is required (mysql://host/DATABASE, or `database(…)`)".into(),
             ));
         };
-        Names::new(database, &self.table).map_err(refuse)
+        Names::new(database, &self.sql.table).map_err(refuse)
     }
 
     pub(crate) fn host_port(&self) -> &HostPort {
-        match &self.addr {
-            Ok(addr) => addr,
-            Err(_) => unreachable!("check() refuses a malformed address"),
-        }
+        self.sql.host_port()
     }
 
     pub(crate) fn client_opts(&self) -> mysql_async::Opts {
@@ -215,9 +174,9 @@ impl MysqlBuilder {
         mysql_async::OptsBuilder::default()
             .ip_or_hostname(host)
             .tcp_port(addr.port)
-            .user(Some(self.username.as_deref().unwrap_or("root")))
-            .pass(self.password.clone())
-            .db_name(self.database.clone())
+            .user(Some(self.sql.username.as_deref().unwrap_or("root")))
+            .pass(self.sql.password.clone())
+            .db_name(self.sql.database.clone())
             .prefer_socket(false)
             .tcp_nodelay(true)
             // Every statement is a text script (see `sql.rs`): nothing to cache.
@@ -227,34 +186,11 @@ impl MysqlBuilder {
 
     /// The URL with the password hidden, for messages and `Debug`.
     pub(crate) fn redacted(&self) -> String {
-        match self.to_lock_url() {
-            Some(url) => url.redacted(),
-            None => match &self.addr {
-                Err((addr, _)) => format!("<invalid address {addr:?}>"),
-                Ok(_) => unreachable!("to_lock_url only fails on a bad address"),
-            },
-        }
+        self.sql.redacted(self.to_lock_url())
     }
 
     fn to_lock_url(&self) -> Option<LockUrl> {
-        let host = self.addr.as_ref().ok()?;
-        let mut params = Vec::new();
-        if self.table != DEFAULT_TABLE {
-            params.push(("table".to_owned(), self.table.clone()));
-        }
-        if self.timeout != DEFAULT_TIMEOUT {
-            params.push(("timeout".to_owned(), format_duration(self.timeout)));
-        }
-        Some(LockUrl {
-            scheme: "mysql".to_owned(),
-            userinfo: UserInfo::from_parts(self.username.as_deref(), self.password.as_deref()),
-            hosts: vec![Host::from(host.clone())],
-            path: self
-                .database
-                .as_ref()
-                .map_or_else(String::new, |db| format!("/{db}")),
-            params,
-        })
+        self.sql.to_lock_url(&KIND, Vec::new())
     }
 }
 
@@ -290,29 +226,6 @@ impl Names {
             raw: format!("`{database}`.`{table}_raw`"),
         })
     }
-}
-
-/// Accepts a plain SQL identifier: an ASCII letter or `_`, then ASCII letters, digits or
-/// `_`, at most `max` bytes. Everything else (quotes, backquotes, dots, spaces, `;`,
-/// non-ASCII) is refused, so a configured name can never change a statement's meaning.
-///
-/// # Errors
-/// The reason, naming `what` (`table`, `database`).
-pub fn check_identifier(what: &str, name: &str, max: usize) -> std::result::Result<(), String> {
-    let mut chars = name.chars();
-    let plain = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !plain {
-        return Err(format!(
-            "{what} {name:?} is not a plain identifier (an ASCII letter or `_`, then letters, digits or `_`)"
-        ));
-    }
-    if name.len() > max {
-        return Err(format!("{what} {name:?} is longer than {max} bytes"));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

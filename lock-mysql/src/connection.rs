@@ -82,9 +82,11 @@ impl Connection {
     }
 
     /// Runs `script` (see `sql.rs`) on a connection, connecting first if needed, all within
-    /// one operation timeout; answers the rows of its result sets. A script that failed
-    /// with a deadlock (rolled back whole by the server) is sent again while time is left;
-    /// after another server error the transaction it may have left open is rolled back.
+    /// one operation timeout; answers the rows of its result sets. One attempt: a script
+    /// that failed is not sent again here (a deadlock, which the server rolled back whole,
+    /// is the transient [`Failure`] it is, and the Locker's waiting policy decides whether
+    /// to try again); after a server error the transaction it may have left open is rolled
+    /// back.
     ///
     /// Cancelling it gives the connection up (its session is ended before the next
     /// request), so nothing sent on it can run after what is sent next.
@@ -107,33 +109,25 @@ impl Connection {
             connection: self,
             live: Some(live),
         };
-        loop {
-            let conn = &mut guard.live.as_mut().expect("held until returned").conn;
-            let answer = tokio::time::timeout_at(deadline, run(conn, script)).await;
-            let failure = match answer {
-                Ok(Ok(rows)) => {
-                    guard.keep();
-                    return Ok(rows);
-                }
-                Ok(Err(failure)) => failure,
-                Err(_) => Failure::Timeout,
-            };
-            if failure.breaks_connection() {
-                return Err(self.error(op, failure));
-            }
-            // A server error: the rest of the script was skipped; end its transaction.
-            let conn = &mut guard.live.as_mut().expect("held until returned").conn;
-            let rolled_back = tokio::time::timeout_at(deadline, conn.query_drop("ROLLBACK")).await;
-            if !matches!(rolled_back, Ok(Ok(()))) {
-                return Err(self.error(op, failure));
-            }
-            let deadlock = matches!(&failure,
-                Failure::Client(mysql_async::Error::Server(s)) if s.code == code::DEADLOCK);
-            if !deadlock || Instant::now() >= deadline {
+        let conn = &mut guard.live.as_mut().expect("held until returned").conn;
+        let failure = match tokio::time::timeout_at(deadline, run(conn, script)).await {
+            Ok(Ok(rows)) => {
                 guard.keep();
-                return Err(self.error(op, failure));
+                return Ok(rows);
             }
+            Ok(Err(failure)) => failure,
+            Err(_) => Failure::Timeout,
+        };
+        if failure.breaks_connection() {
+            return Err(self.error(op, failure));
         }
+        // A server error: the rest of the script was skipped; end its transaction.
+        let conn = &mut guard.live.as_mut().expect("held until returned").conn;
+        let rolled_back = tokio::time::timeout_at(deadline, conn.query_drop("ROLLBACK")).await;
+        if matches!(rolled_back, Ok(Ok(()))) {
+            guard.keep();
+        }
+        Err(self.error(op, failure))
     }
 
     /// Connects now (for `build`): checks the server's version, creates the tables.

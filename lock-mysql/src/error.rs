@@ -12,7 +12,8 @@ pub const NAME: &str = "mysql";
 
 /// Server error codes the backend acts on.
 pub(crate) mod code {
-    /// `ER_LOCK_DEADLOCK`: the transaction was rolled back; it may be sent again.
+    /// `ER_LOCK_DEADLOCK`: the transaction was rolled back whole; transient (the Locker's
+    /// waiting policy may try again, the backend does not).
     pub(crate) const DEADLOCK: u16 = 1213;
     /// `ER_LOCK_WAIT_TIMEOUT`: the statement was rolled back, the transaction is open.
     pub(crate) const LOCK_WAIT_TIMEOUT: u16 = 1205;

@@ -5,13 +5,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use lock_core::group::leases::LeaseRequest;
 use lock_core::{
     Admin, Attempt, Backend, Baseline, Capabilities, ClockDrift, HandOver, Holder, Lease, LockUrl,
     Owner, Permits, ReleaseListener, ReleaseNotices, Result, Ttl,
 };
 use tokio_postgres::Row;
 
-use crate::batch::{self, Answer, Batcher, Request, Statements};
+use crate::batch::{self, Answer, Batcher};
 use crate::config::PostgresBuilder;
 use crate::connection::Connection;
 use crate::error::{Failure, NAME};
@@ -83,8 +84,9 @@ impl PostgresBackend {
     }
 
     /// Sends an acquisition or a release through the group commit.
-    async fn send(&self, request: Request) -> Result<Answer> {
-        Statements::send(&self.batch, request)
+    async fn send(&self, request: LeaseRequest) -> Result<Answer> {
+        self.batch
+            .send_lease(request, self.connection().timeout)
             .await
             .map_err(|e| e.into_error())
     }
@@ -187,10 +189,10 @@ impl Backend for PostgresBackend {
         }
         const OP: &str = "acquire";
         let sent = Instant::now();
-        let request = Request::Acquire {
+        let request = LeaseRequest::Acquire {
             key: key.as_bytes().to_vec(),
             owner: owner.to_string(),
-            ttl_ms: ttl_ms(ttl),
+            ttl: ttl_ms(ttl),
         };
         match self.send(request).await? {
             Answer::Acquired {
@@ -251,7 +253,7 @@ impl Backend for PostgresBackend {
                 _ => Err(lease.not_held()),
             };
         }
-        let request = Request::Release {
+        let request = LeaseRequest::Release {
             key: key.as_bytes().to_vec(),
             owner: lease.owner().to_string(),
         };
@@ -348,11 +350,11 @@ impl HandOver for PostgresBackend {
             });
         }
         let sent = Instant::now();
-        let request = Request::HandOver {
+        let request = LeaseRequest::HandOver {
             key: from.key().as_bytes().to_vec(),
             owner: from.owner().to_string(),
             next: to.to_string(),
-            ttl_ms: ttl_ms(ttl),
+            ttl: ttl_ms(ttl),
         };
         match self.send(request).await? {
             Answer::HandedOver { fence: None } => Ok(Attempt::Taken { expires_in: None }),

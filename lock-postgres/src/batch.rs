@@ -16,33 +16,14 @@
 //! lock it will take, or by a single-row statement that holds nothing else, so two
 //! statements never wait for each other in a cycle (see `sql.rs`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use lock_core::group::{GroupCommit, GroupKey, GroupSend};
+use lock_core::group::leases::{answer_by_key, fail_all, LeaseRequest};
+use lock_core::group::{GroupCommit, GroupSend};
 use tokio_postgres::Row;
 
 use crate::connection::Connection;
 use crate::error::{Failure, RequestError};
-
-/// One key's request.
-pub(crate) enum Request {
-    /// Acquire `key` for `owner` for `ttl_ms`.
-    Acquire {
-        key: Vec<u8>,
-        owner: String,
-        ttl_ms: i64,
-    },
-    /// Release `key` if it holds `owner`.
-    Release { key: Vec<u8>, owner: String },
-    /// Pass `key` from `owner` to `next` for `ttl_ms`, if it still holds `owner` unexpired.
-    HandOver {
-        key: Vec<u8>,
-        owner: String,
-        next: String,
-        ttl_ms: i64,
-    },
-}
 
 /// A request's answer, as its own statement would have given it.
 pub(crate) enum Answer {
@@ -76,16 +57,6 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
-    /// Sends `request` through the group commit `batcher`, within the operation timeout.
-    pub(crate) async fn send(
-        batcher: &Arc<Batcher>,
-        request: Request,
-    ) -> Result<Answer, RequestError> {
-        let key = GroupKey::of(request.key());
-        let patience = batcher.sender().connection.timeout;
-        batcher.send(key, request, patience).await
-    }
-
     async fn acquire_one(
         &self,
         key: &[u8],
@@ -146,21 +117,24 @@ impl Statements {
     }
 
     /// One statement for every hand-over of the group: one answer per request, in order.
-    async fn hand_over_group(&self, requests: &[Request]) -> Vec<Result<Answer, RequestError>> {
+    async fn hand_over_group(
+        &self,
+        requests: &[LeaseRequest],
+    ) -> Vec<Result<Answer, RequestError>> {
         const OP: &str = "hand over (grouped)";
         let (mut keys, mut owners, mut ttls, mut nexts) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for request in requests {
-            if let Request::HandOver {
+            if let LeaseRequest::HandOver {
                 key,
                 owner,
                 next,
-                ttl_ms,
+                ttl,
             } = request
             {
                 keys.push(key.as_slice());
                 owners.push(owner.as_str());
-                ttls.push(*ttl_ms);
+                ttls.push(*ttl);
                 nexts.push(next.as_str());
             }
         }
@@ -183,14 +157,14 @@ impl Statements {
     }
 
     /// One statement for every acquisition of the group: one answer per request, in order.
-    async fn acquire_group(&self, requests: &[Request]) -> Vec<Result<Answer, RequestError>> {
+    async fn acquire_group(&self, requests: &[LeaseRequest]) -> Vec<Result<Answer, RequestError>> {
         const OP: &str = "acquire (grouped)";
         let (mut keys, mut owners, mut ttls) = (Vec::new(), Vec::new(), Vec::new());
         for request in requests {
-            if let Request::Acquire { key, owner, ttl_ms } = request {
+            if let LeaseRequest::Acquire { key, owner, ttl } = request {
                 keys.push(key.as_slice());
                 owners.push(owner.as_str());
-                ttls.push(*ttl_ms);
+                ttls.push(*ttl);
             }
         }
         let rows = self
@@ -215,11 +189,11 @@ impl Statements {
     }
 
     /// One statement for every release of the group: one answer per request, in order.
-    async fn release_group(&self, requests: &[Request]) -> Vec<Result<Answer, RequestError>> {
+    async fn release_group(&self, requests: &[LeaseRequest]) -> Vec<Result<Answer, RequestError>> {
         const OP: &str = "release (grouped)";
         let (mut keys, mut owners) = (Vec::new(), Vec::new());
         for request in requests {
-            if let Request::Release { key, owner } = request {
+            if let LeaseRequest::Release { key, owner } = request {
                 keys.push(key.as_slice());
                 owners.push(owner.as_str());
             }
@@ -249,51 +223,35 @@ impl Statements {
     fn answers(
         &self,
         op: &'static str,
-        requests: &[Request],
+        requests: &[LeaseRequest],
         rows: Result<Vec<Row>, RequestError>,
-        answer: impl Fn(&Self, &Request, &Row) -> Result<Answer, RequestError>,
+        answer: impl Fn(&Self, &LeaseRequest, &Row) -> Result<Answer, RequestError>,
         missing: impl Fn() -> Option<Answer>,
     ) -> Vec<Result<Answer, RequestError>> {
         let rows = match rows {
             Ok(rows) => rows,
             Err(e) => {
                 let shared = Arc::new(e.failure);
-                return requests
-                    .iter()
-                    .map(|_| {
-                        Err(RequestError {
-                            addr: e.addr.clone(),
-                            op: e.op,
-                            failure: Failure::Shared(shared.clone()),
-                            timeout: e.timeout,
-                        })
-                    })
-                    .collect();
+                return fail_all(requests.len(), || RequestError {
+                    addr: e.addr.clone(),
+                    op: e.op,
+                    failure: Failure::Shared(shared.clone()),
+                    timeout: e.timeout,
+                });
             }
         };
-        let mut by_key: HashMap<&[u8], &Row> = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            match row.try_get::<_, &[u8]>(0) {
-                Ok(key) => {
-                    by_key.insert(key, row);
-                }
-                Err(e) => {
-                    return requests
-                        .iter()
-                        .map(|_| Err(self.bad_reply(op, &e)))
-                        .collect()
-                }
-            }
-        }
-        requests
-            .iter()
-            .map(|request| match by_key.get(request.key()) {
+        answer_by_key(
+            requests,
+            &rows,
+            |row| row.try_get::<_, &[u8]>(0),
+            |e| self.bad_reply(op, e),
+            |request, row| match row {
                 Some(row) => answer(self, request, row),
                 None => {
                     missing().ok_or_else(|| self.bad_reply(op, "no row for a key of the group"))
                 }
-            })
-            .collect()
+            },
+        )
     }
 
     fn bad_reply(&self, op: &'static str, what: impl std::fmt::Display) -> RequestError {
@@ -317,27 +275,8 @@ pub(crate) fn marker_of(owner: &str) -> Option<u32> {
     owner.strip_prefix('*').map(|of| of.parse().unwrap_or(0))
 }
 
-impl Request {
-    fn key(&self) -> &[u8] {
-        match self {
-            Request::Acquire { key, .. }
-            | Request::Release { key, .. }
-            | Request::HandOver { key, .. } => key,
-        }
-    }
-
-    /// The owner the request acts for (a hand-over: the one it passes the key from).
-    fn owner(&self) -> &str {
-        match self {
-            Request::Acquire { owner, .. }
-            | Request::Release { owner, .. }
-            | Request::HandOver { owner, .. } => owner,
-        }
-    }
-}
-
 impl GroupSend for Statements {
-    type Request = Request;
+    type Request = LeaseRequest;
     type Answer = Answer;
     type Error = RequestError;
 
@@ -345,30 +284,30 @@ impl GroupSend for Statements {
     // release that cleans up after an abandoned acquisition always runs after it.
     async fn send_one(
         &self,
-        request: Request,
+        request: LeaseRequest,
         _dispatched: &(dyn Fn() + Sync),
     ) -> Result<Answer, RequestError> {
         match request {
-            Request::Acquire { key, owner, ttl_ms } => self.acquire_one(&key, &owner, ttl_ms).await,
-            Request::Release { key, owner } => self.release_one(&key, &owner).await,
-            Request::HandOver {
+            LeaseRequest::Acquire { key, owner, ttl } => self.acquire_one(&key, &owner, ttl).await,
+            LeaseRequest::Release { key, owner } => self.release_one(&key, &owner).await,
+            LeaseRequest::HandOver {
                 key,
                 owner,
                 next,
-                ttl_ms,
-            } => self.hand_over_one(&key, &owner, &next, ttl_ms).await,
+                ttl,
+            } => self.hand_over_one(&key, &owner, &next, ttl).await,
         }
     }
 
     async fn send_group(
         &self,
-        requests: Vec<Request>,
+        requests: Vec<LeaseRequest>,
         _dispatched: &(dyn Fn() + Sync),
     ) -> Vec<Result<Answer, RequestError>> {
         match requests.first() {
-            Some(Request::Acquire { .. }) => self.acquire_group(&requests).await,
-            Some(Request::Release { .. }) => self.release_group(&requests).await,
-            Some(Request::HandOver { .. }) => self.hand_over_group(&requests).await,
+            Some(LeaseRequest::Acquire { .. }) => self.acquire_group(&requests).await,
+            Some(LeaseRequest::Release { .. }) => self.release_group(&requests).await,
+            Some(LeaseRequest::HandOver { .. }) => self.hand_over_group(&requests).await,
             None => Vec::new(),
         }
     }
@@ -377,7 +316,7 @@ impl GroupSend for Statements {
         self.connection.error("group", Failure::Timeout)
     }
 
-    fn groups_with(&self, first: &Request, other: &Request) -> bool {
-        std::mem::discriminant(first) == std::mem::discriminant(other)
+    fn groups_with(&self, first: &LeaseRequest, other: &LeaseRequest) -> bool {
+        first.same_kind(other)
     }
 }

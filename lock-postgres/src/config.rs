@@ -4,22 +4,33 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::url::{format_duration, Host, HostPort, UserInfo};
+use lock_core::url::sql::{SqlConfig, SqlKind};
+use lock_core::url::HostPort;
 use lock_core::{Error, LockUrl, Result};
+
+pub use lock_core::url::sql::check_identifier;
 
 /// The port of a PostgreSQL server when an address or URL names none.
 pub const DEFAULT_PORT: u16 = 5432;
 /// The lease table used when none is given.
-pub const DEFAULT_TABLE: &str = "distlock_leases";
+pub const DEFAULT_TABLE: &str = lock_core::url::sql::DEFAULT_TABLE;
 /// The schema of the lease table when none is given.
 pub const DEFAULT_SCHEMA: &str = "public";
 /// The per-operation timeout used when none is given.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_TIMEOUT: Duration = lock_core::url::sql::DEFAULT_TIMEOUT;
 /// The URL parameters a `postgres://` or `postgresql://` URL may carry.
 pub const URL_PARAMS: &[&str] = &["table", "schema", "timeout"];
 /// The longest identifier PostgreSQL keeps (`NAMEDATALEN - 1` bytes); longer ones would be
 /// cut silently, so they are refused.
 pub const MAX_IDENTIFIER_LEN: usize = 63;
+
+/// What `postgres://` URLs and their messages name.
+const KIND: SqlKind = SqlKind {
+    backend: "PostgreSQL",
+    schemes: ["postgres", "postgresql"],
+    default_port: DEFAULT_PORT,
+    params: URL_PARAMS,
+};
 
 /// Typed configuration of one PostgreSQL database, and the way to connect to it.
 ///
@@ -56,14 +67,8 @@ pub const MAX_IDENTIFIER_LEN: usize = 63;
 /// `client_cert`); its getter is `get_<property>` (as tokio-postgres's `Config`).
 #[must_use = "setters return the changed value; it does nothing until used"]
 pub struct PostgresBuilder {
-    /// The parsed `host:port`, or the reason `addr` could not be parsed (reported by `build`).
-    addr: std::result::Result<HostPort, (String, String)>,
-    username: Option<String>,
-    password: Option<String>,
-    database: Option<String>,
+    sql: SqlConfig,
     schema: String,
-    table: String,
-    timeout: Duration,
 }
 
 impl PostgresBuilder {
@@ -72,15 +77,9 @@ impl PostgresBuilder {
     /// table `public.distlock_leases` and a 2 s operation timeout. A malformed `addr` is
     /// reported by `build` as [`Error::InvalidUrl`].
     pub fn new(addr: impl Into<String>) -> Self {
-        let addr = addr.into();
         PostgresBuilder {
-            addr: HostPort::parse(&addr, DEFAULT_PORT).map_err(|reason| (addr, reason)),
-            username: None,
-            password: None,
-            database: None,
+            sql: SqlConfig::new(addr.into(), DEFAULT_PORT),
             schema: DEFAULT_SCHEMA.to_owned(),
-            table: DEFAULT_TABLE.to_owned(),
-            timeout: DEFAULT_TIMEOUT,
         }
     }
 
@@ -94,58 +93,29 @@ impl PostgresBuilder {
     /// identifier (see [`table`](Self::table)), or a `timeout` that is not a positive
     /// duration such as `500ms` or `2s`.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
-        if !matches!(url.scheme.as_str(), "postgres" | "postgresql") {
-            return Err(url.invalid(format!(
-                "the PostgreSQL backend takes postgres:// or postgresql:// URLs, not {}://",
-                url.scheme
-            )));
-        }
-        let host = match url.hosts.as_slice() {
-            [host] => host.with_default_port(DEFAULT_PORT),
-            [] => return Err(url.invalid(format!("{}:// needs a host", url.scheme))),
-            _ => {
-                return Err(url.invalid(format!(
-                    "{}:// names one host (several are not supported)",
-                    url.scheme
-                )))
-            }
-        };
-        let database = url.path.strip_prefix('/').unwrap_or(&url.path);
-        if database.contains('/') {
-            return Err(url.invalid(format!("the path names one database, not `{}`", url.path)));
-        }
-        url.check_params(URL_PARAMS)?;
-        let mut builder = PostgresBuilder {
-            addr: Ok(host),
-            username: url.username().filter(|u| !u.is_empty()).map(str::to_owned),
-            password: url.password().map(str::to_owned),
-            database: (!database.is_empty()).then(|| database.to_owned()),
+        let builder = PostgresBuilder {
+            sql: SqlConfig::from_url(url, &KIND)?,
             schema: url.param("schema").unwrap_or(DEFAULT_SCHEMA).to_owned(),
-            table: url.param("table").unwrap_or(DEFAULT_TABLE).to_owned(),
-            timeout: DEFAULT_TIMEOUT,
         };
-        if let Some(timeout) = url.duration_param("timeout")? {
-            builder.timeout = timeout;
-        }
         builder.check()?;
         Ok(builder)
     }
 
     /// The role to log in as; default `postgres`.
     pub fn username(mut self, username: impl Into<String>) -> Self {
-        self.username = Some(username.into());
+        self.sql.username = Some(username.into());
         self
     }
 
     /// The role's password (any method the server asks for: SCRAM, MD5, cleartext).
     pub fn password(mut self, password: impl Into<String>) -> Self {
-        self.password = Some(password.into());
+        self.sql.password = Some(password.into());
         self
     }
 
     /// The database to connect to; default: the one named like the user.
     pub fn database(mut self, database: impl Into<String>) -> Self {
-        self.database = Some(database.into());
+        self.sql.database = Some(database.into());
         self
     }
 
@@ -168,25 +138,25 @@ impl PostgresBuilder {
     /// 57 bytes so that the sequence's name fits too), checked by `build` before any SQL is
     /// built: names are spliced into statements (quoted), so nothing else is let through.
     pub fn table(mut self, table: impl Into<String>) -> Self {
-        self.table = table.into();
+        self.sql.table = table.into();
         self
     }
 
     /// The bound on every operation, connecting included; default 2 s. When it passes the
     /// operation fails with the transient [`Error::Unavailable`].
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.sql.timeout = timeout;
         self
     }
 
     /// The configured operation timeout.
     pub fn get_timeout(&self) -> Duration {
-        self.timeout
+        self.sql.timeout
     }
 
     /// The configured schema and table, as given.
     pub fn table_name(&self) -> (&str, &str) {
-        (&self.schema, &self.table)
+        (&self.schema, &self.sql.table)
     }
 
     /// The configuration as a URL that [`from_url`](Self::from_url) turns back into it
@@ -198,23 +168,13 @@ impl PostgresBuilder {
 
     /// Validates everything `build` needs, before any I/O and before any SQL is built.
     pub(crate) fn check(&self) -> Result<Names> {
-        if let Err((addr, reason)) = &self.addr {
-            return Err(Error::invalid_url(addr, reason.clone()));
-        }
         let refuse = |reason: String| Error::invalid_url(&self.redacted(), reason);
-        if self.timeout.is_zero() {
-            return Err(refuse(
-                "parameter `timeout` must be greater than zero".into(),
-            ));
-        }
-        Names::new(&self.schema, &self.table).map_err(refuse)
+        self.sql.check(refuse)?;
+        Names::new(&self.schema, &self.sql.table).map_err(refuse)
     }
 
     pub(crate) fn host_port(&self) -> &HostPort {
-        match &self.addr {
-            Ok(addr) => addr,
-            Err(_) => unreachable!("check() refuses a malformed address"),
-        }
+        self.sql.host_port()
     }
 
     pub(crate) fn client_config(&self) -> tokio_postgres::Config {
@@ -223,13 +183,13 @@ impl PostgresBuilder {
         config
             .host(&addr.host)
             .port(addr.port)
-            .user(self.username.as_deref().unwrap_or("postgres"))
+            .user(self.sql.username.as_deref().unwrap_or("postgres"))
             .application_name("distlock")
-            .connect_timeout(self.timeout);
-        if let Some(password) = &self.password {
+            .connect_timeout(self.sql.timeout);
+        if let Some(password) = &self.sql.password {
             config.password(password);
         }
-        if let Some(database) = &self.database {
+        if let Some(database) = &self.sql.database {
             config.dbname(database);
         }
         config
@@ -237,37 +197,15 @@ impl PostgresBuilder {
 
     /// The URL with the password hidden, for messages and `Debug`.
     pub(crate) fn redacted(&self) -> String {
-        match self.to_lock_url() {
-            Some(url) => url.redacted(),
-            None => match &self.addr {
-                Err((addr, _)) => format!("<invalid address {addr:?}>"),
-                Ok(_) => unreachable!("to_lock_url only fails on a bad address"),
-            },
-        }
+        self.sql.redacted(self.to_lock_url())
     }
 
     fn to_lock_url(&self) -> Option<LockUrl> {
-        let host = self.addr.as_ref().ok()?;
         let mut params = Vec::new();
         if self.schema != DEFAULT_SCHEMA {
             params.push(("schema".to_owned(), self.schema.clone()));
         }
-        if self.table != DEFAULT_TABLE {
-            params.push(("table".to_owned(), self.table.clone()));
-        }
-        if self.timeout != DEFAULT_TIMEOUT {
-            params.push(("timeout".to_owned(), format_duration(self.timeout)));
-        }
-        Some(LockUrl {
-            scheme: "postgres".to_owned(),
-            userinfo: UserInfo::from_parts(self.username.as_deref(), self.password.as_deref()),
-            hosts: vec![Host::from(host.clone())],
-            path: self
-                .database
-                .as_ref()
-                .map_or_else(String::new, |db| format!("/{db}")),
-            params,
-        })
+        self.sql.to_lock_url(&KIND, params)
     }
 }
 
@@ -335,29 +273,6 @@ impl Names {
             channel,
         })
     }
-}
-
-/// Accepts a plain SQL identifier: an ASCII letter or `_`, then ASCII letters, digits or
-/// `_`, at most `max` bytes. Everything else (quotes, dots, spaces, `;`, non-ASCII) is
-/// refused, so a configured name can never change a statement's meaning.
-///
-/// # Errors
-/// The reason, naming `what` (`table`, `schema`).
-pub fn check_identifier(what: &str, name: &str, max: usize) -> std::result::Result<(), String> {
-    let mut chars = name.chars();
-    let plain = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !plain {
-        return Err(format!(
-            "{what} {name:?} is not a plain identifier (an ASCII letter or `_`, then letters, digits or `_`)"
-        ));
-    }
-    if name.len() > max {
-        return Err(format!("{what} {name:?} is longer than {max} bytes"));
-    }
-    Ok(())
 }
 
 /// FNV-1a: a stable hash for channel names too long to spell out (the same in every

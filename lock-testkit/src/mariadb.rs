@@ -9,13 +9,14 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 use crate::binary::find_host_binary;
-use crate::ports::{free_port, loopback, START_ATTEMPTS};
-use crate::process::ManagedProcess;
+use crate::ports::loopback;
+use crate::process::{client_within, start_on_free_port, ManagedProcess, Readiness};
 
-/// How long a start may take before it is a failure.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// How often readiness is polled.
-const READY_POLL: Duration = Duration::from_millis(20);
+/// How long a start may take before it is a failure, and how often readiness is polled.
+const READY: Readiness = Readiness {
+    timeout: Duration::from_secs(30),
+    poll: Duration::from_millis(20),
+};
 /// Bound on one readiness probe (connect + `SELECT 1`).
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 /// Bound on `mariadb-install-db`.
@@ -77,32 +78,21 @@ impl MariaDbServer {
         std::fs::write(&init, init_sql())
             .unwrap_or_else(|e| panic!("lock-testkit: cannot write {}: {e}", init.display()));
         let log_path = dir.path().join("mariadbd.log");
-        for attempt in 1..=START_ATTEMPTS {
-            let port = free_port();
-            let process = ManagedProcess::spawn_on_host(
+        let spawn = |port| {
+            ManagedProcess::spawn_on_host(
                 format!("mariadbd 127.0.0.1:{port}"),
                 &server,
                 server_args(port, dir.path(), &data_dir, &init),
                 &log_path,
             )
-            .unwrap_or_else(|e| panic!("lock-testkit: cannot spawn mariadbd: {e}"));
-            let ready = process
-                .wait_ready(READY_TIMEOUT, READY_POLL, || probe(port))
-                .await;
-            match ready {
-                Ok(()) => {
-                    return MariaDbServer {
-                        port,
-                        process,
-                        data_dir,
-                        _dir: dir,
-                    }
-                }
-                Err(e) if e.is_addr_in_use() && attempt < START_ATTEMPTS => continue,
-                Err(e) => panic!("lock-testkit: {e}"),
-            }
+        };
+        let (port, process) = start_on_free_port("mariadbd", READY, spawn, probe).await;
+        MariaDbServer {
+            port,
+            process,
+            data_dir,
+            _dir: dir,
         }
-        unreachable!("the last start attempt returns or panics")
     }
 
     /// The TCP port the server listens on.
@@ -165,22 +155,9 @@ impl MariaDbServer {
     pub async fn restart(&mut self) {
         self.kill();
         let port = self.port;
-        for attempt in 1..=START_ATTEMPTS {
-            self.process
-                .respawn()
-                .unwrap_or_else(|e| panic!("lock-testkit: cannot respawn mariadbd: {e}"));
-            let ready = self
-                .process
-                .wait_ready(READY_TIMEOUT, READY_POLL, || probe(port))
-                .await;
-            match ready {
-                Ok(()) => return,
-                Err(e) if e.is_addr_in_use() && attempt < START_ATTEMPTS => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!("lock-testkit: restart failed: {e}"),
-            }
-        }
+        self.process
+            .restart_until_ready("mariadbd", READY, || probe(port))
+            .await;
     }
 
     /// True while the server process has not exited (paused counts as running).
@@ -195,17 +172,7 @@ impl MariaDbServer {
     ///
     /// If connecting fails or takes more than 10 s.
     pub async fn client(&self) -> mysql_async::Conn {
-        match tokio::time::timeout(Duration::from_secs(10), connect(self.port)).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => panic!(
-                "lock-testkit: cannot connect to mariadb at {}: {e}",
-                self.addr()
-            ),
-            Err(_) => panic!(
-                "lock-testkit: connecting to mariadb at {} timed out",
-                self.addr()
-            ),
-        }
+        client_within("mariadb", self.addr(), connect(self.port)).await
     }
 }
 

@@ -12,13 +12,14 @@ use crate::binary::find_binary;
 use crate::child::{wait_stopped, ProcStat};
 use crate::mode::{launch_mode, LaunchMode};
 use crate::oneshot::run_to_end;
-use crate::ports::{free_port, loopback, START_ATTEMPTS};
-use crate::process::ManagedProcess;
+use crate::ports::loopback;
+use crate::process::{client_within, start_on_free_port, ManagedProcess, Readiness};
 
-/// How long a start may take before it is a failure.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// How often readiness is polled.
-const READY_POLL: Duration = Duration::from_millis(20);
+/// How long a start may take before it is a failure, and how often readiness is polled.
+const READY: Readiness = Readiness {
+    timeout: Duration::from_secs(30),
+    poll: Duration::from_millis(20),
+};
 /// Bound on one readiness probe (connect + `SELECT 1`).
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1000);
 /// Bound on `initdb`.
@@ -79,33 +80,22 @@ impl PostgresServer {
         }
         initdb(&bin, &data_dir, &password_file, user);
         let log_path = dir.path().join("postgres.log");
-        for attempt in 1..=START_ATTEMPTS {
-            let port = free_port();
-            let process = ManagedProcess::spawn_as(
+        let spawn = |port| {
+            ManagedProcess::spawn_as(
                 format!("postgres 127.0.0.1:{port}"),
                 bin.join("postgres"),
                 postgres_args(port, &data_dir),
                 &log_path,
                 user,
             )
-            .unwrap_or_else(|e| panic!("lock-testkit: cannot spawn postgres: {e}"));
-            let ready = process
-                .wait_ready(READY_TIMEOUT, READY_POLL, || probe(port))
-                .await;
-            match ready {
-                Ok(()) => {
-                    return PostgresServer {
-                        port,
-                        process,
-                        data_dir,
-                        _dir: dir,
-                    }
-                }
-                Err(e) if e.is_addr_in_use() && attempt < START_ATTEMPTS => continue,
-                Err(e) => panic!("lock-testkit: {e}"),
-            }
+        };
+        let (port, process) = start_on_free_port("postgres", READY, spawn, probe).await;
+        PostgresServer {
+            port,
+            process,
+            data_dir,
+            _dir: dir,
         }
-        unreachable!("the last start attempt returns or panics")
     }
 
     /// The TCP port the server listens on.
@@ -209,22 +199,9 @@ impl PostgresServer {
     pub async fn restart(&mut self) {
         self.kill();
         let port = self.port;
-        for attempt in 1..=START_ATTEMPTS {
-            self.process
-                .respawn()
-                .unwrap_or_else(|e| panic!("lock-testkit: cannot respawn postgres: {e}"));
-            let ready = self
-                .process
-                .wait_ready(READY_TIMEOUT, READY_POLL, || probe(port))
-                .await;
-            match ready {
-                Ok(()) => return,
-                Err(e) if e.is_addr_in_use() && attempt < START_ATTEMPTS => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!("lock-testkit: restart failed: {e}"),
-            }
-        }
+        self.process
+            .restart_until_ready("postgres", READY, || probe(port))
+            .await;
     }
 
     /// True while the server process has not exited (paused counts as running).
@@ -239,17 +216,7 @@ impl PostgresServer {
     ///
     /// If connecting fails or takes more than 10 s.
     pub async fn client(&self) -> tokio_postgres::Client {
-        match tokio::time::timeout(Duration::from_secs(10), connect(self.port)).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => panic!(
-                "lock-testkit: cannot connect to postgres at {}: {e}",
-                self.addr()
-            ),
-            Err(_) => panic!(
-                "lock-testkit: connecting to postgres at {} timed out",
-                self.addr()
-            ),
-        }
+        client_within("postgres", self.addr(), connect(self.port)).await
     }
 }
 

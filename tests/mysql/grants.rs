@@ -197,3 +197,91 @@ async fn a_fence_drawn_before_a_later_grant_is_never_granted_after_it() {
         other => panic!("the key is free again: {other:?}"),
     }
 }
+
+/// An attempt that meets an InnoDB deadlock is one attempt: the server rolled its script
+/// back, and the backend answers the transient `Unavailable` at once (naming the deadlock)
+/// instead of sending the script again; the Locker's waiting policy is what tries again,
+/// and grants the key once the other transaction has ended. The deadlock: another session
+/// (heavier, so InnoDB rolls the backend's script back) holds a row that a test trigger
+/// makes the acquisition ask for after it locked its key's row, then asks for that key's
+/// row itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_meets_a_deadlock_fails_transiently_at_once() {
+    let server = MariaDbServer::start().await;
+    let timeout = Duration::from_secs(5);
+    let url = mysql_url(server.addr(), "table=deadlocked&timeout=5s");
+    let locker = Locker::new(backend(&url).await);
+    let (mut other, mut watch) = (server.client().await, server.client().await);
+    let k = key("deadlocked");
+    let held = Owner::random();
+    let ttl = locker
+        .capabilities()
+        .effective_ttl(Duration::from_secs(5))
+        .unwrap();
+    other
+        .query_drop(format!(
+            "CREATE TABLE deadlock_blocker (id INT PRIMARY KEY) ENGINE = InnoDB; \
+             INSERT INTO deadlock_blocker VALUES (0); \
+             CREATE TRIGGER deadlock_after_the_row BEFORE UPDATE ON deadlocked FOR EACH ROW \
+             IF NEW.owner = '{held}' THEN UPDATE deadlock_blocker SET id = id WHERE id = 0; END IF"
+        ))
+        .await
+        .unwrap();
+    let weight: Vec<String> = (1..=500).map(|i| format!("({i})")).collect();
+    other
+        .query_drop(format!(
+            "START TRANSACTION; INSERT INTO deadlock_blocker (id) VALUES {}; \
+             UPDATE deadlock_blocker SET id = id WHERE id = 0",
+            weight.join(", ")
+        ))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let attempt = locker
+        .backend()
+        .try_acquire(&k, held, distlock::Permits::LOCK, ttl);
+    let cycle = async {
+        // The acquisition holds its key's row and waits for the blocker's. (The server
+        // refreshes this table at most every 100 ms of not being read.)
+        let waiting = "SELECT COUNT(*) FROM information_schema.INNODB_TRX \
+                       WHERE trx_state = 'LOCK WAIT'";
+        while watch.query_first::<i64, _>(waiting).await.unwrap() < Some(1) {
+            assert!(started.elapsed() < timeout, "the acquisition never waited");
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        other
+            .query_drop(format!(
+                "UPDATE deadlocked SET fence = fence WHERE lock_key = {}",
+                hex_literal(k.as_bytes())
+            ))
+            .await
+    };
+    let (attempt, cycle) =
+        tokio::time::timeout(timeout * 2, async { tokio::join!(attempt, cycle) })
+            .await
+            .expect("the attempt and the other session end");
+    let elapsed = started.elapsed();
+    cycle.expect("the heavier session survives the deadlock");
+    let err = attempt.expect_err("the deadlocked attempt fails");
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    assert!(err.is_transient());
+    let report = err.report().to_string();
+    assert!(report.contains("error 1213"), "{report}");
+    assert!(
+        elapsed < timeout / 2,
+        "answered at once, not sent again until the timeout: {elapsed:?}"
+    );
+    other.query_drop("ROLLBACK").await.unwrap();
+    let guard = locker
+        .acquire(&k, &LockOptions::new().ttl(ttl.get()).wait_for(timeout))
+        .await
+        .expect("the Locker grants the key once the other transaction ended");
+    guard.release().await.unwrap();
+    locker.shutdown().await;
+}
+
+/// `X'…'`: `key` as a MySQL hex literal.
+fn hex_literal(key: &[u8]) -> String {
+    let digits: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    format!("X'{digits}'")
+}

@@ -2,23 +2,11 @@
 
 use super::*;
 
-/// Nothing listens: the connection is refused at once, a transient `Unavailable` naming
-/// the address, within the timeout.
+/// Nothing listens: a transient `Unavailable` naming the address, within the timeout
+/// ([`sql::an_unreachable_port_is_unavailable_within_the_timeout`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_port_is_unavailable_within_the_timeout() {
-    // Nothing listens there, and no server of the test kit will be given it.
-    let port = lock_testkit::unused_port();
-    let url = format!("postgres://postgres:x@127.0.0.1:{port}/postgres?timeout=500ms");
-    let started = Instant::now();
-    let err = PostgresBackend::connect(&LockUrl::parse(&url).unwrap())
-        .await
-        .unwrap_err();
-    assert!(started.elapsed() < Duration::from_millis(500) + common::SLACK);
-    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
-    assert!(err.is_transient());
-    let text = err.report().to_string();
-    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
-    assert!(!text.contains(":x@"), "{text}");
+    sql::an_unreachable_port_is_unavailable_within_the_timeout::<Postgres>().await;
 }
 
 /// A wrong password is a permanent `Backend` error that says so, never showing the
@@ -41,28 +29,9 @@ async fn a_wrong_password_is_refused() {
 /// within the timeout with an error that says what to check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_is_not_postgres_is_refused() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let peer = tokio::spawn(async move {
-        loop {
-            let (mut socket, _) = listener.accept().await.unwrap();
-            tokio::spawn(async move {
-                use tokio::io::{AsyncReadExt, AsyncWriteExt};
-                let mut buf = [0u8; 512];
-                let _ = socket.read(&mut buf).await;
-                let _ = socket.write_all(b"-ERR unknown command\r\n").await;
-            });
-        }
-    });
-    let url = format!("postgres://postgres:x@{addr}/postgres?timeout=1s");
-    let started = Instant::now();
-    let err = PostgresBackend::connect(&LockUrl::parse(&url).unwrap())
-        .await
-        .unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(1) + common::SLACK);
+    let err = sql::connecting_to_a_server_that_answers_garbage::<Postgres>().await;
     let text = err.report().to_string();
     assert!(text.contains("PostgreSQL"), "{text}");
-    peer.abort();
 }
 
 /// A table or schema that is not a plain identifier is refused before anything is sent:
