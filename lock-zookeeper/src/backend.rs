@@ -22,10 +22,10 @@ use crate::session::{Session, Sessions};
 
 /// The share of a grant's TTL set aside before its validity ends: a grant or renewal sent
 /// at `t` with TTL `ttl` (at most the session timeout) is believed until
-/// `t + ttl × (1 − 0.3)`. See the crate's design notes: the servers expire a session a
+/// `t + ttl × (1 − 0.1)`. See the crate's design notes: the servers expire a session a
 /// session timeout after the last touch its leader knows of, which a touch relayed by a
 /// follower reaches late or not at all.
-pub const VALIDITY_MARGIN_PER_MILLION: u32 = 300_000;
+pub const VALIDITY_MARGIN_PER_MILLION: u32 = 100_000;
 
 /// What the backend promises before it knows the session timeout; [`ZooKeeperBackend`]'s
 /// own capabilities have `max_ttl` set to the timeout the ensemble granted.
@@ -35,6 +35,9 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(NAME)
     .monotonic_fencing(true)
     .release_notices(true)
     .cross_process(true)
+    .max_ttl_hint(
+        " (the session timeout the ensemble granted: raise the URL's `session_timeout`, within the servers' maxSessionTimeout, or ask for a shorter TTL)",
+    )
     .clock_drift(ClockDrift::new(VALIDITY_MARGIN_PER_MILLION, Duration::ZERO))
     .permits_refusal(
         "claims of several permits on a key (the ZooKeeper backend keeps locks and elections only)",
@@ -52,7 +55,7 @@ const PUBLISHED: u8 = 1;
 /// - a grant is the owner's node being the lowest of the key's lock nodes; it lasts until
 ///   released or until the session ends (the server deletes ephemeral nodes then);
 /// - a grant's validity is counted from before the request that proved the session alive
-///   and reaches `min(ttl, session timeout) × 0.7` past it
+///   and reaches `min(ttl, session timeout) × 0.9` past it
 ///   ([`VALIDITY_MARGIN_PER_MILLION`]), so a holder never believes it holds once the
 ///   servers could have expired its session, paused process or not; the longest TTL is the
 ///   session timeout the ensemble granted;
@@ -368,7 +371,7 @@ impl Inner {
 }
 
 /// Deletes `owner`'s node once its TTL passed without an extension: the expiry a TTL
-/// server keeps, kept here by the holder's process (its validity ended earlier, at 0.7 of
+/// server keeps, kept here by the holder's process (its validity ended earlier, at 0.9 of
 /// the TTL). Ends early when the grant is released or the backend dropped.
 async fn expire(inner: std::sync::Weak<Inner>, owner: Owner) {
     loop {
@@ -485,20 +488,21 @@ impl Backend for ZooKeeperBackend {
     async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
         let inner = &self.inner;
         let sent = Instant::now();
-        let (path, session, epoch) = match lock(&inner.held).get_mut(&lease.owner()) {
-            // Not lapsed: the node now lives until `ttl` from before the check.
+        let current = inner.sessions.peek();
+        let (path, s, epoch) = match lock(&inner.held).get_mut(&lease.owner()) {
+            // Not lapsed, and its session alive without a disconnection since the grant:
+            // the node now lives until `ttl` from before the check.
             Some(h) if *h.key == *lease.key() && sent < h.expires_at => {
-                h.expires_at = sent + ttl.get();
-                (h.path.clone(), h.session, h.epoch)
+                match current.filter(|s| s.id == h.session && s.keeps(h.epoch)) {
+                    Some(s) => {
+                        h.expires_at = sent + ttl.get();
+                        (h.path.clone(), s, h.epoch)
+                    }
+                    None => return Err(lease.not_held()),
+                }
             }
             _ => return Err(lease.not_held()),
         };
-        let Some(s) = inner.sessions.peek().filter(|s| s.id == session) else {
-            return Err(lease.not_held());
-        };
-        if !s.keeps(epoch) {
-            return Err(lease.not_held());
-        }
         let mut check = s.client.new_multi_writer();
         check
             .add_check_version(&path, -1)
@@ -756,11 +760,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn validity_is_seven_tenths_of_the_ttl() {
+    fn validity_is_nine_tenths_of_the_ttl() {
         let now = Instant::now();
         assert_eq!(
             CAPABILITIES.validity(now, Duration::from_secs(10)),
-            now + Duration::from_secs(7)
+            now + Duration::from_secs(9)
         );
         assert!(!CAPABILITIES.session_bound);
     }
