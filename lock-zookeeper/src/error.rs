@@ -32,6 +32,9 @@ pub(crate) fn is_transient(e: &zk::Error) -> bool {
             | zk::Error::ClientClosed
             | zk::Error::Throttled
             | zk::Error::NoHosts
+            // The client's own failures of a connection (I/O, no answer within its
+            // timeout), which fail the requests it carried.
+            | zk::Error::Custom(_)
     )
 }
 

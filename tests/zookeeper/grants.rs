@@ -91,6 +91,13 @@ async fn abandon_removes_a_lost_create() {
         .capabilities()
         .effective_ttl(Duration::from_secs(5))
         .unwrap();
+    // The key's node exists (a first attempt makes it): the create is the one request.
+    let first = Owner::random();
+    backend_a
+        .try_acquire(&k, first, distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap();
+    backend_a.abandon(&k, first).await.unwrap();
     // Polled once: the create is sent, its answer never awaited.
     let attempt = backend_a.try_acquire(&k, owner, distlock::Permits::LOCK, ttl);
     let gave_up = tokio::time::timeout(Duration::ZERO, attempt).await;
