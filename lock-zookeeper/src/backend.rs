@@ -66,6 +66,8 @@ const PUBLISHED: u8 = 1;
 ///   a key (short of restoring the ensemble from an older snapshot);
 /// - node names carry the owner token, so an attempt whose answer never came is found and
 ///   removed ([`Backend::abandon`]).
+///
+#[doc = include_str!("design.md")]
 pub struct ZooKeeperBackend {
     inner: Arc<Inner>,
 }
