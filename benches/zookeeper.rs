@@ -10,7 +10,9 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{named, ratio, Bench, Child, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS};
+use common::{
+    named, ratio, Bench, Child, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS,
+};
 use lock_testkit::ZooKeeperEnsemble;
 use zookeeper_client as zk;
 
@@ -53,10 +55,7 @@ impl Subject for RawRecipe {
         loop {
             let mut children = self.client.list_children(&dir).await.expect("list");
             children.sort();
-            let place = children
-                .iter()
-                .position(|c| *c == name)
-                .expect("our node");
+            let place = children.iter().position(|c| *c == name).expect("our node");
             if place == 0 {
                 return format!("{dir}/{name}");
             }

@@ -116,18 +116,24 @@ async fn run(config: ExclusionConfig, root: &str) -> Report {
     let config = config.ttl_range(Duration::from_millis(200), TTL_MAX);
     let past_session = SESSION + Duration::from_millis(800);
 
-    let pause_leader = Fault::new("the leader paused (SIGSTOP) past the session timeout", move || async move {
-        if let Some(leader) = ensemble.leader().await {
-            ensemble.pause(leader);
-            tokio::time::sleep(past_session).await;
-            ensemble.resume(leader);
-        }
-    });
-    let crash = Fault::new("member 1 killed (SIGKILL) and restarted", move || async move {
-        ensemble.kill(1);
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        ensemble.restart(1).await;
-    });
+    let pause_leader = Fault::new(
+        "the leader paused (SIGSTOP) past the session timeout",
+        move || async move {
+            if let Some(leader) = ensemble.leader().await {
+                ensemble.pause(leader);
+                tokio::time::sleep(past_session).await;
+                ensemble.resume(leader);
+            }
+        },
+    );
+    let crash = Fault::new(
+        "member 1 killed (SIGKILL) and restarted",
+        move || async move {
+            ensemble.kill(1);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            ensemble.restart(1).await;
+        },
+    );
     let blackhole = {
         let proxy = proxies[0].clone();
         Fault::new(

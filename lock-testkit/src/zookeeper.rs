@@ -113,12 +113,7 @@ impl ZooKeeperEnsemble {
             }))
             .await;
             match ready.into_iter().find_map(Result::err) {
-                None => {
-                    return ZooKeeperEnsemble {
-                        members,
-                        _dir: dir,
-                    }
-                }
+                None => return ZooKeeperEnsemble { members, _dir: dir },
                 Some(e) if e.is_addr_in_use() && attempt < START_ATTEMPTS => {
                     drop(members);
                     let _ = std::fs::remove_dir_all(dir.path());

@@ -239,7 +239,12 @@ impl Inner {
     async fn make_key_node(&self, s: &Session, dir: &str) -> Result<()> {
         const OP: &str = "create the key's node";
         match self
-            .ask(s, OP, s.client.create(dir, &[], &options(zk::CreateMode::Container)))
+            .ask(
+                s,
+                OP,
+                s.client
+                    .create(dir, &[], &options(zk::CreateMode::Container)),
+            )
             .await?
         {
             Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
@@ -259,7 +264,12 @@ impl Inner {
             Err(e) => return Err(failed("create the root node", e)),
         }
         match self
-            .ask(s, OP, s.client.create(dir, &[], &options(zk::CreateMode::Container)))
+            .ask(
+                s,
+                OP,
+                s.client
+                    .create(dir, &[], &options(zk::CreateMode::Container)),
+            )
             .await?
         {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
@@ -280,11 +290,9 @@ impl Inner {
         let prefix = lock_prefix(dir, owner);
         let mut made_dir = false;
         loop {
-            let create = s.client.create(
-                &prefix,
-                &[],
-                &options(zk::CreateMode::EphemeralSequential),
-            );
+            let create =
+                s.client
+                    .create(&prefix, &[], &options(zk::CreateMode::EphemeralSequential));
             let list = s.client.list_children(dir);
             let (created, listed) = tokio::join!(
                 self.ask(s, OP, create),
@@ -312,7 +320,11 @@ impl Inner {
     /// already.
     async fn watch(&self, s: &Session, key: &str, path: &str) -> Result<()> {
         match self
-            .ask(s, "watch the predecessor", s.client.check_and_watch_stat(path))
+            .ask(
+                s,
+                "watch the predecessor",
+                s.client.check_and_watch_stat(path),
+            )
             .await?
         {
             Ok((Some(_), watcher)) => {
@@ -355,8 +367,12 @@ impl Inner {
             };
             for (_, node_owner, name) in in_line(children) {
                 if node_owner == owner {
-                    self.delete(&s, "delete an abandoned lock node", &format!("{dir}/{name}"))
-                        .await?;
+                    self.delete(
+                        &s,
+                        "delete an abandoned lock node",
+                        &format!("{dir}/{name}"),
+                    )
+                    .await?;
                 }
             }
             Ok(())
@@ -397,7 +413,10 @@ async fn expire(inner: std::sync::Weak<Inner>, owner: Owner) {
         };
         let Some(held) = lapsed else { return };
         if let Some(s) = inner.sessions.peek().filter(|s| s.id == held.session) {
-            match inner.delete(&s, "delete an expired lock node", &held.path).await {
+            match inner
+                .delete(&s, "delete an expired lock node", &held.path)
+                .await
+            {
                 Ok(_) => {}
                 // The session ends, and the node with it, within the session timeout.
                 Err(e) => {
@@ -476,7 +495,9 @@ impl Backend for ZooKeeperBackend {
         }
         let predecessor = format!("{dir}/{}", line[place - 1].2);
         let watched = inner.watch(&s, key, &predecessor).await;
-        inner.delete(&s, "delete a waiting lock node", &path).await?;
+        inner
+            .delete(&s, "delete a waiting lock node", &path)
+            .await?;
         watched?;
         Ok(Attempt::Taken { expires_in: None })
     }
@@ -655,14 +676,22 @@ impl LeaderValues for ZooKeeperBackend {
             Some(h) if *h.key == *lease.key() => (h.path.clone(), h.session, h.epoch),
             _ => return Err(lease.not_held()),
         };
-        let Some(s) = inner.sessions.peek().filter(|s| s.id == session && s.keeps(epoch)) else {
+        let Some(s) = inner
+            .sessions
+            .peek()
+            .filter(|s| s.id == session && s.keeps(epoch))
+        else {
             return Err(lease.not_held());
         };
         let mut data = Vec::with_capacity(1 + value.len());
         data.push(PUBLISHED);
         data.extend_from_slice(value);
         match inner
-            .ask(&s, "publish a leader's value", s.client.set_data(&path, &data, None))
+            .ask(
+                &s,
+                "publish a leader's value",
+                s.client.set_data(&path, &data, None),
+            )
             .await?
         {
             Ok(_) => {}
@@ -702,7 +731,11 @@ impl LeaderValues for ZooKeeperBackend {
         };
         let path = format!("{dir}/{name}");
         match inner
-            .ask(&s, "read the leader's value", s.client.get_and_watch_data(&path))
+            .ask(
+                &s,
+                "read the leader's value",
+                s.client.get_and_watch_data(&path),
+            )
             .await?
         {
             Ok((data, stat, watcher)) => {
@@ -768,6 +801,6 @@ mod tests {
             CAPABILITIES.validity(now, Duration::from_secs(10)),
             now + Duration::from_secs(9)
         );
-        assert!(!CAPABILITIES.session_bound);
+        const { assert!(!CAPABILITIES.session_bound) };
     }
 }

@@ -215,7 +215,8 @@ impl ZooKeeperBuilder {
 
     /// The configuration for messages.
     pub(crate) fn redacted(&self) -> String {
-        self.url().unwrap_or_else(|| "zookeeper://(malformed)".into())
+        self.url()
+            .unwrap_or_else(|| "zookeeper://(malformed)".into())
     }
 }
 

@@ -58,7 +58,10 @@ mod tests {
 
     #[test]
     fn keys_become_safe_distinct_names() {
-        assert_eq!(key_node("/distlock", "jobs/a b"), "/distlock/k-jobs%2Fa%20b");
+        assert_eq!(
+            key_node("/distlock", "jobs/a b"),
+            "/distlock/k-jobs%2Fa%20b"
+        );
         assert_eq!(key_node("/d", ".."), "/d/k-..");
         assert_ne!(key_node("/d", "a%2F"), key_node("/d", "a/"));
         assert_eq!(key_node("/d", "é"), "/d/k-%C3%A9");

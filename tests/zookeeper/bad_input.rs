@@ -26,7 +26,10 @@ async fn malformed_urls_are_refused() {
         ("zookeeper://u:p@127.0.0.1:1", "user"),
         ("zookeeper://127.0.0.1:1?table=x", "table"),
         ("zookeeper://127.0.0.1:1?timeout=0s", "timeout"),
-        ("zookeeper://127.0.0.1:1?session_timeout=soon", "session_timeout"),
+        (
+            "zookeeper://127.0.0.1:1?session_timeout=soon",
+            "session_timeout",
+        ),
         ("zookeeper://127.0.0.1:1/a//b", "root"),
         ("zookeeper://127.0.0.1:1/zookeeper", "zookeeper"),
     ] {
@@ -66,8 +69,22 @@ async fn bad_keys_and_ttls_are_refused_and_odd_keys_work() {
     );
     let max = "é".repeat(distlock::MAX_KEY_LEN / 2);
     let mut guards = Vec::new();
-    for k in ["a/b", "a%2Fb", ".", "..", "zookeeper", "sp ace", "\u{0}", max.as_str()] {
-        guards.push(locker.acquire(k, &opts).await.unwrap_or_else(|e| panic!("{k:?}: {e}")));
+    for k in [
+        "a/b",
+        "a%2Fb",
+        ".",
+        "..",
+        "zookeeper",
+        "sp ace",
+        "\u{0}",
+        max.as_str(),
+    ] {
+        guards.push(
+            locker
+                .acquire(k, &opts)
+                .await
+                .unwrap_or_else(|e| panic!("{k:?}: {e}")),
+        );
     }
     for guard in guards {
         guard.release().await.unwrap();

@@ -13,8 +13,15 @@ async fn conformance_direct() {
     let caps = backend.capabilities().clone();
     assert_eq!(caps.name, "zookeeper");
     assert!(caps.monotonic_fencing && caps.release_notices && caps.cross_process);
-    assert!(!caps.session_bound, "validity is bounded by the session timeout");
-    assert_eq!(caps.max_ttl, Duration::from_secs(30), "the granted session timeout");
+    assert!(
+        !caps.session_bound,
+        "validity is bounded by the session timeout"
+    );
+    assert_eq!(
+        caps.max_ttl,
+        Duration::from_secs(30),
+        "the granted session timeout"
+    );
     common::conformance_direct(backend).await;
 }
 

@@ -34,7 +34,10 @@ async fn a_killed_member_leaves_locks_working(ensemble: &ZooKeeperEnsemble, url:
     let ttl = Duration::from_secs(2);
     let mut last = 0;
     for _ in 0..3 {
-        let g = locker.acquire(&k, &opts(ttl, Duration::from_secs(5))).await.unwrap();
+        let g = locker
+            .acquire(&k, &opts(ttl, Duration::from_secs(5)))
+            .await
+            .unwrap();
         assert!(g.fence() > last);
         last = g.fence();
         g.release().await.unwrap();
@@ -59,17 +62,26 @@ async fn a_killed_member_leaves_locks_working(ensemble: &ZooKeeperEnsemble, url:
 /// new holder's fence is greater. The old leader rejoins when continued.
 async fn a_paused_leader_is_replaced_and_no_two_hold(ensemble: &ZooKeeperEnsemble, url: &str) {
     let leader = ensemble.leader().await.expect("a leader");
-    let (a, b) = (Locker::new(backend(url).await), Locker::new(backend(url).await));
+    let (a, b) = (
+        Locker::new(backend(url).await),
+        Locker::new(backend(url).await),
+    );
     let k = key("paused-leader");
     let ttl = Duration::from_secs(2);
-    let held = a.acquire(&k, &opts(ttl, Duration::from_secs(5))).await.unwrap();
+    let held = a
+        .acquire(&k, &opts(ttl, Duration::from_secs(5)))
+        .await
+        .unwrap();
     ensemble.pause(leader);
     let next = lock_conformance::spawn_acquire(&b, &k, &opts(ttl, Duration::from_secs(30)));
     let successor = ensemble.wait_for_leader(Some(leader)).await;
     assert_ne!(successor, leader);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !next.is_finished() {
-        assert!(Instant::now() < deadline, "nobody got the key after the failover");
+        assert!(
+            Instant::now() < deadline,
+            "nobody got the key after the failover"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // Checked at once: the earlier holder must not believe it holds any more.
@@ -97,7 +109,10 @@ async fn a_client_cut_off_past_its_session_timeout_loses_its_lock(
     let b = Locker::new(backend(url).await);
     let k = key("cut-off");
     let ttl = Duration::from_secs(2);
-    let held = a.acquire(&k, &opts(ttl, Duration::from_secs(5))).await.unwrap();
+    let held = a
+        .acquire(&k, &opts(ttl, Duration::from_secs(5)))
+        .await
+        .unwrap();
     let lost = held.lost();
     let cut = Instant::now();
     proxy.set_mode(ProxyMode::Blackhole);

@@ -69,7 +69,10 @@ async fn a_cancelled_wait_leaves_no_node() {
                 .wait_for(Duration::from_millis(300)),
         )
         .await;
-    assert!(matches!(deadline, Err(Error::Timeout { .. })), "{deadline:?}");
+    assert!(
+        matches!(deadline, Err(Error::Timeout { .. })),
+        "{deadline:?}"
+    );
     b.settle().await;
     let nodes = probe.lock_nodes(&k).await.unwrap();
     assert_eq!(nodes.len(), 1, "only the holder's node: {nodes:?}");
@@ -101,7 +104,10 @@ async fn abandon_removes_a_lost_create() {
     // Polled once: the create is sent, its answer never awaited.
     let attempt = backend_a.try_acquire(&k, owner, distlock::Permits::LOCK, ttl);
     let gave_up = futures::FutureExt::now_or_never(attempt);
-    assert!(gave_up.is_none(), "the attempt was given up before its answer");
+    assert!(
+        gave_up.is_none(),
+        "the attempt was given up before its answer"
+    );
     let deadline = Instant::now() + Duration::from_secs(5);
     let nodes = loop {
         let nodes = other.lock_nodes(&k).await.unwrap();
@@ -163,16 +169,14 @@ async fn an_election_elects_one_leader_and_observers_follow_it() {
     })
     .await
     .expect("the observer sees the first leader");
-    assert_eq!((seen.value.as_slice(), seen.term), (&b"a"[..], first.term()));
+    assert_eq!(
+        (seen.value.as_slice(), seen.term),
+        (&b"a"[..], first.term())
+    );
     let contender = {
         let b = b.clone();
         let name = name.clone();
-        tokio::spawn(async move {
-            b.election(&name)
-                .unwrap()
-                .campaign("b", &wait(ttl))
-                .await
-        })
+        tokio::spawn(async move { b.election(&name).unwrap().campaign("b", &wait(ttl)).await })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!contender.is_finished(), "one leader at a time");
