@@ -175,14 +175,14 @@ mod tests {
     /// password hidden.
     #[test]
     fn unknown_schemes_list_the_known_ones() {
-        for url in ["http://localhost", "zookeeper://u:hunter2@h:2181"] {
+        for url in ["http://localhost", "consul://u:hunter2@h:8500"] {
             match connect_now(url) {
                 Err(Error::InvalidUrl { url: shown, reason }) => {
                     assert!(!shown.contains("hunter2"), "{shown}");
                     assert!(reason.starts_with("unknown scheme `"), "{reason}");
                     assert!(
                         reason.ends_with(
-                            "(expected memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd, postgres, postgresql, mysql, mariadb)"
+                            "(expected memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd, postgres, postgresql, mysql, mariadb, zookeeper)"
                         ),
                         "{reason}"
                     );
@@ -209,6 +209,7 @@ mod tests {
             ("postgresql", "postgres"),
             ("mysql", "mysql"),
             ("mariadb", "mysql"),
+            ("zookeeper", "zookeeper"),
         ] {
             match not_compiled(&url, scheme) {
                 Error::FeatureDisabled {
@@ -234,6 +235,7 @@ mod tests {
                 "etcd" => cfg!(feature = "etcd"),
                 "postgres" => cfg!(feature = "postgres"),
                 "mysql" => cfg!(feature = "mysql"),
+                "zookeeper" => cfg!(feature = "zookeeper"),
                 other => panic!("unknown feature {other}"),
             };
             if compiled {
