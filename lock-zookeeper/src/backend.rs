@@ -174,6 +174,10 @@ impl ZooKeeperBuilder {
     /// # Errors
     /// [`Error::InvalidUrl`] for a malformed configuration; [`Error::Unavailable`] when no
     /// member answers within the timeout.
+    ///
+    /// # Cancel safety
+    /// A dropped call leaves nothing behind: a session it may have opened is closed with
+    /// its client (or expires on the servers within the session timeout).
     pub async fn build(self) -> Result<ZooKeeperBackend> {
         self.checked()?;
         let notices = Arc::new(ReleaseNotices::new());
