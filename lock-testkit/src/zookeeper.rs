@@ -29,6 +29,9 @@ const READY_POLL: Duration = Duration::from_millis(50);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 /// Members of an ensemble.
 const MEMBERS: usize = 3;
+/// The start of an ensemble's directory name in the temp directory, before the test
+/// process's pid.
+const DIR_PREFIX: &str = "lock-testkit-zookeeper-";
 
 /// One member of a [`ZooKeeperEnsemble`].
 #[derive(Debug)]
@@ -68,8 +71,9 @@ impl ZooKeeperEnsemble {
                 "lock-testkit: {JAR} not found: install ZooKeeper with: sudo apt-get install -y {PACKAGE}"
             );
         }
+        remove_stale_dirs();
         let dir = tempfile::Builder::new()
-            .prefix("lock-testkit-zookeeper-")
+            .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
             .tempdir()
             .unwrap_or_else(|e| panic!("lock-testkit: cannot create a temp dir: {e}"));
         for attempt in 1..=START_ATTEMPTS {
@@ -246,6 +250,29 @@ impl ZooKeeperEnsemble {
     }
 }
 
+/// Removes the directories of ensembles whose test process is gone: a test binary keeps
+/// the ensemble its tests share in a static, which is never dropped.
+fn remove_stale_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(DIR_PREFIX)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        // SAFETY: signal 0 only checks that the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// The member's configuration: the kit's tick and session bounds, its own data directory
 /// and client port on loopback, every member's quorum and election ports.
 fn config(data: &Path, client_port: u16, servers: &str) -> String {
@@ -264,6 +291,7 @@ fn config(data: &Path, client_port: u16, servers: &str) -> String {
          standaloneEnabled=false\n\
          reconfigEnabled=false\n\
          forceSync=no\n\
+         preAllocSize=1024\n\
          {servers}",
         data.display()
     )
