@@ -13,7 +13,7 @@ import os
 import sys
 
 BACKENDS = [
-    "memory", "file", "redis", "redlock", "etcd", "postgres", "mysql", "memory-permits",
+    "memory", "file", "redis", "redlock", "etcd", "postgres", "mysql", "zookeeper", "memory-permits",
     "redis-permits", "postgres-permits", "memory-kinds", "redis-kinds", "postgres-kinds",
 ]
 PEER = {
@@ -24,6 +24,7 @@ PEER = {
     "etcd": "lock-rpc",
     "postgres": "advisory",
     "mysql": "get_lock",
+    "zookeeper": "raw",
     "memory-permits": "semaphore-map",
     "redis-permits": "raw",
     "postgres-permits": "raw",

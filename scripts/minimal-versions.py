@@ -39,9 +39,9 @@ def strip(manifest: Path, root: bool) -> None:
         text = re.sub(r"(?m)^members = .*$", f"members = [{members}]", text)
         # The facade without its network backends (their crates are not in this check).
         for backend in ["lock-file", "lock-redis", "lock-redlock", "lock-etcd", "lock-postgres",
-                        "lock-mysql"]:
+                        "lock-mysql", "lock-zookeeper"]:
             text = re.sub(rf"(?m)^{backend} = \{{ workspace = true, optional = true \}}\n", "", text)
-        text = re.sub(r'(?m)^(file|redis|redlock|etcd|postgres|mysql) = \["dep:lock-[a-z]+"\]\n',
+        text = re.sub(r'(?m)^(file|redis|redlock|etcd|postgres|mysql|zookeeper) = \["dep:lock-[a-z]+"\]\n',
                       "", text)
         text = re.sub(r"(?m)^full = .*$", 'full = ["memory", "scheduler"]', text)
         text = re.sub(r"(?m)^tls = .*$", "tls = []", text)

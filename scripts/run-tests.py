@@ -37,7 +37,8 @@ WEIGHTS = {
     "redis_sentinel": 42, "etcd_tls": 39, "exclusion_fire_times": 38, "backends": 30,
     "exclusion_redis": 30, "exclusion_redis_cluster": 30, "exclusion_redlock": 26,
     "exclusion_memory": 25, "file": 12, "redis_cluster": 22, "redis_tls": 19, "redis5": 18,
-    "exclusion_file": 14, "mysql": 35, "exclusion_mysql": 28,
+    "exclusion_file": 14, "mysql": 35, "exclusion_mysql": 28, "zookeeper": 38,
+    "exclusion_zookeeper": 45,
 }
 # Tests at once inside these binaries (libtest's --test-threads; its default is one per
 # core). Their time goes to the conformance suite, run several ways (direct, through a

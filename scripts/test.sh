@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every check and test of distlock on a fresh Debian machine: installs the real
-# servers the tests start (redis-server, etcd, postgresql, mariadb-server), protoc and protobuf's
+# servers the tests start (redis-server, etcd, postgresql, mariadb-server, zookeeper with the
+# Java runtime it depends on), protoc and protobuf's
 # well-known types (etcd-client's build)
 # and faketime (the clock-skew tests) when they are missing, then the module-cycle check,
 # fmt, clippy, the build on the declared minimum Rust version (installed with rustup) and
@@ -37,6 +38,9 @@ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/d
   || missing+=(postgresql)
 # MariaDB's server is in /usr/sbin (the test kit also looks there).
 command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || missing+=(mariadb-server)
+# ZooKeeper: the server's jar (libzookeeper-java) and a Java runtime (default-jre), run by
+# the test kit as `java … QuorumPeerMain`; the package starts no service.
+{ [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; } || missing+=(zookeeper)
 if [ ${#missing[@]} -gt 0 ]; then
   step "installing ${missing[*]}"
   sudo=""
@@ -69,13 +73,13 @@ step "Rust $msrv (the declared minimum): cargo check, every feature and target"
 msrv_check() { CARGO_TARGET_DIR=target/msrv cargo "+$msrv" check --locked --quiet "$@"; }
 msrv_check --workspace --all-features --all-targets
 step "Rust $msrv: each facade feature alone"
-for feature in "" memory file redis redlock etcd postgres mysql scheduler tls tls-ring "redis,tls" \
+for feature in "" memory file redis redlock etcd postgres mysql zookeeper scheduler tls tls-ring "redis,tls" \
   "redis,tls-ring"; do
   msrv_check -p distlock --no-default-features ${feature:+--features "$feature"}
 done
 msrv_check -p lock-cli --no-default-features
 # The README's install without protoc (no etcd).
-msrv_check -p lock-cli --no-default-features --features redis,redlock,postgres,mysql
+msrv_check -p lock-cli --no-default-features --features redis,redlock,postgres,mysql,zookeeper
 # The dependency floors of the crates whose floors are ours alone, at their lowest versions
 # (scripts/minimal-versions.py says why those crates).
 step "Rust $msrv: the dependency floors (direct minimal versions)"
@@ -163,6 +167,8 @@ if [ "${DISTLOCK_SKIP_CONTAINERS:-0}" != 1 ]; then
   # passed, in one run of three).
   # Redlock's nodes are the same Redis containers the redis suite kills, pauses and
   # restarts: its container run (55 s) went for the file and MySQL backends' tests.
+  # ZooKeeper has no image in the kit: its ensembles are always processes on the host, so
+  # its suites ran above and have nothing to add here.
   DISTLOCK_TEST_JOBS=1 python3 scripts/run-tests.py --package distlock \
     --only redis,etcd,postgres -- \
     conformance_direct conformance_on_a_three_member_cluster safety_rules fault_rules paused \

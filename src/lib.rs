@@ -14,6 +14,7 @@
 //! | `etcd://[user:pass@]host:port[,host:port…][?prefix=…&timeout=…&tls=true&ca=…&cert=…&key=…]` | `etcd` | etcd leases |
 //! | `postgres://[user:pass@]host[:port][/db][?table=…&schema=…&timeout=…]`, `postgresql://…` | `postgres` | a PostgreSQL lease table |
 //! | `mysql://[user:pass@]host[:port]/db[?table=…&timeout=…]`, `mariadb://…` | `mysql` | a MySQL or MariaDB lease table |
+//! | `zookeeper://host:port,host:port,…[/root][?session_timeout=…&timeout=…]` | `zookeeper` | ephemeral sequential nodes on a ZooKeeper ensemble |
 //!
 //! A URL whose backend is not compiled in is [`Error::FeatureDisabled`], naming the feature.
 //!
@@ -48,6 +49,8 @@ pub use lock_redis as redis;
 pub use lock_redlock as redlock;
 #[cfg(feature = "scheduler")]
 pub use lock_scheduler as scheduler;
+#[cfg(feature = "zookeeper")]
+pub use lock_zookeeper as zookeeper;
 
 /// The environment variable [`from_env`] reads.
 pub const URL_ENV: &str = "DISTLOCK_URL";
@@ -70,6 +73,7 @@ pub const SCHEMES: &[(&str, &str)] = &[
     ("postgresql", "postgres"),
     ("mysql", "mysql"),
     ("mariadb", "mysql"),
+    ("zookeeper", "zookeeper"),
 ];
 
 /// Builds a ready [`Locker`] from a lock-server URL.
@@ -104,6 +108,10 @@ pub async fn connect(url: &str) -> Result<Locker> {
         )),
         #[cfg(feature = "mysql")]
         "mysql" | "mariadb" => Ok(Locker::new(lock_mysql::MysqlBackend::connect(&url).await?)),
+        #[cfg(feature = "zookeeper")]
+        "zookeeper" => Ok(Locker::new(
+            lock_zookeeper::ZooKeeperBackend::connect(&url).await?,
+        )),
         other => Err(not_compiled(&url, other)),
     }
 }
@@ -167,14 +175,14 @@ mod tests {
     /// password hidden.
     #[test]
     fn unknown_schemes_list_the_known_ones() {
-        for url in ["http://localhost", "zookeeper://u:hunter2@h:2181"] {
+        for url in ["http://localhost", "consul://u:hunter2@h:8500"] {
             match connect_now(url) {
                 Err(Error::InvalidUrl { url: shown, reason }) => {
                     assert!(!shown.contains("hunter2"), "{shown}");
                     assert!(reason.starts_with("unknown scheme `"), "{reason}");
                     assert!(
                         reason.ends_with(
-                            "(expected memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd, postgres, postgresql, mysql, mariadb)"
+                            "(expected memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd, postgres, postgresql, mysql, mariadb, zookeeper)"
                         ),
                         "{reason}"
                     );
@@ -201,6 +209,7 @@ mod tests {
             ("postgresql", "postgres"),
             ("mysql", "mysql"),
             ("mariadb", "mysql"),
+            ("zookeeper", "zookeeper"),
         ] {
             match not_compiled(&url, scheme) {
                 Error::FeatureDisabled {
@@ -226,6 +235,7 @@ mod tests {
                 "etcd" => cfg!(feature = "etcd"),
                 "postgres" => cfg!(feature = "postgres"),
                 "mysql" => cfg!(feature = "mysql"),
+                "zookeeper" => cfg!(feature = "zookeeper"),
                 other => panic!("unknown feature {other}"),
             };
             if compiled {

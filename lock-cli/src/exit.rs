@@ -81,8 +81,8 @@ impl CliError {
                         "use memory://, file:///DIR, redis://HOST:PORT[/DB], rediss://…, \
                          redis+sentinel://H1:P1,…/MASTER, redis+cluster://H1:P1,…, \
                          redlock://H1:P1,H2:P2,…, etcd://HOST:PORT[,…], \
-                         postgres://USER@HOST:PORT/DB or mysql://USER@HOST:PORT/DB \
-                         (all in `distlock --help`)",
+                         postgres://USER@HOST:PORT/DB, mysql://USER@HOST:PORT/DB or \
+                         zookeeper://H1:P1,H2:P2,…[/ROOT] (all in `distlock --help`)",
                     )
                 } else {
                     e

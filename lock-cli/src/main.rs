@@ -58,6 +58,9 @@ $XDG_RUNTIME_DIR/distlock):
       a PostgreSQL lease table (port 5432); postgresql:// is the same
   mysql://[USER:PASS@]HOST[:PORT]/DB[?table=T&timeout=DUR]
       a MySQL 8 or MariaDB 10.3+ lease table (port 3306); mariadb:// is the same
+  zookeeper://HOST[:PORT],HOST[:PORT],...[/ROOT][?session_timeout=DUR&timeout=DUR]
+      ephemeral sequential nodes on a ZooKeeper ensemble (port 2181); TTLs up to
+      the session timeout (default 30s)
 Percent-encode @ / ? # in a password; prefer $DISTLOCK_URL to --url for one (other users
 of the host see command lines). Durations are written like 500ms, 30s, 5m or 1h 30m.
 

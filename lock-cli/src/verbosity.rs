@@ -17,7 +17,7 @@ use crate::exit::{CliError, USAGE};
 
 /// The crates whose events distlock shows by default: the command itself (its crate is
 /// named `distlock`, like the facade library) and the library crates.
-const OURS: [&str; 9] = [
+const OURS: [&str; 10] = [
     "distlock",
     "lock_core",
     "lock_memory",
@@ -26,6 +26,7 @@ const OURS: [&str; 9] = [
     "lock_etcd",
     "lock_postgres",
     "lock_mysql",
+    "lock_zookeeper",
     "lock_scheduler",
 ];
 

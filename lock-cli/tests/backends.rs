@@ -187,3 +187,12 @@ async fn mysql_bench_baseline() {
     let server = lock_testkit::MariaDbServer::start().await;
     common::bench_baseline_scenario(&server.url(), "mysql", "INSERT IGNORE + DELETE").await;
 }
+
+/// ZooKeeper: exclusion between two `distlock` processes, status and fences through the
+/// command, on a three-member ensemble.
+#[cfg(feature = "zookeeper")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper() {
+    let ensemble = lock_testkit::ZooKeeperEnsemble::start().await;
+    common::cross_process_scenario(&ensemble.url(""), "zookeeper").await;
+}

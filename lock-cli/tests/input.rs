@@ -37,9 +37,9 @@ async fn bad_url() {
 /// An unknown scheme is refused with 64 and the list of known ones.
 #[tokio::test]
 async fn unknown_scheme() {
-    let out = distlock_with(&["run", "k", "--url", "zookeeper://h:2181", "--", "true"]).await;
+    let out = distlock_with(&["run", "k", "--url", "consul://h:8500", "--", "true"]).await;
     out.expect_code(64)
-        .expect_stderr("unknown scheme `zookeeper`")
+        .expect_stderr("unknown scheme `consul`")
         .expect_stderr("memory, file, redis, rediss, redis+sentinel, redis+cluster, redlock, etcd");
     assert_human(&out);
 }

@@ -23,6 +23,10 @@ pub struct Capabilities {
     pub ttl_granularity: Duration,
     /// The longest TTL the backend can represent; longer requests are refused.
     pub max_ttl: Duration,
+    /// What bounds [`max_ttl`](Self::max_ttl) and how to raise it, appended to the refusal
+    /// of a longer TTL (ZooKeeper: the session timeout, its URL parameter); empty when the
+    /// maximum is fixed.
+    pub max_ttl_hint: &'static str,
     /// Whether fencing tokens strictly increase across successive holders of a key (every
     /// grant's token is greater than every earlier grant's for the same key), under the
     /// conditions the backend documents; nothing is promised across different keys.
@@ -145,6 +149,7 @@ impl Capabilities {
             min_ttl: Duration::from_millis(1),
             ttl_granularity: Duration::from_millis(1),
             max_ttl: Duration::from_secs(30 * 24 * 3600),
+            max_ttl_hint: "",
             monotonic_fencing: false,
             release_notices: false,
             cross_process: false,
@@ -211,6 +216,12 @@ impl Capabilities {
         self
     }
 
+    /// Sets [`max_ttl_hint`](Self::max_ttl_hint).
+    pub const fn max_ttl_hint(mut self, hint: &'static str) -> Self {
+        self.max_ttl_hint = hint;
+        self
+    }
+
     /// Sets [`monotonic_fencing`](Self::monotonic_fencing).
     pub const fn monotonic_fencing(mut self, on: bool) -> Self {
         self.monotonic_fencing = on;
@@ -265,8 +276,8 @@ impl Capabilities {
         }
         if ttl > self.max_ttl {
             return Err(refuse(format!(
-                "longer than the backend's maximum of {:?}",
-                self.max_ttl
+                "longer than the backend's maximum of {:?}{}",
+                self.max_ttl, self.max_ttl_hint
             )));
         }
         let mut ttl = ttl.max(self.min_ttl);
@@ -312,6 +323,7 @@ mod tests {
             min_ttl: min,
             ttl_granularity: gran,
             max_ttl: Duration::from_secs(3600),
+            max_ttl_hint: "",
             monotonic_fencing: true,
             release_notices: false,
             cross_process: false,

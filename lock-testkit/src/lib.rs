@@ -22,6 +22,7 @@ mod redis;
 mod redis5;
 mod sentinel;
 mod tls;
+mod zookeeper;
 
 pub use crate::binary::find_binary;
 pub use crate::cluster::{ClusterNode, RedisCluster, CLUSTER_NODE_TIMEOUT, CLUSTER_SLOTS};
@@ -38,3 +39,4 @@ pub use crate::redis::{RedisNodes, RedisOptions, RedisServer};
 pub use crate::redis5::{redis5_server, REDIS5_SERVER_VAR, REDIS5_VERSION};
 pub use crate::sentinel::{RedisSentinels, DOWN_AFTER, FAILOVER_TIMEOUT, SENTINEL_MASTER};
 pub use crate::tls::{ServerTls, TestCerts};
+pub use crate::zookeeper::{ZooKeeperEnsemble, ZOOKEEPER_MAX_SESSION, ZOOKEEPER_TICK};

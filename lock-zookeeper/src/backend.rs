@@ -1,0 +1,810 @@
+//! [`ZooKeeperBackend`]: the lock recipe of Curator's `InterProcessMutex` as one-attempt
+//! operations, with the [`Backend`], [`Admin`], [`LeaderValues`] and [`Baseline`] traits.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use lock_core::election::{Leader, LeaderValues};
+use lock_core::sync::lock;
+use lock_core::{
+    Admin, Attempt, Backend, Baseline, Capabilities, ClockDrift, Error, Holder, Lease, Owner,
+    Permits, ReleaseListener, ReleaseNotices, Result, Ttl,
+};
+use zookeeper_client as zk;
+
+use crate::config::ZooKeeperBuilder;
+use crate::error::{ends_session, failed, is_transient, timed_out, NAME};
+use crate::names::{in_line, key_node, lock_prefix};
+use crate::session::{Session, Sessions};
+
+/// The share of a grant's TTL set aside before its validity ends: a grant or renewal sent
+/// at `t` with TTL `ttl` (at most the session timeout) is believed until
+/// `t + ttl × (1 − 0.1)`. See the crate's design notes: the servers expire a session a
+/// session timeout after the last touch its leader knows of, which a touch relayed by a
+/// follower reaches late or not at all.
+pub const VALIDITY_MARGIN_PER_MILLION: u32 = 100_000;
+
+/// What the backend promises before it knows the session timeout; [`ZooKeeperBackend`]'s
+/// own capabilities have `max_ttl` set to the timeout the ensemble granted.
+pub const CAPABILITIES: Capabilities = Capabilities::new(NAME)
+    .min_ttl(Duration::from_millis(1))
+    .ttl_granularity(Duration::from_millis(1))
+    .monotonic_fencing(true)
+    .release_notices(true)
+    .cross_process(true)
+    .max_ttl_hint(
+        " (the session timeout the ensemble granted: raise the URL's `session_timeout`, within the servers' maxSessionTimeout, or ask for a shorter TTL)",
+    )
+    .clock_drift(ClockDrift::new(VALIDITY_MARGIN_PER_MILLION, Duration::ZERO))
+    .permits_refusal(
+        "claims of several permits on a key (the ZooKeeper backend keeps locks and elections only)",
+    );
+
+/// The first byte of a lock node's data once its holder published a leader's value.
+const PUBLISHED: u8 = 1;
+
+/// Locks on a ZooKeeper ensemble: one ephemeral sequential node per grant under the key's
+/// node, the lowest holding (Curator's `InterProcessMutex`); build it with
+/// [`ZooKeeperBackend::builder`] or [`ZooKeeperBackend::connect`]
+/// (`zookeeper://host:port,…[/root]`).
+///
+/// Rules it keeps:
+/// - a grant is the owner's node being the lowest of the key's lock nodes; it lasts until
+///   released or until the session ends (the server deletes ephemeral nodes then);
+/// - a grant's validity is counted from before the request that proved the session alive
+///   and reaches `min(ttl, session timeout) × 0.9` past it
+///   ([`VALIDITY_MARGIN_PER_MILLION`]), so a holder never believes it holds once the
+///   servers could have expired its session, paused process or not; the longest TTL is the
+///   session timeout the ensemble granted;
+/// - a disconnection ends every grant made before it (Curator's "SUSPENDED is lost"): the
+///   next renewal answers [`Error::NotHeld`] and the guard's `lost()` fires;
+/// - the fence is the `czxid` of the holder's node: zxids strictly increase across the
+///   ensemble and grants of a key happen in node order, so fences increase across grants of
+///   a key (short of restoring the ensemble from an older snapshot);
+/// - node names carry the owner token, so an attempt whose answer never came is found and
+///   removed ([`Backend::abandon`]).
+///
+#[doc = include_str!("design.md")]
+pub struct ZooKeeperBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sessions: Sessions,
+    caps: Capabilities,
+    notices: Arc<ReleaseNotices>,
+    /// The nodes of this backend's grants, by owner token.
+    held: Mutex<HashMap<Owner, Held>>,
+    root: String,
+    timeout: Duration,
+}
+
+/// One grant: its node, the session (and disconnection count) it was made in, and when
+/// the backend deletes the node unless it is extended first (the TTL, kept by the
+/// holder's process; the session timeout bounds it when that process cannot run).
+struct Held {
+    key: Arc<str>,
+    path: String,
+    session: i64,
+    epoch: u64,
+    expires_at: Instant,
+}
+
+impl std::fmt::Debug for ZooKeeperBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZooKeeperBackend")
+            .field("config", self.inner.sessions.config())
+            .field("held", &lock(&self.inner.held).len())
+            .finish()
+    }
+}
+
+/// How a request ended: `Ok(Ok)` answered, `Ok(Err)` refused by the server for a reason
+/// the caller acts on (no node, node exists), `Err` failed (transient or not).
+type Answer<T> = Result<std::result::Result<T, zk::Error>>;
+
+impl ZooKeeperBackend {
+    /// A builder for the ensemble whose members `hosts` lists (`host:port,host:port`).
+    pub fn builder(hosts: impl Into<String>) -> ZooKeeperBuilder {
+        ZooKeeperBuilder::new(hosts)
+    }
+
+    /// The backend a `zookeeper://` URL describes, connected.
+    ///
+    /// # Errors
+    /// As [`ZooKeeperBuilder::from_url`] and [`ZooKeeperBuilder::build`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn demo() -> lock_core::Result<()> {
+    /// use lock_core::{LockUrl, Locker};
+    /// use lock_zookeeper::ZooKeeperBackend;
+    ///
+    /// let url = LockUrl::parse("zookeeper://zk1:2181,zk2:2181,zk3:2181/myapp")?;
+    /// let locker = Locker::new(ZooKeeperBackend::connect(&url).await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &lock_core::LockUrl) -> Result<ZooKeeperBackend> {
+        ZooKeeperBuilder::from_url(url)?.build().await
+    }
+
+    /// The session timeout the ensemble granted to the current session (the longest TTL).
+    pub fn session_timeout(&self) -> Duration {
+        self.inner.caps.max_ttl
+    }
+
+    /// Grants of this backend now held (nodes it believes are its holders').
+    pub fn held_grants(&self) -> usize {
+        lock(&self.inner.held).len()
+    }
+
+    /// The node of `key` (its lock nodes are its children).
+    pub fn key_path(&self, key: &str) -> String {
+        key_node(&self.inner.root, key)
+    }
+
+    /// The names of `key`'s lock nodes now, in line order (every session's): for tests and
+    /// tools.
+    ///
+    /// # Errors
+    /// Transient errors when the ensemble does not answer.
+    pub async fn lock_nodes(&self, key: &str) -> Result<Vec<String>> {
+        let s = self.inner.sessions.get().await?;
+        let dir = key_node(&self.inner.root, key);
+        match self
+            .inner
+            .ask(&s, "list lock nodes", s.client.list_children(&dir))
+            .await?
+        {
+            Ok(children) => Ok(in_line(children).into_iter().map(|l| l.2).collect()),
+            Err(zk::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(failed("list lock nodes", e)),
+        }
+    }
+}
+
+impl ZooKeeperBuilder {
+    /// Connects a session to the ensemble and returns the backend; its longest TTL is the
+    /// session timeout the ensemble granted.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`] for a malformed configuration; [`Error::Unavailable`] when no
+    /// member answers within the timeout.
+    ///
+    /// # Cancel safety
+    /// A dropped call leaves nothing behind: a session it may have opened is closed with
+    /// its client (or expires on the servers within the session timeout).
+    pub async fn build(self) -> Result<ZooKeeperBackend> {
+        self.checked()?;
+        let notices = Arc::new(ReleaseNotices::new());
+        let root = self.get_root().to_owned();
+        let timeout = self.get_timeout();
+        let sessions = Sessions::connect(self, notices.clone()).await?;
+        let granted = sessions
+            .peek()
+            .map_or(Duration::ZERO, |s| s.timeout)
+            .max(Duration::from_millis(1));
+        let caps = CAPABILITIES.max_ttl(granted);
+        let inner = Inner {
+            sessions,
+            caps,
+            notices,
+            held: Mutex::new(HashMap::new()),
+            root,
+            timeout,
+        };
+        Ok(ZooKeeperBackend {
+            inner: Arc::new(inner),
+        })
+    }
+}
+
+fn options(mode: zk::CreateMode) -> zk::CreateOptions<'static> {
+    mode.with_acls(zk::Acls::anyone_all())
+}
+
+impl Inner {
+    /// Sends nothing itself: awaits a request already sent (the client sends at the call,
+    /// so requests reach the server in call order), bounded by the timeout. A session the
+    /// answer says is over is marked so.
+    async fn ask<T>(
+        &self,
+        session: &Session,
+        op: &'static str,
+        request: impl Future<Output = std::result::Result<T, zk::Error>>,
+    ) -> Answer<T> {
+        match tokio::time::timeout(self.timeout, request).await {
+            Err(_) => Err(timed_out(op, self.timeout)),
+            Ok(Ok(value)) => Ok(Ok(value)),
+            Ok(Err(e)) => {
+                if ends_session(&e) {
+                    session.end();
+                }
+                if is_transient(&e) {
+                    Err(failed(op, e))
+                } else {
+                    Ok(Err(e))
+                }
+            }
+        }
+    }
+
+    /// How long a grant or renewal of `ttl` sent at `sent` in `session` is believed.
+    fn validity(&self, session: &Session, sent: Instant, ttl: Ttl) -> Instant {
+        self.caps.validity(sent, ttl.get().min(session.timeout))
+    }
+
+    /// Makes the root (persistent) and the key's node (a container, which the server
+    /// deletes once it has had children and has none).
+    async fn make_key_node(&self, s: &Session, dir: &str) -> Result<()> {
+        const OP: &str = "create the key's node";
+        match self
+            .ask(
+                s,
+                OP,
+                s.client
+                    .create(dir, &[], &options(zk::CreateMode::Container)),
+            )
+            .await?
+        {
+            Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
+            Err(zk::Error::NoNode) => {}
+            Err(e) => return Err(failed(OP, e)),
+        }
+        match self
+            .ask(
+                s,
+                "create the root node",
+                s.client
+                    .mkdir(&self.root, &options(zk::CreateMode::Persistent)),
+            )
+            .await?
+        {
+            Ok(()) => {}
+            Err(e) => return Err(failed("create the root node", e)),
+        }
+        match self
+            .ask(
+                s,
+                OP,
+                s.client
+                    .create(dir, &[], &options(zk::CreateMode::Container)),
+            )
+            .await?
+        {
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(e) => Err(failed(OP, e)),
+        }
+    }
+
+    /// Creates `owner`'s lock node under `dir` and lists the line, in one round trip (the
+    /// list is sent after the create, so it sees the new node). The key's node is made
+    /// when missing.
+    async fn enter(
+        &self,
+        s: &Session,
+        dir: &str,
+        owner: Owner,
+    ) -> Result<(zk::Stat, String, Vec<String>)> {
+        const OP: &str = "create a lock node";
+        let prefix = lock_prefix(dir, owner);
+        let mut made_dir = false;
+        loop {
+            let create =
+                s.client
+                    .create(&prefix, &[], &options(zk::CreateMode::EphemeralSequential));
+            let list = s.client.list_children(dir);
+            let (created, listed) = tokio::join!(
+                self.ask(s, OP, create),
+                self.ask(s, "list the key's lock nodes", list)
+            );
+            match created? {
+                Ok((stat, sequence)) => {
+                    let name = format!("{}{sequence}", &prefix[dir.len() + 1..]);
+                    let children = match listed? {
+                        Ok(children) => children,
+                        Err(e) => return Err(failed("list the key's lock nodes", e)),
+                    };
+                    return Ok((stat, name, children));
+                }
+                Err(zk::Error::NoNode) if !made_dir => {
+                    self.make_key_node(s, dir).await?;
+                    made_dir = true;
+                }
+                Err(e) => return Err(failed(OP, e)),
+            }
+        }
+    }
+
+    /// Wakes the key's waiters when `path` changes (is deleted), or at once when it is gone
+    /// already.
+    async fn watch(&self, s: &Session, key: &str, path: &str) -> Result<()> {
+        match self
+            .ask(
+                s,
+                "watch the predecessor",
+                s.client.check_and_watch_stat(path),
+            )
+            .await?
+        {
+            Ok((Some(_), watcher)) => {
+                let notices = self.notices.clone();
+                let key = key.to_owned();
+                tokio::spawn(async move {
+                    watcher.changed().await;
+                    notices.notify(&key);
+                });
+            }
+            Ok((None, _)) => self.notices.notify(key),
+            Err(e) => return Err(failed("watch the predecessor", e)),
+        }
+        Ok(())
+    }
+
+    /// Deletes `path` if it exists: `Ok(true)` deleted, `Ok(false)` was gone.
+    async fn delete(&self, s: &Session, op: &'static str, path: &str) -> Result<bool> {
+        match self.ask(s, op, s.client.delete(path, None)).await? {
+            Ok(()) => Ok(true),
+            Err(zk::Error::NoNode) => Ok(false),
+            Err(e) => Err(failed(op, e)),
+        }
+    }
+
+    /// Deletes every lock node of `owner` under `key`'s node (found by name: an attempt
+    /// whose answer never came). A failure ends the session, so that the server deletes
+    /// them with it within the session timeout.
+    async fn remove_owner(&self, key: &str, owner: Owner) -> Result<()> {
+        let s = self.sessions.get().await?;
+        let dir = key_node(&self.root, key);
+        let result = async {
+            let children = match self
+                .ask(&s, "list lock nodes", s.client.list_children(&dir))
+                .await?
+            {
+                Ok(children) => children,
+                Err(zk::Error::NoNode) => return Ok(()),
+                Err(e) => return Err(failed("list lock nodes", e)),
+            };
+            for (_, node_owner, name) in in_line(children) {
+                if node_owner == owner {
+                    self.delete(
+                        &s,
+                        "delete an abandoned lock node",
+                        &format!("{dir}/{name}"),
+                    )
+                    .await?;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = &result {
+            if e.is_transient() {
+                s.end();
+            }
+        }
+        self.notices.notify(key);
+        result
+    }
+}
+
+/// Deletes `owner`'s node once its TTL passed without an extension: the expiry a TTL
+/// server keeps, kept here by the holder's process (its validity ended earlier, at 0.9 of
+/// the TTL). Ends early when the grant is released or the backend dropped.
+async fn expire(inner: std::sync::Weak<Inner>, owner: Owner) {
+    loop {
+        let at = {
+            let Some(inner) = inner.upgrade() else { return };
+            let held = lock(&inner.held);
+            match held.get(&owner) {
+                Some(h) => h.expires_at,
+                None => return,
+            }
+        };
+        tokio::time::sleep_until(at.into()).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let lapsed = {
+            let mut held = lock(&inner.held);
+            match held.get(&owner) {
+                Some(h) if h.expires_at <= Instant::now() => held.remove(&owner),
+                Some(_) => continue,
+                None => return,
+            }
+        };
+        let Some(held) = lapsed else { return };
+        if let Some(s) = inner.sessions.peek().filter(|s| s.id == held.session) {
+            match inner
+                .delete(&s, "delete an expired lock node", &held.path)
+                .await
+            {
+                Ok(_) => {}
+                // The session ends, and the node with it, within the session timeout.
+                Err(e) => {
+                    tracing::debug!(key = &*held.key, error = %e.report(), "zookeeper: deleting an expired lock node failed; ending the session");
+                    s.end();
+                }
+            }
+        }
+        inner.notices.notify(&held.key);
+        return;
+    }
+}
+
+#[async_trait]
+impl Backend for ZooKeeperBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    /// Creates the owner's ephemeral sequential node under the key's node and lists the
+    /// line (one round trip). Granted when it is the lowest: the fence is its `czxid`.
+    /// Otherwise the node is deleted again, a watch is left on the node just before it
+    /// (it wakes the key's listeners when that node goes: no herd), and the answer is
+    /// `Taken`. `ttl` only bounds the validity (see [`ZooKeeperBackend`]).
+    ///
+    /// # Cancel safety
+    /// The create is sent at once; a dropped call may leave the node behind, which the
+    /// Locker's [`abandon`](Backend::abandon) finds by its owner token and deletes (sent on
+    /// the same session after the create, so the server sees it after).
+    async fn try_acquire(
+        &self,
+        key: &str,
+        owner: Owner,
+        permits: Permits,
+        ttl: Ttl,
+    ) -> Result<Attempt> {
+        if permits != Permits::LOCK {
+            return Err(Error::InvalidPermits {
+                reason: "the ZooKeeper backend keeps locks only".into(),
+            });
+        }
+        let inner = &self.inner;
+        let sent = Instant::now();
+        let s = inner.sessions.get().await?;
+        let epoch = s.epoch();
+        let dir = key_node(&inner.root, key);
+        let (stat, name, children) = inner.enter(&s, &dir, owner).await?;
+        let path = format!("{dir}/{name}");
+        let line = in_line(children);
+        let Some(place) = line.iter().position(|l| l.2 == name) else {
+            // Our node is gone already: the session ended meanwhile.
+            return Err(Error::unavailable(
+                NAME,
+                "the new lock node was not in the line (session lost?)",
+            ));
+        };
+        if place == 0 {
+            let Ok(fence) = u64::try_from(stat.czxid) else {
+                return Err(Error::backend(NAME, "a negative czxid"));
+            };
+            lock(&inner.held).insert(
+                owner,
+                Held {
+                    key: Arc::from(key),
+                    path,
+                    session: s.id,
+                    epoch,
+                    expires_at: sent + ttl.get(),
+                },
+            );
+            tokio::spawn(expire(Arc::downgrade(&self.inner), owner));
+            return Ok(Attempt::Granted {
+                fence,
+                valid_until: inner.validity(&s, sent, ttl),
+            });
+        }
+        let predecessor = format!("{dir}/{}", line[place - 1].2);
+        let watched = inner.watch(&s, key, &predecessor).await;
+        inner
+            .delete(&s, "delete a waiting lock node", &path)
+            .await?;
+        watched?;
+        Ok(Attempt::Taken { expires_in: None })
+    }
+
+    /// Checks, through the leader (a `multi` holding one version check, which is a write
+    /// and so linearized), that the lease's node still exists in the session it was made
+    /// in, with no disconnection since; the new validity counts from before the check.
+    ///
+    /// # Cancel safety
+    /// A check only: dropping it changes nothing on the server.
+    async fn extend(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
+        let inner = &self.inner;
+        let sent = Instant::now();
+        let current = inner.sessions.peek();
+        let (path, s, epoch) = match lock(&inner.held).get_mut(&lease.owner()) {
+            // Not lapsed, and its session alive without a disconnection since the grant:
+            // the node now lives until `ttl` from before the check.
+            Some(h) if *h.key == *lease.key() && sent < h.expires_at => {
+                match current.filter(|s| s.id == h.session && s.keeps(h.epoch)) {
+                    Some(s) => {
+                        h.expires_at = sent + ttl.get();
+                        (h.path.clone(), s, h.epoch)
+                    }
+                    None => return Err(lease.not_held()),
+                }
+            }
+            _ => return Err(lease.not_held()),
+        };
+        let mut check = s.client.new_multi_writer();
+        check
+            .add_check_version(&path, -1)
+            .map_err(|e| failed("check the lock node", e))?;
+        let answer = inner
+            .ask(&s, "check the lock node", async {
+                check.commit().await.map_err(zk::Error::from)
+            })
+            .await;
+        match answer {
+            Ok(Ok(_)) if s.keeps(epoch) => Ok(inner.validity(&s, sent, ttl)),
+            Ok(Ok(_)) | Ok(Err(zk::Error::NoNode)) => Err(lease.not_held()),
+            Ok(Err(e)) => Err(failed("check the lock node", e)),
+            Err(_) if !s.keeps(epoch) => Err(lease.not_held()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes the lease's node if it is this backend's grant to the lease's owner; the
+    /// deletion wakes the next node's waiter in every process.
+    ///
+    /// # Cancel safety
+    /// The delete is sent at once: a dropped call may delete the node or not. A delete that
+    /// fails transiently ends the session, so the server deletes the node with it within
+    /// the session timeout.
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let inner = &self.inner;
+        let held = {
+            let mut held = lock(&inner.held);
+            match held.get(&lease.owner()) {
+                Some(h) if *h.key == *lease.key() => held.remove(&lease.owner()),
+                _ => None,
+            }
+        };
+        let Some(held) = held else {
+            return Err(lease.not_held());
+        };
+        let Some(s) = inner.sessions.peek().filter(|s| s.id == held.session) else {
+            return Err(lease.not_held());
+        };
+        let deleted = inner.delete(&s, "delete the lock node", &held.path).await;
+        inner.notices.notify(lease.key());
+        match deleted {
+            Ok(true) if s.keeps(held.epoch) => Ok(()),
+            Ok(_) => Err(lease.not_held()),
+            Err(e) => {
+                if e.is_transient() {
+                    s.end();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn listen(&self, key: &str) -> Option<ReleaseListener> {
+        Some(self.inner.notices.listen(key))
+    }
+
+    /// Deletes every node of `owner` under the key's node, found by the owner token in its
+    /// name (Curator's protected mode), and forgets the grant if one was recorded.
+    ///
+    /// # Cancel safety
+    /// Dropping it may leave the node; it then lasts until the session ends.
+    async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
+        lock(&self.inner.held).remove(&owner);
+        self.inner.remove_owner(key, owner).await
+    }
+
+    fn admin(&self) -> Option<&dyn Admin> {
+        Some(self)
+    }
+
+    fn baseline(&self) -> Option<&dyn Baseline> {
+        Some(self)
+    }
+
+    fn leader_values(&self) -> Option<&dyn LeaderValues> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl Admin for ZooKeeperBackend {
+    /// The key's lowest lock node: its owner token, and its `czxid` as the fence; no time
+    /// left (it lasts while its session does).
+    async fn inspect(&self, key: &str) -> Result<Vec<Holder>> {
+        let inner = &self.inner;
+        let s = inner.sessions.get().await?;
+        let dir = key_node(&inner.root, key);
+        for (_, owner, name) in in_line(
+            match inner
+                .ask(&s, "list lock nodes", s.client.list_children(&dir))
+                .await?
+            {
+                Ok(children) => children,
+                Err(zk::Error::NoNode) => return Ok(Vec::new()),
+                Err(e) => return Err(failed("list lock nodes", e)),
+            },
+        ) {
+            let path = format!("{dir}/{name}");
+            match inner
+                .ask(&s, "read the holder's node", s.client.check_stat(&path))
+                .await?
+            {
+                Ok(Some(stat)) => {
+                    let fence = u64::try_from(stat.czxid).ok();
+                    return Ok(vec![Holder::new(Some(owner), fence, None)]);
+                }
+                // Released meanwhile: the next one holds.
+                Ok(None) => continue,
+                Err(e) => return Err(failed("read the holder's node", e)),
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// Deletes the key's lowest lock node, whoever's it is; `true` when one was deleted.
+    async fn force_release(&self, key: &str) -> Result<bool> {
+        let inner = &self.inner;
+        let s = inner.sessions.get().await?;
+        let dir = key_node(&inner.root, key);
+        let children = match inner
+            .ask(&s, "list lock nodes", s.client.list_children(&dir))
+            .await?
+        {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(false),
+            Err(e) => return Err(failed("list lock nodes", e)),
+        };
+        let Some((_, _, name)) = in_line(children).into_iter().next() else {
+            return Ok(false);
+        };
+        let deleted = inner
+            .delete(&s, "delete the holder's node", &format!("{dir}/{name}"))
+            .await?;
+        inner.notices.notify(key);
+        Ok(deleted)
+    }
+}
+
+#[async_trait]
+impl LeaderValues for ZooKeeperBackend {
+    /// Sets the data of the lease's node (a marker byte and the value): only while the
+    /// node exists, so only while the lease holds.
+    async fn publish(&self, lease: &Lease, value: &[u8]) -> Result<()> {
+        let inner = &self.inner;
+        let (path, session, epoch) = match lock(&inner.held).get(&lease.owner()) {
+            Some(h) if *h.key == *lease.key() => (h.path.clone(), h.session, h.epoch),
+            _ => return Err(lease.not_held()),
+        };
+        let Some(s) = inner
+            .sessions
+            .peek()
+            .filter(|s| s.id == session && s.keeps(epoch))
+        else {
+            return Err(lease.not_held());
+        };
+        let mut data = Vec::with_capacity(1 + value.len());
+        data.push(PUBLISHED);
+        data.extend_from_slice(value);
+        match inner
+            .ask(
+                &s,
+                "publish a leader's value",
+                s.client.set_data(&path, &data, None),
+            )
+            .await?
+        {
+            Ok(_) => {}
+            Err(zk::Error::NoNode) => return Err(lease.not_held()),
+            Err(e) => return Err(failed("publish a leader's value", e)),
+        }
+        inner.notices.notify(lease.key());
+        Ok(())
+    }
+
+    /// The key's lowest lock node and its published value, leaving watches on the line and
+    /// on that node: a new holder, a new value or a release wakes the key's listeners.
+    async fn leader(&self, key: &str) -> Result<Option<Leader>> {
+        let inner = &self.inner;
+        let s = inner.sessions.get().await?;
+        let dir = key_node(&inner.root, key);
+        let (children, watcher) = match inner
+            .ask(&s, "read the line", s.client.list_and_watch_children(&dir))
+            .await?
+        {
+            Ok(answer) => answer,
+            Err(zk::Error::NoNode) => {
+                // Watch for the key's node to appear instead.
+                inner.watch(&s, key, &dir).await?;
+                return Ok(None);
+            }
+            Err(e) => return Err(failed("read the line", e)),
+        };
+        let notices = inner.notices.clone();
+        let wake = key.to_owned();
+        tokio::spawn(async move {
+            watcher.changed().await;
+            notices.notify(&wake);
+        });
+        let Some((_, owner, name)) = in_line(children).into_iter().next() else {
+            return Ok(None);
+        };
+        let path = format!("{dir}/{name}");
+        match inner
+            .ask(
+                &s,
+                "read the leader's value",
+                s.client.get_and_watch_data(&path),
+            )
+            .await?
+        {
+            Ok((data, stat, watcher)) => {
+                let notices = inner.notices.clone();
+                let wake = key.to_owned();
+                tokio::spawn(async move {
+                    watcher.changed().await;
+                    notices.notify(&wake);
+                });
+                match data.split_first() {
+                    Some((&PUBLISHED, value)) => Ok(Some(Leader::new(
+                        value.to_vec(),
+                        u64::try_from(stat.czxid).unwrap_or(0),
+                        owner,
+                        None,
+                    ))),
+                    _ => Ok(None),
+                }
+            }
+            // Released meanwhile; the line's watch has fired or will.
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(failed("read the leader's value", e)),
+        }
+    }
+
+    /// The release itself (a deleted node) fires the watches that observers left with
+    /// [`leader`](Self::leader); this wakes this process's listeners.
+    async fn announce(&self, key: &str) -> Result<()> {
+        self.inner.notices.notify(key);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Baseline for ZooKeeperBackend {
+    fn description(&self) -> &'static str {
+        "create EPHEMERAL_SEQUENTIAL + getChildren + delete"
+    }
+
+    /// What a hand-written Curator-style lock does when the key is free: create an
+    /// ephemeral sequential node under the key's raw node (`<key node>-raw`), list the
+    /// children, delete the node; no fence, no owner bookkeeping.
+    async fn raw_cycle(&self, key: &str, _ttl: Ttl) -> Result<()> {
+        let inner = &self.inner;
+        let s = inner.sessions.get().await?;
+        let dir = format!("{}-raw", key_node(&inner.root, key));
+        let (_, name, _) = inner.enter(&s, &dir, Owner::random()).await?;
+        inner
+            .delete(&s, "delete the raw node", &format!("{dir}/{name}"))
+            .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validity_is_nine_tenths_of_the_ttl() {
+        let now = Instant::now();
+        assert_eq!(
+            CAPABILITIES.validity(now, Duration::from_secs(10)),
+            now + Duration::from_secs(9)
+        );
+        const { assert!(!CAPABILITIES.session_bound) };
+    }
+}
