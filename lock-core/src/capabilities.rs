@@ -77,6 +77,17 @@ pub struct Capabilities {
     /// the session is gone (never, for a file lock, while the process lives). An
     /// [`extend`](crate::Backend::extend) checks that the grant is still held.
     pub session_bound: bool,
+    /// Whether the server keeps the line of waiters (ZooKeeper's sequential nodes): a
+    /// refused attempt leaves the owner's place in it, and the next attempt of the same
+    /// owner keeps that place, so waiters in every process are granted in arrival order.
+    ///
+    /// The [`Locker`](crate::Locker) then makes every attempt of one acquisition with one
+    /// owner (a new one after an attempt that failed, whose clean-up may still be on its
+    /// way), and [abandons](crate::Backend::abandon) that owner's place when the
+    /// acquisition ends without its grant: a deadline, an error, `skip`'s refusal, a
+    /// hand-over from a sibling, or a cancelled call. Elsewhere every attempt has an owner
+    /// of its own and a refusal leaves nothing on the server.
+    pub server_queue: bool,
 }
 
 /// A lock TTL that passed a backend's rules: not zero, within its maximum, rounded up to
@@ -157,6 +168,7 @@ impl Capabilities {
             max_permits: 1,
             permits_refusal: "claims of several permits on a key (semaphores, reader-writer locks)",
             session_bound: false,
+            server_queue: false,
         }
     }
 
@@ -164,6 +176,12 @@ impl Capabilities {
     /// century, "until released or the session ends" on a monotonic clock (small enough
     /// that `Instant + SESSION_VALIDITY` never overflows).
     pub const SESSION_VALIDITY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+    /// Sets [`server_queue`](Self::server_queue).
+    pub const fn server_queue(mut self, on: bool) -> Self {
+        self.server_queue = on;
+        self
+    }
 
     /// Sets [`session_bound`](Self::session_bound).
     pub const fn session_bound(mut self, on: bool) -> Self {
@@ -331,6 +349,7 @@ mod tests {
             max_permits: 1,
             permits_refusal: "",
             session_bound: false,
+            server_queue: false,
         }
     }
 

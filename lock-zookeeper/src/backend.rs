@@ -35,6 +35,7 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(NAME)
     .monotonic_fencing(true)
     .release_notices(true)
     .cross_process(true)
+    .server_queue(true)
     .max_ttl_hint(
         " (the session timeout the ensemble granted: raise the URL's `session_timeout`, within the servers' maxSessionTimeout, or ask for a shorter TTL)",
     )
@@ -78,8 +79,20 @@ struct Inner {
     notices: Arc<ReleaseNotices>,
     /// The nodes of this backend's grants, by owner token.
     held: Mutex<HashMap<Owner, Held>>,
+    /// The nodes of refused attempts, by owner token: their places in the key's line,
+    /// kept for the same owner's next attempt (the Locker abandons them when it gives up).
+    waiting: Mutex<HashMap<Owner, Waiting>>,
     root: String,
     timeout: Duration,
+}
+
+/// A refused attempt's node, waiting for its turn: its name, the session it lives in and
+/// its `czxid` (the fence it will be granted with).
+struct Waiting {
+    key: Arc<str>,
+    name: String,
+    session: i64,
+    czxid: i64,
 }
 
 /// One grant: its node, the session (and disconnection count) it was made in, and when
@@ -194,6 +207,7 @@ impl ZooKeeperBuilder {
             caps,
             notices,
             held: Mutex::new(HashMap::new()),
+            waiting: Mutex::new(HashMap::new()),
             root,
             timeout,
         };
@@ -441,15 +455,18 @@ impl Backend for ZooKeeperBackend {
     }
 
     /// Creates the owner's ephemeral sequential node under the key's node and lists the
-    /// line (one round trip). Granted when it is the lowest: the fence is its `czxid`.
-    /// Otherwise the node is deleted again, a watch is left on the node just before it
-    /// (it wakes the key's listeners when that node goes: no herd), and the answer is
+    /// line (one round trip), or, when this owner's earlier attempt left its node waiting
+    /// in this session, lists the line only. Granted when the node is the lowest: the
+    /// fence is its `czxid`. Otherwise the node stays (the owner's place in the line, see
+    /// [`Capabilities::server_queue`]), a watch is left on the node just before it (it
+    /// wakes the key's listeners when that node goes: no herd), and the answer is
     /// `Taken`. `ttl` only bounds the validity (see [`ZooKeeperBackend`]).
     ///
     /// # Cancel safety
     /// The create is sent at once; a dropped call may leave the node behind, which the
     /// Locker's [`abandon`](Backend::abandon) finds by its owner token and deletes (sent on
-    /// the same session after the create, so the server sees it after).
+    /// the same session after the create, so the server sees it after). A waiting node is
+    /// left for the same owner's next attempt or its abandonment.
     async fn try_acquire(
         &self,
         key: &str,
@@ -467,18 +484,37 @@ impl Backend for ZooKeeperBackend {
         let s = inner.sessions.get().await?;
         let epoch = s.epoch();
         let dir = key_node(&inner.root, key);
-        let (stat, name, children) = inner.enter(&s, &dir, owner).await?;
+        let kept = lock(&inner.waiting)
+            .get(&owner)
+            .filter(|w| *w.key == *key && w.session == s.id)
+            .map(|w| (w.name.clone(), w.czxid));
+        let (czxid, name, children) = match kept {
+            Some((name, czxid)) => {
+                const OP: &str = "list the key's lock nodes";
+                match inner.ask(&s, OP, s.client.list_children(&dir)).await? {
+                    Ok(children) => (czxid, name, children),
+                    Err(zk::Error::NoNode) => (czxid, name, Vec::new()),
+                    Err(e) => return Err(failed(OP, e)),
+                }
+            }
+            None => {
+                let (stat, name, children) = inner.enter(&s, &dir, owner).await?;
+                (stat.czxid, name, children)
+            }
+        };
         let path = format!("{dir}/{name}");
         let line = in_line(children);
         let Some(place) = line.iter().position(|l| l.2 == name) else {
             // Our node is gone already: the session ended meanwhile.
+            lock(&inner.waiting).remove(&owner);
             return Err(Error::unavailable(
                 NAME,
-                "the new lock node was not in the line (session lost?)",
+                "the lock node was not in the line (session lost?)",
             ));
         };
         if place == 0 {
-            let Ok(fence) = u64::try_from(stat.czxid) else {
+            lock(&inner.waiting).remove(&owner);
+            let Ok(fence) = u64::try_from(czxid) else {
                 return Err(Error::backend(NAME, "a negative czxid"));
             };
             lock(&inner.held).insert(
@@ -498,11 +534,18 @@ impl Backend for ZooKeeperBackend {
             });
         }
         let predecessor = format!("{dir}/{}", line[place - 1].2);
-        let watched = inner.watch(&s, key, &predecessor).await;
-        inner
-            .delete(&s, "delete a waiting lock node", &path)
-            .await?;
-        watched?;
+        // Watched again at every attempt: a watch fires once, on any change of the node
+        // (a published leader's value too), and the waiter must still learn of its end.
+        inner.watch(&s, key, &predecessor).await?;
+        lock(&inner.waiting).insert(
+            owner,
+            Waiting {
+                key: Arc::from(key),
+                name,
+                session: s.id,
+                czxid,
+            },
+        );
         Ok(Attempt::Taken { expires_in: None })
     }
 
@@ -595,6 +638,7 @@ impl Backend for ZooKeeperBackend {
     /// Dropping it may leave the node; it then lasts until the session ends.
     async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {
         lock(&self.inner.held).remove(&owner);
+        lock(&self.inner.waiting).remove(&owner);
         self.inner.remove_owner(key, owner).await
     }
 

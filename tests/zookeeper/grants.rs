@@ -43,6 +43,57 @@ async fn fences_increase_and_waiters_wake_on_the_release() {
     holder.release().await.unwrap();
 }
 
+/// Waiters in three other "processes" (backends with sessions of their own) keep their
+/// places in the key's line while they wait (a node each) and are granted in the order
+/// they arrived, each woken by the release of the one before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_in_other_processes_are_granted_in_arrival_order() {
+    let url = url("line", "");
+    let probe = backend(&url).await;
+    let holder_side = Locker::new(backend(&url).await);
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        waiters.push(Locker::new(backend(&url).await));
+    }
+    let k = key("line");
+    let ttl = Duration::from_secs(5);
+    let held = holder_side.acquire(&k, &wait(ttl)).await.unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (i, locker) in waiters.iter().enumerate() {
+        let (locker, key, order) = (locker.clone(), k.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = locker.acquire(&key, &wait(ttl)).await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            guard.release().await.unwrap();
+        }));
+        // Each waiter's first attempt is in line before the next one arrives.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while probe.lock_nodes(&k).await.unwrap().len() < i + 2 {
+            assert!(Instant::now() < deadline, "waiter {i} has no place in line");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    // Past several of the Locker's backoff retries: the places are kept, not retaken.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        probe.lock_nodes(&k).await.unwrap().len(),
+        4,
+        "a node per waiter"
+    );
+    held.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        *order.lock().unwrap(),
+        vec![0, 1, 2],
+        "granted in arrival order"
+    );
+    assert!(probe.lock_nodes(&k).await.unwrap().is_empty());
+}
+
 /// A wait given up (its future dropped, or its deadline passed) leaves no lock node: only
 /// the holder's node is in the key's line, and none once the holder released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,13 +173,17 @@ async fn abandon_removes_a_lost_create() {
         .capabilities()
         .effective_ttl(Duration::from_secs(5))
         .unwrap();
+    let refused = Owner::random();
     assert!(matches!(
         other
-            .try_acquire(&k, Owner::random(), distlock::Permits::LOCK, ttl_other)
+            .try_acquire(&k, refused, distlock::Permits::LOCK, ttl_other)
             .await
             .unwrap(),
         Attempt::Taken { .. }
     ));
+    // A refused attempt keeps its place in line until its owner tries again or abandons.
+    assert_eq!(other.lock_nodes(&k).await.unwrap().len(), 2);
+    other.abandon(&k, refused).await.unwrap();
     backend_a.abandon(&k, owner).await.unwrap();
     assert!(other.lock_nodes(&k).await.unwrap().is_empty());
     let next = Owner::random();

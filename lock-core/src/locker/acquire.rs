@@ -9,7 +9,7 @@ use super::deadline::{timeout_error, within};
 use super::guard::LockGuard;
 use super::handover::{self, Woken};
 use super::observe::Event;
-use super::shared::{Shared, ERROR_BACKOFF};
+use super::shared::{Line, Shared, ERROR_BACKOFF};
 use crate::backend::Attempt;
 use crate::capabilities::Ttl;
 use crate::error::{Error, Result};
@@ -24,7 +24,9 @@ const WAIT_BACKOFF: (Duration, Duration) = (Duration::from_millis(2), Duration::
 pub(super) type Answer = std::result::Result<LockGuard, Option<Duration>>;
 
 /// The slow path: take this key's local turn (FIFO), then attempt and wait until
-/// granted or the deadline passes.
+/// granted or the deadline passes. (The acquisition's state is passed as it is, rather
+/// than bundled for this one call.)
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn queued(
     shared: &Arc<Shared>,
     shared_key: &Arc<str>,
@@ -33,12 +35,23 @@ pub(super) async fn queued(
     started: Option<Instant>,
     deadline: Option<Instant>,
     announced: bool,
+    line: &mut Option<Line<'_>>,
 ) -> Result<LockGuard> {
     let key: &str = shared_key;
     let queue = shared.queues.join(key);
-    let _turn = match within(deadline, queue.turn.turn.lock()).await {
-        Some(turn) => turn,
-        None => return Err(timeout_error(key, started)),
+    let _turn = match queue.turn.turn.try_lock() {
+        Ok(turn) => turn,
+        Err(_) => {
+            // Behind a sibling: a place kept in the server's line while waiting here could
+            // reach its head and block the sibling ahead, and the whole line with it.
+            if let Some(line) = line.as_mut() {
+                line.restart().await;
+            }
+            match within(deadline, queue.turn.turn.lock()).await {
+                Some(turn) => turn,
+                None => return Err(timeout_error(key, started)),
+            }
+        }
     };
     // The caller's wait is announced once, at the first sign the key is held.
     let mut announced = announced;
@@ -108,7 +121,7 @@ pub(super) async fn queued(
             continue;
         }
         noticed = false;
-        let pause = match within(deadline, attempt(shared, shared_key, ttl, opts)).await {
+        let pause = match within(deadline, attempt(shared, shared_key, ttl, opts, line)).await {
             None => break,
             Some(Ok(Ok(guard))) => {
                 queue.turn.add_holder(guard.downgrade());
@@ -144,7 +157,8 @@ pub(super) async fn queued(
     Err(last_error.unwrap_or_else(|| timeout_error(key, started)))
 }
 
-/// One attempt on the backend. `Ok(Err(expires_in))` means taken.
+/// One attempt on the backend, as the owner of `line`'s place when there is one. Taken
+/// means `Ok(Err(expires_in))`; a failed attempt moves the line to a new owner.
 ///
 /// Cancel safe: if dropped while the backend call is in flight, a background task
 /// releases whatever that call may have granted.
@@ -153,12 +167,33 @@ pub(super) async fn attempt(
     shared_key: &Arc<str>,
     ttl: Ttl,
     opts: &LockOptions,
+    line: &mut Option<Line<'_>>,
 ) -> Result<Answer> {
     if let Some(answer) = attempt_now(shared, shared_key, ttl, opts) {
         return answer;
     }
+    let owner = line.as_mut().map(Line::attempting);
+    let answer = attempt_as(shared, shared_key, ttl, opts, owner).await;
+    if let Some(line) = line {
+        match &answer {
+            Ok(Ok(guard)) if guard.lease().owner() == line.owner() => line.granted(),
+            Ok(_) => {}
+            Err(_) => line.failed(),
+        }
+    }
+    answer
+}
+
+/// One attempt on the backend as `owner` (a new owner when `None`).
+async fn attempt_as(
+    shared: &Arc<Shared>,
+    shared_key: &Arc<str>,
+    ttl: Ttl,
+    opts: &LockOptions,
+    owner: Option<Owner>,
+) -> Result<Answer> {
     let key: &str = shared_key;
-    let owner = Owner::random();
+    let owner = owner.unwrap_or_else(Owner::random);
     let mut cleanup = shared.arm_cleanup(shared_key, owner);
     let permits = opts.permits;
     let result = shared.proto().try_acquire(key, owner, permits, ttl).await;

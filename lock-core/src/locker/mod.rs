@@ -31,7 +31,7 @@ use crate::options::{LockOptions, WaitStrategy};
 
 pub use guard::LockGuard;
 pub use observe::{Event, Observer};
-use shared::Shared;
+use shared::{Line, Shared};
 pub use types::{validate_key, LockerStats, Outcome, MAX_KEY_LEN};
 
 /// Hands out locks from one backend with one waiting policy, the same on every backend.
@@ -358,57 +358,74 @@ impl Locker {
             }
         }
         let now = *called.get_or_insert_with(Instant::now);
-        let (started, deadline) = match opts.wait {
-            WaitStrategy::Skip => {
-                return match acquire::attempt(&self.inner, &shared_key, ttl, opts).await? {
-                    Ok(guard) => self.granted(guard, observed),
-                    Err(_) => Err(Error::Locked {
-                        key: key.to_owned(),
-                    }),
-                };
-            }
-            WaitStrategy::Wait(t) => (
-                Some(now),
-                Some(now.checked_add(t).unwrap_or_else(deadline::far_future)),
-            ),
-            // The start only matters for the error message of a bounded wait.
-            WaitStrategy::WaitForever => (None, None),
-        };
-        if first_try && !tried {
-            let first = match deadline {
-                None => Some(acquire::attempt(&self.inner, &shared_key, ttl, opts).await),
-                Some(d) => tokio::time::timeout_at(
-                    d.into(),
-                    acquire::attempt(&self.inner, &shared_key, ttl, opts),
-                )
-                .await
-                .ok(),
-            };
-            match first {
-                None => return Err(deadline::timeout_error(key, started)),
-                Some(Ok(Ok(guard))) => return self.granted(guard, observed),
-                Some(Err(e)) if !e.is_transient() => return Err(e),
-                Some(Ok(Err(_))) => {
-                    self.inner.observe(|| Event::Waiting { key });
-                    announced = true;
+        // The place in a line the server keeps, for every attempt below: left before an
+        // answer other than its owner's grant, abandoned in the background if cancelled.
+        let mut line = Line::new(&self.inner, &shared_key);
+        let result = async {
+            let (started, deadline) = match opts.wait {
+                WaitStrategy::Skip => {
+                    return match acquire::attempt(&self.inner, &shared_key, ttl, opts, &mut line)
+                        .await?
+                    {
+                        Ok(guard) => self.granted(guard, observed),
+                        Err(_) => Err(Error::Locked {
+                            key: key.to_owned(),
+                        }),
+                    };
                 }
-                Some(Err(e)) => self.inner.observe(|| Event::Retrying { key, error: &e }),
+                WaitStrategy::Wait(t) => (
+                    Some(now),
+                    Some(now.checked_add(t).unwrap_or_else(deadline::far_future)),
+                ),
+                // The start only matters for the error message of a bounded wait.
+                WaitStrategy::WaitForever => (None, None),
+            };
+            if first_try && !tried {
+                let first = match deadline {
+                    None => {
+                        Some(acquire::attempt(&self.inner, &shared_key, ttl, opts, &mut line).await)
+                    }
+                    Some(d) => tokio::time::timeout_at(
+                        d.into(),
+                        acquire::attempt(&self.inner, &shared_key, ttl, opts, &mut line),
+                    )
+                    .await
+                    .ok(),
+                };
+                match first {
+                    None => return Err(deadline::timeout_error(key, started)),
+                    Some(Ok(Ok(guard))) => return self.granted(guard, observed),
+                    Some(Err(e)) if !e.is_transient() => return Err(e),
+                    Some(Ok(Err(_))) => {
+                        self.inner.observe(|| Event::Waiting { key });
+                        announced = true;
+                    }
+                    Some(Err(e)) => self.inner.observe(|| Event::Retrying { key, error: &e }),
+                }
+            }
+            *waited = true;
+            // Boxed: the waiting state machine is large, and the uncontended path above should
+            // not carry (and move) it.
+            Box::pin(acquire::queued(
+                &self.inner,
+                &shared_key,
+                ttl,
+                opts,
+                started,
+                deadline,
+                announced,
+                &mut line,
+            ))
+            .await
+            .and_then(|guard| self.granted(guard, observed))
+        }
+        .await;
+        if result.is_err() {
+            if let Some(line) = line.as_mut() {
+                line.leave().await;
             }
         }
-        *waited = true;
-        // Boxed: the waiting state machine is large, and the uncontended path above should
-        // not carry (and move) it.
-        Box::pin(acquire::queued(
-            &self.inner,
-            &shared_key,
-            ttl,
-            opts,
-            started,
-            deadline,
-            announced,
-        ))
-        .await
-        .and_then(|guard| self.granted(guard, observed))
+        result
     }
 
     /// A grant, told to the observer (with the time since `observed`) when there is one.

@@ -170,6 +170,98 @@ impl Drop for CancelCleanup<'_> {
     }
 }
 
+/// A place in the line of waiters a server keeps ([`Capabilities::server_queue`]): the
+/// owner every attempt of one acquisition is made with. An acquisition that ends without
+/// that owner's grant [leaves](Self::leave) the line before it answers (so a key released
+/// next is free at once); one that is cancelled leaves it in the background (dropped
+/// armed).
+///
+/// [`Capabilities::server_queue`]: crate::Capabilities::server_queue
+pub(crate) struct Line<'a> {
+    shared: &'a Shared,
+    key: &'a Arc<str>,
+    owner: Owner,
+    /// Whether an attempt was made as `owner`: only then can the server hold a place.
+    attempted: bool,
+    armed: bool,
+}
+
+impl<'a> Line<'a> {
+    /// A place for `key` when the backend keeps a line on the server; `None` elsewhere
+    /// (each attempt then has an owner of its own).
+    pub(crate) fn new(shared: &'a Shared, key: &'a Arc<str>) -> Option<Line<'a>> {
+        shared.caps.server_queue.then(|| Line {
+            shared,
+            key,
+            owner: Owner::random(),
+            attempted: false,
+            armed: true,
+        })
+    }
+
+    /// The owner of the next attempt.
+    pub(crate) fn owner(&self) -> Owner {
+        self.owner
+    }
+
+    /// The owner of an attempt about to be sent.
+    pub(crate) fn attempting(&mut self) -> Owner {
+        self.attempted = true;
+        self.owner
+    }
+
+    /// Leaves the line: abandons the owner's place on the server and waits for it
+    /// (in the background when that fails). Cancelling it leaves the abandonment to the
+    /// background.
+    pub(crate) async fn leave(&mut self) {
+        if !(self.armed && self.attempted) {
+            return;
+        }
+        let abandoned = self.shared.proto().abandon(self.key, self.owner).await;
+        self.armed = false;
+        if abandoned.is_err() {
+            self.shared
+                .abandon_in_background(self.key.clone(), self.owner);
+        }
+    }
+
+    /// Leaves the line and takes a new owner, for a wait that cannot keep its place (it
+    /// waits behind a sibling of its own Locker: a place reaching the head of the line
+    /// meanwhile would block that sibling, and with it the whole line).
+    pub(crate) async fn restart(&mut self) {
+        self.leave().await;
+        *self = Line {
+            shared: self.shared,
+            key: self.key,
+            owner: Owner::random(),
+            attempted: false,
+            armed: true,
+        };
+    }
+
+    /// After an attempt with [`owner`](Self::owner) failed: its clean-up abandons that owner
+    /// in the background, and could remove a place taken again under it, so the next
+    /// attempt takes a new one.
+    pub(crate) fn failed(&mut self) {
+        self.owner = Owner::random();
+        self.attempted = false;
+    }
+
+    /// The owner was granted: its place is the grant now, released with the guard.
+    pub(crate) fn granted(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Line<'_> {
+    fn drop(&mut self) {
+        if self.armed && self.attempted {
+            self.shared
+                .abandon_in_background(self.key.clone(), self.owner);
+        }
+    }
+}
+
 /// One task of a [`Tracker`]: uncounted when dropped, whether the task finished or its
 /// runtime dropped it unfinished.
 struct Counted(Arc<Tracker>);
