@@ -234,6 +234,11 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Locker::shutdown`](crate::Locker::shutdown)) and retries transient errors a few
     /// times with backoff before leaving the grant to its TTL.
     ///
+    /// With [`Capabilities::server_queue`](crate::Capabilities::server_queue) it also
+    /// removes the place in the server's line that refused attempts of `owner` kept: the
+    /// Locker awaits it before an acquisition answers anything but `owner`'s grant, and
+    /// runs it in the background when the acquisition is cancelled.
+    ///
     /// # Errors
     /// Transient errors as for [`try_acquire`](Self::try_acquire): the clean-up may not have
     /// reached the server. Never [`Error::NotHeld`](crate::Error::NotHeld).
