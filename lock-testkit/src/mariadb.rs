@@ -10,7 +10,8 @@ use tempfile::TempDir;
 
 use crate::binary::find_host_binary;
 use crate::ports::loopback;
-use crate::process::{client_within, start_on_free_port, ManagedProcess, Readiness};
+use crate::process::start::{client_within, start_on_free_port, Readiness};
+use crate::process::ManagedProcess;
 
 /// How long a start may take before it is a failure, and how often readiness is polled.
 const READY: Readiness = Readiness {

@@ -13,7 +13,8 @@ use crate::child::{wait_stopped, ProcStat};
 use crate::mode::{launch_mode, LaunchMode};
 use crate::oneshot::run_to_end;
 use crate::ports::loopback;
-use crate::process::{client_within, start_on_free_port, ManagedProcess, Readiness};
+use crate::process::start::{client_within, start_on_free_port, Readiness};
+use crate::process::ManagedProcess;
 
 /// How long a start may take before it is a failure, and how often readiness is polled.
 const READY: Readiness = Readiness {

@@ -217,236 +217,7 @@ impl ZooKeeperBuilder {
     }
 }
 
-fn options(mode: zk::CreateMode) -> zk::CreateOptions<'static> {
-    mode.with_acls(zk::Acls::anyone_all())
-}
-
-impl Inner {
-    /// Sends nothing itself: awaits a request already sent (the client sends at the call,
-    /// so requests reach the server in call order), bounded by the timeout. A session the
-    /// answer says is over is marked so.
-    async fn ask<T>(
-        &self,
-        session: &Session,
-        op: &'static str,
-        request: impl Future<Output = std::result::Result<T, zk::Error>>,
-    ) -> Answer<T> {
-        match tokio::time::timeout(self.timeout, request).await {
-            Err(_) => Err(timed_out(op, self.timeout)),
-            Ok(Ok(value)) => Ok(Ok(value)),
-            Ok(Err(e)) => {
-                if ends_session(&e) {
-                    session.end();
-                }
-                if is_transient(&e) {
-                    Err(failed(op, e))
-                } else {
-                    Ok(Err(e))
-                }
-            }
-        }
-    }
-
-    /// How long a grant or renewal of `ttl` sent at `sent` in `session` is believed.
-    fn validity(&self, session: &Session, sent: Instant, ttl: Ttl) -> Instant {
-        self.caps.validity(sent, ttl.get().min(session.timeout))
-    }
-
-    /// Makes the root (persistent) and the key's node (a container, which the server
-    /// deletes once it has had children and has none).
-    async fn make_key_node(&self, s: &Session, dir: &str) -> Result<()> {
-        const OP: &str = "create the key's node";
-        match self
-            .ask(
-                s,
-                OP,
-                s.client
-                    .create(dir, &[], &options(zk::CreateMode::Container)),
-            )
-            .await?
-        {
-            Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
-            Err(zk::Error::NoNode) => {}
-            Err(e) => return Err(failed(OP, e)),
-        }
-        match self
-            .ask(
-                s,
-                "create the root node",
-                s.client
-                    .mkdir(&self.root, &options(zk::CreateMode::Persistent)),
-            )
-            .await?
-        {
-            Ok(()) => {}
-            Err(e) => return Err(failed("create the root node", e)),
-        }
-        match self
-            .ask(
-                s,
-                OP,
-                s.client
-                    .create(dir, &[], &options(zk::CreateMode::Container)),
-            )
-            .await?
-        {
-            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
-            Err(e) => Err(failed(OP, e)),
-        }
-    }
-
-    /// Creates `owner`'s lock node under `dir` and lists the line, in one round trip (the
-    /// list is sent after the create, so it sees the new node). The key's node is made
-    /// when missing.
-    async fn enter(
-        &self,
-        s: &Session,
-        dir: &str,
-        owner: Owner,
-    ) -> Result<(zk::Stat, String, Vec<String>)> {
-        const OP: &str = "create a lock node";
-        let prefix = lock_prefix(dir, owner);
-        let mut made_dir = false;
-        loop {
-            let create =
-                s.client
-                    .create(&prefix, &[], &options(zk::CreateMode::EphemeralSequential));
-            let list = s.client.list_children(dir);
-            let (created, listed) = tokio::join!(
-                self.ask(s, OP, create),
-                self.ask(s, "list the key's lock nodes", list)
-            );
-            match created? {
-                Ok((stat, sequence)) => {
-                    let name = format!("{}{sequence}", &prefix[dir.len() + 1..]);
-                    let children = match listed? {
-                        Ok(children) => children,
-                        Err(e) => return Err(failed("list the key's lock nodes", e)),
-                    };
-                    return Ok((stat, name, children));
-                }
-                Err(zk::Error::NoNode) if !made_dir => {
-                    self.make_key_node(s, dir).await?;
-                    made_dir = true;
-                }
-                Err(e) => return Err(failed(OP, e)),
-            }
-        }
-    }
-
-    /// Wakes the key's waiters when `path` changes (is deleted), or at once when it is gone
-    /// already.
-    async fn watch(&self, s: &Session, key: &str, path: &str) -> Result<()> {
-        match self
-            .ask(
-                s,
-                "watch the predecessor",
-                s.client.check_and_watch_stat(path),
-            )
-            .await?
-        {
-            Ok((Some(_), watcher)) => {
-                let notices = self.notices.clone();
-                let key = key.to_owned();
-                tokio::spawn(async move {
-                    watcher.changed().await;
-                    notices.notify(&key);
-                });
-            }
-            Ok((None, _)) => self.notices.notify(key),
-            Err(e) => return Err(failed("watch the predecessor", e)),
-        }
-        Ok(())
-    }
-
-    /// Deletes `path` if it exists: `Ok(true)` deleted, `Ok(false)` was gone.
-    async fn delete(&self, s: &Session, op: &'static str, path: &str) -> Result<bool> {
-        match self.ask(s, op, s.client.delete(path, None)).await? {
-            Ok(()) => Ok(true),
-            Err(zk::Error::NoNode) => Ok(false),
-            Err(e) => Err(failed(op, e)),
-        }
-    }
-
-    /// Deletes every lock node of `owner` under `key`'s node (found by name: an attempt
-    /// whose answer never came). A failure ends the session, so that the server deletes
-    /// them with it within the session timeout.
-    async fn remove_owner(&self, key: &str, owner: Owner) -> Result<()> {
-        let s = self.sessions.get().await?;
-        let dir = key_node(&self.root, key);
-        let result = async {
-            let children = match self
-                .ask(&s, "list lock nodes", s.client.list_children(&dir))
-                .await?
-            {
-                Ok(children) => children,
-                Err(zk::Error::NoNode) => return Ok(()),
-                Err(e) => return Err(failed("list lock nodes", e)),
-            };
-            for (_, node_owner, name) in in_line(children) {
-                if node_owner == owner {
-                    self.delete(
-                        &s,
-                        "delete an abandoned lock node",
-                        &format!("{dir}/{name}"),
-                    )
-                    .await?;
-                }
-            }
-            Ok(())
-        }
-        .await;
-        if let Err(e) = &result {
-            if e.is_transient() {
-                s.end();
-            }
-        }
-        self.notices.notify(key);
-        result
-    }
-}
-
-/// Deletes `owner`'s node once its TTL passed without an extension: the expiry a TTL
-/// server keeps, kept here by the holder's process (its validity ended earlier, at 0.9 of
-/// the TTL). Ends early when the grant is released or the backend dropped.
-async fn expire(inner: std::sync::Weak<Inner>, owner: Owner) {
-    loop {
-        let at = {
-            let Some(inner) = inner.upgrade() else { return };
-            let held = lock(&inner.held);
-            match held.get(&owner) {
-                Some(h) => h.expires_at,
-                None => return,
-            }
-        };
-        tokio::time::sleep_until(at.into()).await;
-        let Some(inner) = inner.upgrade() else { return };
-        let lapsed = {
-            let mut held = lock(&inner.held);
-            match held.get(&owner) {
-                Some(h) if h.expires_at <= Instant::now() => held.remove(&owner),
-                Some(_) => continue,
-                None => return,
-            }
-        };
-        let Some(held) = lapsed else { return };
-        if let Some(s) = inner.sessions.peek().filter(|s| s.id == held.session) {
-            match inner
-                .delete(&s, "delete an expired lock node", &held.path)
-                .await
-            {
-                Ok(_) => {}
-                // The session ends, and the node with it, within the session timeout.
-                Err(e) => {
-                    tracing::debug!(key = &*held.key, error = %e.report(), "zookeeper: deleting an expired lock node failed; ending the session");
-                    s.end();
-                }
-            }
-        }
-        inner.notices.notify(&held.key);
-        return;
-    }
-}
+mod requests;
 
 #[async_trait]
 impl Backend for ZooKeeperBackend {
@@ -655,186 +426,47 @@ impl Backend for ZooKeeperBackend {
     }
 }
 
-#[async_trait]
-impl Admin for ZooKeeperBackend {
-    /// The key's lowest lock node: its owner token, and its `czxid` as the fence; no time
-    /// left (it lasts while its session does).
-    async fn inspect(&self, key: &str) -> Result<Vec<Holder>> {
-        let inner = &self.inner;
-        let s = inner.sessions.get().await?;
-        let dir = key_node(&inner.root, key);
-        for (_, owner, name) in in_line(
-            match inner
-                .ask(&s, "list lock nodes", s.client.list_children(&dir))
-                .await?
-            {
-                Ok(children) => children,
-                Err(zk::Error::NoNode) => return Ok(Vec::new()),
-                Err(e) => return Err(failed("list lock nodes", e)),
-            },
-        ) {
-            let path = format!("{dir}/{name}");
-            match inner
-                .ask(&s, "read the holder's node", s.client.check_stat(&path))
-                .await?
-            {
-                Ok(Some(stat)) => {
-                    let fence = u64::try_from(stat.czxid).ok();
-                    return Ok(vec![Holder::new(Some(owner), fence, None)]);
-                }
-                // Released meanwhile: the next one holds.
-                Ok(None) => continue,
-                Err(e) => return Err(failed("read the holder's node", e)),
+mod abilities;
+
+/// Deletes `owner`'s node once its TTL passed without an extension: the expiry a TTL
+/// server keeps, kept here by the holder's process (its validity ended earlier, at 0.9 of
+/// the TTL). Ends early when the grant is released or the backend dropped.
+async fn expire(inner: std::sync::Weak<Inner>, owner: Owner) {
+    loop {
+        let at = {
+            let Some(inner) = inner.upgrade() else { return };
+            let held = lock(&inner.held);
+            match held.get(&owner) {
+                Some(h) => h.expires_at,
+                None => return,
             }
-        }
-        Ok(Vec::new())
-    }
-
-    /// Deletes the key's lowest lock node, whoever's it is; `true` when one was deleted.
-    async fn force_release(&self, key: &str) -> Result<bool> {
-        let inner = &self.inner;
-        let s = inner.sessions.get().await?;
-        let dir = key_node(&inner.root, key);
-        let children = match inner
-            .ask(&s, "list lock nodes", s.client.list_children(&dir))
-            .await?
-        {
-            Ok(children) => children,
-            Err(zk::Error::NoNode) => return Ok(false),
-            Err(e) => return Err(failed("list lock nodes", e)),
         };
-        let Some((_, _, name)) = in_line(children).into_iter().next() else {
-            return Ok(false);
-        };
-        let deleted = inner
-            .delete(&s, "delete the holder's node", &format!("{dir}/{name}"))
-            .await?;
-        inner.notices.notify(key);
-        Ok(deleted)
-    }
-}
-
-#[async_trait]
-impl LeaderValues for ZooKeeperBackend {
-    /// Sets the data of the lease's node (a marker byte and the value): only while the
-    /// node exists, so only while the lease holds.
-    async fn publish(&self, lease: &Lease, value: &[u8]) -> Result<()> {
-        let inner = &self.inner;
-        let (path, session, epoch) = match lock(&inner.held).get(&lease.owner()) {
-            Some(h) if *h.key == *lease.key() => (h.path.clone(), h.session, h.epoch),
-            _ => return Err(lease.not_held()),
-        };
-        let Some(s) = inner
-            .sessions
-            .peek()
-            .filter(|s| s.id == session && s.keeps(epoch))
-        else {
-            return Err(lease.not_held());
-        };
-        let mut data = Vec::with_capacity(1 + value.len());
-        data.push(PUBLISHED);
-        data.extend_from_slice(value);
-        match inner
-            .ask(
-                &s,
-                "publish a leader's value",
-                s.client.set_data(&path, &data, None),
-            )
-            .await?
-        {
-            Ok(_) => {}
-            Err(zk::Error::NoNode) => return Err(lease.not_held()),
-            Err(e) => return Err(failed("publish a leader's value", e)),
-        }
-        inner.notices.notify(lease.key());
-        Ok(())
-    }
-
-    /// The key's lowest lock node and its published value, leaving watches on the line and
-    /// on that node: a new holder, a new value or a release wakes the key's listeners.
-    async fn leader(&self, key: &str) -> Result<Option<Leader>> {
-        let inner = &self.inner;
-        let s = inner.sessions.get().await?;
-        let dir = key_node(&inner.root, key);
-        let (children, watcher) = match inner
-            .ask(&s, "read the line", s.client.list_and_watch_children(&dir))
-            .await?
-        {
-            Ok(answer) => answer,
-            Err(zk::Error::NoNode) => {
-                // Watch for the key's node to appear instead.
-                inner.watch(&s, key, &dir).await?;
-                return Ok(None);
+        tokio::time::sleep_until(at.into()).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let lapsed = {
+            let mut held = lock(&inner.held);
+            match held.get(&owner) {
+                Some(h) if h.expires_at <= Instant::now() => held.remove(&owner),
+                Some(_) => continue,
+                None => return,
             }
-            Err(e) => return Err(failed("read the line", e)),
         };
-        let notices = inner.notices.clone();
-        let wake = key.to_owned();
-        tokio::spawn(async move {
-            watcher.changed().await;
-            notices.notify(&wake);
-        });
-        let Some((_, owner, name)) = in_line(children).into_iter().next() else {
-            return Ok(None);
-        };
-        let path = format!("{dir}/{name}");
-        match inner
-            .ask(
-                &s,
-                "read the leader's value",
-                s.client.get_and_watch_data(&path),
-            )
-            .await?
-        {
-            Ok((data, stat, watcher)) => {
-                let notices = inner.notices.clone();
-                let wake = key.to_owned();
-                tokio::spawn(async move {
-                    watcher.changed().await;
-                    notices.notify(&wake);
-                });
-                match data.split_first() {
-                    Some((&PUBLISHED, value)) => Ok(Some(Leader::new(
-                        value.to_vec(),
-                        u64::try_from(stat.czxid).unwrap_or(0),
-                        owner,
-                        None,
-                    ))),
-                    _ => Ok(None),
+        let Some(held) = lapsed else { return };
+        if let Some(s) = inner.sessions.peek().filter(|s| s.id == held.session) {
+            match inner
+                .delete(&s, "delete an expired lock node", &held.path)
+                .await
+            {
+                Ok(_) => {}
+                // The session ends, and the node with it, within the session timeout.
+                Err(e) => {
+                    tracing::debug!(key = &*held.key, error = %e.report(), "zookeeper: deleting an expired lock node failed; ending the session");
+                    s.end();
                 }
             }
-            // Released meanwhile; the line's watch has fired or will.
-            Err(zk::Error::NoNode) => Ok(None),
-            Err(e) => Err(failed("read the leader's value", e)),
         }
-    }
-
-    /// The release itself (a deleted node) fires the watches that observers left with
-    /// [`leader`](Self::leader); this wakes this process's listeners.
-    async fn announce(&self, key: &str) -> Result<()> {
-        self.inner.notices.notify(key);
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Baseline for ZooKeeperBackend {
-    fn description(&self) -> &'static str {
-        "create EPHEMERAL_SEQUENTIAL + getChildren + delete"
-    }
-
-    /// What a hand-written Curator-style lock does when the key is free: create an
-    /// ephemeral sequential node under the key's raw node (`<key node>-raw`), list the
-    /// children, delete the node; no fence, no owner bookkeeping.
-    async fn raw_cycle(&self, key: &str, _ttl: Ttl) -> Result<()> {
-        let inner = &self.inner;
-        let s = inner.sessions.get().await?;
-        let dir = format!("{}-raw", key_node(&inner.root, key));
-        let (_, name, _) = inner.enter(&s, &dir, Owner::random()).await?;
-        inner
-            .delete(&s, "delete the raw node", &format!("{dir}/{name}"))
-            .await?;
-        Ok(())
+        inner.notices.notify(&held.key);
+        return;
     }
 }
 
