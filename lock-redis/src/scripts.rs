@@ -105,7 +105,8 @@ macro_rules! current_fence {
 /// - `forget(permits, owner)` removes `owner`'s grant from the permits hash, its `take`
 ///   leaving the `taken` count;
 /// - `prune(holders, permits, now_ms)` drops the grants expired at `now_ms` (a score below
-///   `now_ms`; true when a grant is left, otherwise both keys are gone). Not at `now_ms`
+///   `now_ms`; true when a grant is left, otherwise both keys are gone), reading only the
+///   earliest grant when none has expired (one call on the path of every grant). Not at `now_ms`
 ///   itself: `now_ms` is the time rounded down, so a grant whose expiry equals it may have
 ///   up to a millisecond left for its holder, whose validity counts from before the
 ///   request; Redis expires a key the same way (only once its time is past);
@@ -114,7 +115,8 @@ macro_rules! current_fence {
 /// - `let_go(holders, permits, owner, channel, notice, now_ms)` removes `owner`'s grant
 ///   (which the caller found in `holders`), announces the release when a refused attempt
 ///   marked the key awaited (and clears the mark: an attempt refused later marks it again),
-///   and prunes.
+///   and prunes; the last grant to go deletes the permits hash with it, without counting
+///   its permits out first.
 ///
 /// [`ACQUIRE_PERMITS`]: permits::ACQUIRE_PERMITS
 macro_rules! permits_helpers {
@@ -132,11 +134,15 @@ local function forget(permits, owner)
   redis.call('HDEL', permits, owner)
 end
 local function prune(holders, permits, now_ms)
-  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', '(' .. ms(now_ms))
-  if #gone > 0 then
-    for _, owner in ipairs(gone) do forget(permits, owner) end
-    redis.call('ZREMRANGEBYSCORE', holders, '-inf', '(' .. ms(now_ms))
+  local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
+  if #first == 0 then
+    redis.call('DEL', permits)
+    return false
   end
+  if tonumber(first[2]) >= now_ms then return true end
+  local gone = redis.call('ZRANGEBYSCORE', holders, '-inf', '(' .. ms(now_ms))
+  for _, owner in ipairs(gone) do forget(permits, owner) end
+  redis.call('ZREMRANGEBYSCORE', holders, '-inf', '(' .. ms(now_ms))
   if redis.call('EXISTS', holders) == 1 then return true end
   redis.call('DEL', permits)
   return false
@@ -153,8 +159,12 @@ local function keep_until_latest(holders, permits)
 end
 local function let_go(holders, permits, owner, channel, notice, now_ms)
   redis.call('ZREM', holders, owner)
-  forget(permits, owner)
   if redis.call('HDEL', permits, 'awaited') == 1 then redis.call('PUBLISH', channel, notice) end
+  if redis.call('EXISTS', holders) == 0 then
+    redis.call('DEL', permits)
+    return
+  end
+  forget(permits, owner)
   if prune(holders, permits, now_ms) then keep_until_latest(holders, permits) end
 end
 "#

@@ -50,36 +50,48 @@ local function first_free()
   if #first == 0 then return -2 end
   return math.max(tonumber(first[2]) - now_ms, 0)
 end
-if redis.call('EXISTS', tombstone) == 1 then return {0, first_free()} end
-if redis.call('EXISTS', lock) == 1 then return {-2, 1} end
+-- One call on the path of a grant: neither the owner's tombstone nor the lock is there.
+if redis.call('EXISTS', tombstone, lock) > 0 then
+  if redis.call('EXISTS', tombstone) == 1 then return {0, first_free()} end
+  return {-2, 1}
+end
 local live = prune(holders, permits, now_ms)
-local kept = live and tonumber(redis.call('HGET', permits, 'of'))
--- Holders without the key's permits (the hash was lost apart from them, e.g. evicted):
--- nothing is granted until they expire.
-if live and not kept then return {0, first_free()} end
-if kept and kept ~= of then return {-2, kept} end
 local expiry = ms(now_ms + ttl)
-local grant = live and redis.call('HGET', permits, owner)
-local fence = grant and tonumber(string.match(grant, ' (%d+)$'))
-if fence then
-  redis.call('ZADD', holders, expiry, owner)
-  keep_until_latest(holders, permits)
-  return {1, fence}
+local taken = 0
+if live then
+  local kept, grant, counted = unpack(redis.call('HMGET', permits, 'of', owner, 'taken'))
+  kept = tonumber(kept)
+  -- Holders without the key's permits (the hash was lost apart from them, e.g. evicted):
+  -- nothing is granted until they expire.
+  if not kept then return {0, first_free()} end
+  if kept ~= of then return {-2, kept} end
+  local fence = grant and tonumber(string.match(grant, ' (%d+)$'))
+  if fence then
+    redis.call('ZADD', holders, expiry, owner)
+    keep_until_latest(holders, permits)
+    return {1, fence}
+  end
+  taken = tonumber(counted) or 0
+  if taken + take > of then
+    redis.call('HSET', permits, 'awaited', '1')
+    return {0, first_free()}
+  end
 end
-local taken = live and tonumber(redis.call('HGET', permits, 'taken')) or 0
-if taken + take > of then
-  redis.call('HSET', permits, 'awaited', '1')
-  return {0, first_free()}
-end
-local err
+local fence, err
 "#,
     next_fence!(),
     r#"
 if not fence then return redis.error_reply(tostring(err)) end
 redis.call('ZADD', holders, expiry, owner)
-redis.call('HSET', permits, 'of', ARGV[3], owner, ARGV[2] .. ' ' .. ms(fence))
-redis.call('HINCRBY', permits, 'taken', take)
-keep_until_latest(holders, permits)
+redis.call('HSET', permits, 'of', ARGV[3], owner, ARGV[2] .. ' ' .. ms(fence),
+  'taken', ms(taken + take))
+if live then
+  keep_until_latest(holders, permits)
+else
+  -- The only grant: both keys expire with it.
+  redis.call('PEXPIREAT', holders, expiry)
+  redis.call('PEXPIREAT', permits, expiry)
+end
 return {1, fence}
 "#
 ));
