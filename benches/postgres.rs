@@ -2,7 +2,8 @@
 //! same run: the pattern users write by hand, a `pg_try_advisory_lock` /
 //! `pg_advisory_unlock` pair on one connection per task (no TTL, no fencing, no notices:
 //! a waiter polls every millisecond), and the raw protocol (an insert-if-absent and a
-//! delete on a plain table: two statements, no lease logic), on the workloads of every bench
+//! delete on a plain logged table, as durable as distlock's lease table: two statements,
+//! no lease logic; issue 30's goal at one task is 0.95 of it), on the workloads of every bench
 //! (see `common`), distlock's guards ended by `release().await` and by drop. Server CPU is
 //! the postmaster's and its backends'.
 
@@ -114,16 +115,16 @@ impl Subject for RawTable {
 }
 
 fn ratios(w: Workload) -> Vec<Ratio> {
-    let (goal, drop_goal) = match w {
-        Workload::Lone => (Some(0.9), Some(0.95)),
-        Workload::Distinct(_) => (Some(1.0), Some(0.95)),
-        Workload::OneKey(..) => (None, None),
+    let (goal, drop_goal, raw_goal) = match w {
+        Workload::Lone => (Some(0.9), Some(0.95), Some(0.95)),
+        Workload::Distinct(_) => (Some(1.0), Some(0.95), None),
+        Workload::OneKey(..) => (None, None, None),
     };
     vec![
         ratio("ours", "advisory", goal),
         ratio("ours-drop", "advisory", goal),
         ratio("ours-drop", "ours", drop_goal),
-        ratio("ours", "raw", None),
+        ratio("ours", "raw", raw_goal),
     ]
 }
 
@@ -163,9 +164,7 @@ async fn main() {
             "raw" => {
                 let client = client(&url).await;
                 client
-                    .batch_execute(
-                        "CREATE UNLOGGED TABLE IF NOT EXISTS bench_raw (key text PRIMARY KEY)",
-                    )
+                    .batch_execute("CREATE TABLE IF NOT EXISTS bench_raw (key text PRIMARY KEY)")
                     .await
                     .expect("raw table");
                 let insert = client
