@@ -176,7 +176,8 @@ impl Backend for PostgresBackend {
     /// expired row, with the next fence of the sequence; a live holder's row is left as it
     /// was and its time left answered; a key held with permits (its marker row) is refused
     /// with [`Error::InvalidPermits`](lock_core::Error::InvalidPermits). Other claims: one
-    /// script in one transaction under the key's advisory lock (`permits.rs`).
+    /// call of a PL/pgSQL function, one transaction under the key's advisory lock
+    /// (`permits.rs`).
     async fn try_acquire(
         &self,
         key: &str,
@@ -272,7 +273,7 @@ impl Backend for PostgresBackend {
     }
 
     /// Releases whatever `owner` may hold of `key`, a lock or permits (the claim of the
-    /// attempt is not known here): the lock's release, then the permits' script. Requests
+    /// attempt is not known here): the lock's release, then the permits' release. Requests
     /// on one connection run in order, and a connection given up after a timeout is ended
     /// first, so both run after the abandoned attempt.
     async fn abandon(&self, key: &str, owner: Owner) -> Result<()> {

@@ -129,7 +129,8 @@ impl PostgresBuilder {
     }
 
     /// The lease table; default `distlock_leases`. Created (with its fence sequence
-    /// `<table>_fence`, `<table>_perms`, the holders of permits, and `<table>_runs` (with
+    /// `<table>_fence`, `<table>_perms`, the holders of permits, and the functions that
+    /// claim them, `<table>_take`, `_renew`, `_give` and `_clear`, and `<table>_runs` (with
     /// its index `<table>_slots`) and `<table>_fires`, the scheduler's run records and
     /// fire-time claims, and `<table>_leads`, the leaders' values of elections) when
     /// missing; a run records' table made by an older version is upgraded on connect.

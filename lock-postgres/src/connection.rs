@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls, Row, SimpleQueryMessage, SimpleQueryRow, Statement};
+use tokio_postgres::{Client, NoTls, Row, Statement};
 
 use crate::config::{Names, PostgresBuilder};
 use crate::error::{Failure, RequestError};
@@ -34,6 +34,11 @@ pub(crate) struct Statements {
     pub(crate) publish: Statement,
     pub(crate) leader: Statement,
     pub(crate) announce: Statement,
+    /// The calls of the permits' functions (`permits_sql.rs`).
+    pub(crate) acquire_permits: Statement,
+    pub(crate) extend_permits: Statement,
+    pub(crate) release_permits: Statement,
+    pub(crate) force_release: Statement,
 }
 
 /// One open connection.
@@ -115,45 +120,6 @@ impl Connection {
                 .await;
         let failure = match answer {
             Ok(Ok(rows)) => return Ok(rows),
-            Ok(Err(e)) => Failure::Client(e),
-            Err(_) => Failure::Timeout,
-        };
-        if failure.breaks_connection() {
-            self.discard(&live);
-        }
-        Err(self.error(op, failure))
-    }
-
-    /// Runs `script`, several statements in one simple query (one implicit transaction),
-    /// as [`query`](Self::query) runs a prepared statement: connecting first if needed,
-    /// within one operation timeout, the connection replaced after a timeout or a break.
-    /// Answers the rows of its last statement.
-    pub(crate) async fn script(
-        &self,
-        op: &'static str,
-        script: &str,
-    ) -> Result<Vec<SimpleQueryRow>, RequestError> {
-        let deadline = Instant::now() + self.timeout;
-        let live = match tokio::time::timeout_at(deadline, self.live()).await {
-            Ok(live) => live.map_err(|failure| self.error(op, failure))?,
-            Err(_) => return Err(self.error(op, Failure::Timeout)),
-        };
-        let answer = tokio::time::timeout_at(deadline, live.client.simple_query(script)).await;
-        let failure = match answer {
-            Ok(Ok(messages)) => {
-                // Each statement's rows, then its `CommandComplete`: keep the last one's.
-                let (mut last, mut current) = (Vec::new(), Vec::new());
-                for message in messages {
-                    match message {
-                        SimpleQueryMessage::Row(row) => current.push(row),
-                        SimpleQueryMessage::CommandComplete(_) => {
-                            last = std::mem::take(&mut current);
-                        }
-                        _ => {}
-                    }
-                }
-                return Ok(last);
-            }
             Ok(Err(e)) => Failure::Client(e),
             Err(_) => Failure::Timeout,
         };
@@ -281,6 +247,13 @@ impl Connection {
                 client.prepare(&sql.leader),
                 client.prepare(&sql.announce),
             )?;
+            let permits = &sql.permits;
+            let (acquire_permits, extend_permits, release_permits, force_release) = futures::try_join!(
+                client.prepare(&permits.acquire),
+                client.prepare(&permits.extend),
+                client.prepare(&permits.release),
+                client.prepare(&permits.force_release),
+            )?;
             let statements = Statements {
                 acquire,
                 acquire_many,
@@ -301,6 +274,10 @@ impl Connection {
                 publish,
                 leader,
                 announce,
+                acquire_permits,
+                extend_permits,
+                release_permits,
+                force_release,
             };
             Ok::<_, tokio_postgres::Error>((backend, statements))
         };
@@ -319,9 +296,10 @@ impl Connection {
     }
 
     /// Creates the schema, the lease table, its sequence, the raw baseline's table, the
-    /// permits' holders' table, the run records' table, the fire-time claims' table and the
-    /// leaders' values' table, when one is missing; upgrades a run records' table made by
-    /// an older version (without the slot index) in the same transaction.
+    /// permits' holders' table, the run records' table, the fire-time claims' table, the
+    /// leaders' values' table and the permits' functions, when one is missing; upgrades a
+    /// run records' table made by an older version (without the slot index) in the same
+    /// transaction.
     async fn create_table(&self, client: &Client) -> Result<(), tokio_postgres::Error> {
         let names = &self.names;
         let row = client
@@ -337,6 +315,10 @@ impl Connection {
                     &names.perms,
                     &names.leads,
                     &names.slots,
+                    &self.sql.permits.signatures[0],
+                    &self.sql.permits.signatures[1],
+                    &self.sql.permits.signatures[2],
+                    &self.sql.permits.signatures[3],
                 ],
             )
             .await?;
@@ -345,7 +327,8 @@ impl Connection {
             return Ok(());
         }
         let mut script = String::from("BEGIN;");
-        for (i, statement) in self.sql.create.iter().enumerate() {
+        let statements = self.sql.create.iter().chain(&self.sql.permits.create);
+        for (i, statement) in statements.enumerate() {
             script.push_str(statement);
             script.push(';');
             if i == 0 && !schema_there {

@@ -1,48 +1,24 @@
 //! Keys claimed with several permits (semaphores, reader-writer keys): `PostgresBackend`'s
 //! operations on them. A lock (1 of 1) keeps the lease table's protocol (`backend.rs`);
-//! the layout of the other claims and their scripts are in `permits_sql.rs` (`PermitsSql`).
+//! the layout of the other claims and their functions are in `permits_sql.rs`
+//! (`PermitsSql`).
 //!
-//! Each operation is one simple-query script, ONE implicit transaction that first takes
-//! the key's advisory lock (the one the lock's granting statements take), so every grant,
-//! extension and release of a key's permits, and every grant of its lock, happen one
-//! after the other. A key is never held as a lock and with permits at once: while permits
-//! are held, a marker row in the lease table (owner `*<of>`, expiring with the latest
-//! holder) keeps the lock's statements from granting it, and they answer
-//! [`Error::InvalidPermits`]; the permits' script refuses a key a live lock holds the same
-//! way.
+//! Each operation is one prepared call of a PL/pgSQL function, ONE transaction that first
+//! takes the key's advisory lock (the one the lock's granting statements take), so every
+//! grant, extension and release of a key's permits, and every grant of its lock, happen
+//! one after the other. A key is never held as a lock and with permits at once: while
+//! permits are held, a marker row in the lease table (owner `*<of>`, expiring with the
+//! latest holder) keeps the lock's statements from granting it, and they answer
+//! [`Error::InvalidPermits`]; the permits' function refuses a key a live lock holds the
+//! same way.
 
 use std::time::{Duration, Instant};
 
 use lock_core::{Attempt, Error, Lease, Owner, Permits, Result, Ttl};
-use tokio_postgres::SimpleQueryRow;
 
 use crate::backend::{ttl_ms, PostgresBackend, CAPABILITIES};
 
 impl PostgresBackend {
-    /// Runs one of the permits' scripts; the rows of its last statement.
-    async fn script(&self, op: &'static str, script: &str) -> Result<Vec<SimpleQueryRow>> {
-        self.connection()
-            .script(op, script)
-            .await
-            .map_err(|e| e.into_error())
-    }
-
-    /// Column `i` of a script's row, parsed; `None` for SQL `NULL`.
-    fn column<T: std::str::FromStr>(
-        &self,
-        op: &'static str,
-        row: &SimpleQueryRow,
-        i: usize,
-    ) -> Result<Option<T>> {
-        match row.try_get(i).map_err(|e| self.bad_reply(op, e))? {
-            None => Ok(None),
-            Some(text) => text
-                .parse()
-                .map(Some)
-                .map_err(|_| self.bad_reply(op, format!("column {i}: {text:?}"))),
-        }
-    }
-
     /// One attempt to take `permits` (not [`Permits::LOCK`]) of `key` for `owner` for
     /// `ttl`: granted when the unexpired holders leave `permits.take()` of `permits.of()`
     /// free, with the next fence of the sequence the lock's grants use too (so fences
@@ -62,22 +38,29 @@ impl PostgresBackend {
     ) -> Result<Attempt> {
         const OP: &str = "acquire permits";
         let sent = Instant::now();
-        let script = self.connection().sql.permits.acquire(
-            key.as_bytes(),
-            &owner.to_string(),
-            permits.take(),
-            permits.of(),
-            ttl_ms(ttl),
-        );
-        let rows = self.script(OP, &script).await?;
+        // At most `MAX_PERMITS` (2^20): an `integer`.
+        let (take, of) = (permits.take() as i32, permits.of() as i32);
+        let rows = self
+            .query(
+                OP,
+                |s| &s.acquire_permits,
+                &[
+                    &key.as_bytes(),
+                    &owner.to_string(),
+                    &take,
+                    &of,
+                    &ttl_ms(ttl),
+                ],
+            )
+            .await?;
         let [row] = rows.as_slice() else {
             return Err(self.bad_reply(OP, format!("{} rows", rows.len())));
         };
-        let verdict: String = self.column(OP, row, 0)?.unwrap_or_default();
-        match verdict.as_str() {
+        let verdict: &str = self.get(OP, row, 0)?;
+        match verdict {
             "grant" | "again" => {
                 let fence: i64 = self
-                    .column(OP, row, 1)?
+                    .get::<Option<i64>>(OP, row, 1)?
                     .ok_or_else(|| self.bad_reply(OP, "a grant without a fence"))?;
                 Ok(Attempt::Granted {
                     fence: self.fence(OP, fence)?,
@@ -85,7 +68,7 @@ impl PostgresBackend {
                 })
             }
             "full" => {
-                let left: Option<i64> = self.column(OP, row, 3)?;
+                let left: Option<i64> = self.get(OP, row, 3)?;
                 Ok(Attempt::Taken {
                     expires_in: left.map(|ms| Duration::from_millis(ms.max(0) as u64)),
                 })
@@ -97,7 +80,7 @@ impl PostgresBackend {
                 ),
             }),
             "of" => {
-                let held: i64 = self.column(OP, row, 2)?.unwrap_or_default();
+                let held: i32 = self.get::<Option<i32>>(OP, row, 2)?.unwrap_or_default();
                 Err(Error::InvalidPermits {
                     reason: format!(
                         "key {key:?} is held with {held} permits, not {}",
@@ -117,17 +100,21 @@ impl PostgresBackend {
     pub(crate) async fn extend_permits(&self, lease: &Lease, ttl: Ttl) -> Result<Instant> {
         const OP: &str = "extend permits";
         let sent = Instant::now();
-        let script = self.connection().sql.permits.extend(
-            lease.key().as_bytes(),
-            &lease.owner().to_string(),
-            ttl_ms(ttl),
-        );
-        let rows = self.script(OP, &script).await?;
+        let rows = self
+            .query(
+                OP,
+                |s| &s.extend_permits,
+                &[
+                    &lease.key().as_bytes(),
+                    &lease.owner().to_string(),
+                    &ttl_ms(ttl),
+                ],
+            )
+            .await?;
         let [row] = rows.as_slice() else {
             return Err(self.bad_reply(OP, format!("{} rows", rows.len())));
         };
-        let held: i64 = self.column(OP, row, 0)?.unwrap_or_default();
-        let marked: i64 = self.column(OP, row, 1)?.unwrap_or_default();
+        let (held, marked): (i64, i64) = (self.get(OP, row, 0)?, self.get(OP, row, 1)?);
         // A holder without its marker is not protected from a lock: never believed held
         // (the invariant makes it unreachable: the marker expires with the latest holder).
         if held == 1 && marked == 1 {
@@ -143,35 +130,39 @@ impl PostgresBackend {
     /// here, without the round trip through `NOTIFY`.
     pub(crate) async fn release_permits(&self, key: &str, owner: Owner) -> Result<Option<bool>> {
         const OP: &str = "release permits";
-        let script = self
-            .connection()
-            .sql
-            .permits
-            .release(key.as_bytes(), &owner.to_string());
-        let rows = self.script(OP, &script).await?;
-        match rows.as_slice() {
-            [] => Ok(None),
-            [row] => {
-                self.notices.notify(key);
-                Ok(Some(self.column::<char>(OP, row, 0)? == Some('t')))
-            }
-            more => Err(self.bad_reply(OP, format!("{} rows", more.len()))),
+        let channel = &self.connection().names.channel;
+        let rows = self
+            .query(
+                OP,
+                |s| &s.release_permits,
+                &[&key.as_bytes(), &owner.to_string(), channel],
+            )
+            .await?;
+        let [row] = rows.as_slice() else {
+            return Err(self.bad_reply(OP, format!("{} rows", rows.len())));
+        };
+        let live: Option<bool> = self.get(OP, row, 0)?;
+        if live.is_some() {
+            self.notices.notify(key);
         }
+        Ok(live)
     }
 
     /// Deletes every grant of `key` (its lock, or all its holders of permits) in one
     /// transaction and announces it; whether a live grant was there.
     pub(crate) async fn force_release_all(&self, key: &str) -> Result<bool> {
         const OP: &str = "force release";
-        let script = self.connection().sql.permits.force_release(key.as_bytes());
-        let rows = self.script(OP, &script).await?;
+        let channel = &self.connection().names.channel;
+        let rows = self
+            .query(OP, |s| &s.force_release, &[&key.as_bytes(), channel])
+            .await?;
         let [row] = rows.as_slice() else {
             return Err(self.bad_reply(OP, format!("{} rows", rows.len())));
         };
-        let notified: i64 = self.column(OP, row, 1)?.unwrap_or_default();
-        if notified > 0 {
+        let (live, removed): (bool, bool) = (self.get(OP, row, 0)?, self.get(OP, row, 1)?);
+        if removed {
             self.notices.notify(key);
         }
-        Ok(self.column::<char>(OP, row, 0)? == Some('t'))
+        Ok(live)
     }
 }

@@ -62,9 +62,11 @@ pub(crate) struct Sql {
     /// Run in one transaction when something is missing (the schema first, when missing):
     /// the lease table, its sequence, the raw baseline's table, the run records' table (and
     /// the upgrade of one an older version made: its slot columns and index), the permits'
-    /// holders' table, the fire-time claims' table and the leaders' values' table.
+    /// holders' table, the fire-time claims' table and the leaders' values' table; then
+    /// the permits' functions (`permits.create`, also made for a database an older version
+    /// made).
     pub(crate) create: Vec<String>,
-    /// The scripts of claims of several permits.
+    /// The functions of claims of several permits, and their calls.
     pub(crate) permits: PermitsSql,
     pub(crate) create_schema: String,
 }
@@ -329,7 +331,11 @@ impl Sql {
                 "SELECT to_regclass($1::text) IS NOT NULL AND to_regclass($2::text) IS NOT NULL \
                      AND to_regclass($3::text) IS NOT NULL AND to_regclass($5::text) IS NOT NULL \
                      AND to_regclass($6::text) IS NOT NULL AND to_regclass($7::text) IS NOT NULL \
-                     AND to_regclass($8::text) IS NOT NULL AND to_regclass($9::text) IS NOT NULL, \
+                     AND to_regclass($8::text) IS NOT NULL AND to_regclass($9::text) IS NOT NULL \
+                     AND to_regprocedure($10::text) IS NOT NULL \
+                     AND to_regprocedure($11::text) IS NOT NULL \
+                     AND to_regprocedure($12::text) IS NOT NULL \
+                     AND to_regprocedure($13::text) IS NOT NULL, \
                      EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $4::text)"
                     .to_owned(),
             create: vec![
@@ -395,7 +401,7 @@ impl Sql {
                 ),
             ],
             create_schema: format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
-            permits: PermitsSql::new(table.clone(), perms.clone(), next, class, &names.channel),
+            permits: PermitsSql::new(names, &next, class),
         }
     }
 }
