@@ -11,9 +11,10 @@
 //! script locks its keys' rows in ascending key order before anything else (see `sql.rs`),
 //! as every other script that locks more than one row does, so two scripts never wait for
 //! each other in a cycle; a deadlock the server still reports (InnoDB's checks of
-//! duplicate keys take locks of their own) rolls the whole script back, and every request
-//! of it fails with the transient error (one attempt, see `connection.rs`): the Locker's
-//! waiting policy decides whether to try again.
+//! duplicate keys take locks of their own) rolls the whole script back: a group of
+//! acquisitions fails with the transient error (one attempt: the Locker's waiting policy
+//! decides whether to try again), and a group of releases or hand-overs, which nothing
+//! above tries again, is sent again (`Connection::script_restarting`).
 
 use std::sync::Arc;
 
@@ -99,7 +100,13 @@ impl Scripts {
             }
             None => return Vec::new(),
         };
-        let rows = self.connection.script(op, &script).await;
+        // A release or a hand-over has no waiting policy above it: one rolled back by a
+        // deadlock is sent again; an acquisition is one attempt.
+        let rows = if matches!(requests.first(), Some(LeaseRequest::Acquire { .. })) {
+            self.connection.script(op, &script).await
+        } else {
+            self.connection.script_restarting(op, &script).await
+        };
         self.answers(op, requests, rows)
     }
 

@@ -95,7 +95,49 @@ impl Connection {
         op: &'static str,
         script: &str,
     ) -> Result<Vec<Row>, RequestError> {
+        self.script_within(op, script, Instant::now() + self.timeout)
+            .await
+    }
+
+    /// Runs a release's or a hand-over's `script` as [`script`](Self::script) does, but
+    /// sends it again when the server rolled it back for a deadlock (error 1213: nothing of
+    /// it happened, and the server asks for exactly this, "try restarting transaction"),
+    /// up to [`DEADLOCK_RESTARTS`] more times, all within one operation timeout. Nothing
+    /// above a release tries it again: without this, a release that met a deadlock with a
+    /// concurrent grouped script (InnoDB's duplicate-key checks take locks of their own)
+    /// failed, and the lock stayed held until its TTL. An acquisition stays one attempt
+    /// (the Locker's waiting policy tries again).
+    ///
+    /// Cancelling it leaves what [`script`](Self::script) leaves: the attempt in flight
+    /// gives its connection up.
+    pub(crate) async fn script_restarting(
+        &self,
+        op: &'static str,
+        script: &str,
+    ) -> Result<Vec<Row>, RequestError> {
         let deadline = Instant::now() + self.timeout;
+        let mut restarts = 0;
+        loop {
+            match self.script_within(op, script, deadline).await {
+                Err(e)
+                    if e.failure.is_deadlock()
+                        && restarts < DEADLOCK_RESTARTS
+                        && Instant::now() < deadline =>
+                {
+                    restarts += 1;
+                }
+                answer => return answer,
+            }
+        }
+    }
+
+    /// [`script`](Self::script), its steps bounded by `deadline`.
+    async fn script_within(
+        &self,
+        op: &'static str,
+        script: &str,
+        deadline: Instant,
+    ) -> Result<Vec<Row>, RequestError> {
         let Ok(_slot) = tokio::time::timeout_at(deadline, self.slots.acquire()).await else {
             return Err(self.error(op, Failure::Timeout));
         };
@@ -333,6 +375,10 @@ async fn end_sessions(
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     lock_core::sync::lock(mutex)
 }
+
+/// How many more times a release or a hand-over rolled back by a deadlock is sent
+/// ([`Connection::script_restarting`]).
+const DEADLOCK_RESTARTS: u32 = 3;
 
 /// Numbers the scripts sent, for their frames.
 static FRAMES: AtomicU64 = AtomicU64::new(1);

@@ -13,7 +13,8 @@ pub const NAME: &str = "mysql";
 /// Server error codes the backend acts on.
 pub(crate) mod code {
     /// `ER_LOCK_DEADLOCK`: the transaction was rolled back whole; transient (the Locker's
-    /// waiting policy may try again, the backend does not).
+    /// waiting policy may try an acquisition again; a release or a hand-over is sent again
+    /// by the backend, see `Connection::script_restarting`).
     pub(crate) const DEADLOCK: u16 = 1213;
     /// `ER_LOCK_WAIT_TIMEOUT`: the statement was rolled back, the transaction is open.
     pub(crate) const LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -45,6 +46,16 @@ impl Failure {
             Failure::Reply(_) => false,
             Failure::Client(e) => is_transient(e),
             Failure::Shared(f) => f.is_transient(),
+        }
+    }
+
+    /// Whether the server rolled the whole transaction back for a deadlock (error 1213):
+    /// nothing of the script happened.
+    pub(crate) fn is_deadlock(&self) -> bool {
+        match self {
+            Failure::Client(mysql_async::Error::Server(s)) => s.code == code::DEADLOCK,
+            Failure::Shared(f) => f.is_deadlock(),
+            _ => false,
         }
     }
 

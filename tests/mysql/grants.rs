@@ -280,6 +280,88 @@ async fn an_attempt_that_meets_a_deadlock_fails_transiently_at_once() {
     locker.shutdown().await;
 }
 
+/// A release that meets an InnoDB deadlock is sent again: the server rolled its script back
+/// whole (nothing of it happened, "try restarting transaction"), and nothing above a
+/// release tries again (the bench's 64 tasks met it in every round: `release()` failed
+/// and the lock stayed until its TTL). The deadlock: another session (heavier, so InnoDB
+/// rolls the release back) holds a row that a test trigger makes the release's `DELETE` ask
+/// for after it locked the key's row, then asks for the key's row itself; once that session
+/// ends, the release sent again deletes the row and answers `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_rolled_back_by_a_deadlock_is_sent_again() {
+    let server = MariaDbServer::start().await;
+    let timeout = Duration::from_secs(5);
+    let url = mysql_url(server.addr(), "table=unlocked&timeout=5s");
+    let backend = backend(&url).await;
+    let (mut other, mut watch) = (server.client().await, server.client().await);
+    let k = key("unlocked");
+    let held = Owner::random();
+    let ttl = backend
+        .capabilities()
+        .effective_ttl(Duration::from_secs(10))
+        .unwrap();
+    let Attempt::Granted { fence, .. } = backend
+        .try_acquire(&k, held, distlock::Permits::LOCK, ttl)
+        .await
+        .unwrap()
+    else {
+        panic!("a free key is granted")
+    };
+    other
+        .query_drop(format!(
+            "CREATE TABLE release_blocker (id INT PRIMARY KEY) ENGINE = InnoDB; \
+             INSERT INTO release_blocker VALUES (0); \
+             CREATE TRIGGER release_after_the_row BEFORE DELETE ON unlocked FOR EACH ROW \
+             IF OLD.owner = '{held}' THEN UPDATE release_blocker SET id = id WHERE id = 0; END IF"
+        ))
+        .await
+        .unwrap();
+    let weight: Vec<String> = (1..=500).map(|i| format!("({i})")).collect();
+    other
+        .query_drop(format!(
+            "START TRANSACTION; INSERT INTO release_blocker (id) VALUES {}; \
+             UPDATE release_blocker SET id = id WHERE id = 0",
+            weight.join(", ")
+        ))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let lease = distlock::Lease::new(k.as_str(), held, fence, Instant::now() + ttl.get());
+    let release = backend.release(&lease);
+    let cycle = async {
+        let waiting = "SELECT COUNT(*) FROM information_schema.INNODB_TRX \
+                       WHERE trx_state = 'LOCK WAIT'";
+        while watch.query_first::<i64, _>(waiting).await.unwrap() < Some(1) {
+            assert!(started.elapsed() < timeout, "the release never waited");
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        other
+            .query_drop(format!(
+                "UPDATE unlocked SET fence = fence WHERE lock_key = {}",
+                hex_literal(k.as_bytes())
+            ))
+            .await
+            .expect("the heavier session survives the deadlock");
+        // The release, sent again, waits for the key's row this session now holds.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        other.query_drop("ROLLBACK").await
+    };
+    let (released, cycle) =
+        tokio::time::timeout(timeout * 2, async { tokio::join!(release, cycle) })
+            .await
+            .expect("the release and the other session end");
+    cycle.unwrap();
+    released.expect("the release rolled back by the deadlock is sent again and succeeds");
+    let left: Option<i64> = watch
+        .exec_first(
+            "SELECT fence FROM unlocked WHERE lock_key = ?",
+            (k.as_bytes(),),
+        )
+        .await
+        .unwrap();
+    assert_eq!(left, None, "the row is deleted");
+}
+
 /// `X'…'`: `key` as a MySQL hex literal.
 fn hex_literal(key: &[u8]) -> String {
     let digits: String = key.iter().map(|b| format!("{b:02x}")).collect();
