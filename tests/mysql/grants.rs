@@ -218,37 +218,20 @@ async fn an_attempt_that_meets_a_deadlock_fails_transiently_at_once() {
         .capabilities()
         .effective_ttl(Duration::from_secs(5))
         .unwrap();
-    other
-        .query_drop(format!(
-            "CREATE TABLE deadlock_blocker (id INT PRIMARY KEY) ENGINE = InnoDB; \
-             INSERT INTO deadlock_blocker VALUES (0); \
-             CREATE TRIGGER deadlock_after_the_row BEFORE UPDATE ON deadlocked FOR EACH ROW \
-             IF NEW.owner = '{held}' THEN UPDATE deadlock_blocker SET id = id WHERE id = 0; END IF"
-        ))
-        .await
-        .unwrap();
-    let weight: Vec<String> = (1..=500).map(|i| format!("({i})")).collect();
-    other
-        .query_drop(format!(
-            "START TRANSACTION; INSERT INTO deadlock_blocker (id) VALUES {}; \
-             UPDATE deadlock_blocker SET id = id WHERE id = 0",
-            weight.join(", ")
-        ))
-        .await
-        .unwrap();
+    block_after_the_row(
+        &mut other,
+        "deadlocked",
+        "BEFORE UPDATE",
+        &format!("NEW.owner = '{held}'"),
+    )
+    .await;
     let started = Instant::now();
     let attempt = locker
         .backend()
         .try_acquire(&k, held, distlock::Permits::LOCK, ttl);
     let cycle = async {
-        // The acquisition holds its key's row and waits for the blocker's. (The server
-        // refreshes this table at most every 100 ms of not being read.)
-        let waiting = "SELECT COUNT(*) FROM information_schema.INNODB_TRX \
-                       WHERE trx_state = 'LOCK WAIT'";
-        while watch.query_first::<i64, _>(waiting).await.unwrap() < Some(1) {
-            assert!(started.elapsed() < timeout, "the acquisition never waited");
-            tokio::time::sleep(Duration::from_millis(150)).await;
-        }
+        // The acquisition holds its key's row and waits for the blocker's.
+        lock_wait(&mut watch, started + timeout).await;
         other
             .query_drop(format!(
                 "UPDATE deadlocked SET fence = fence WHERE lock_key = {}",
@@ -307,34 +290,19 @@ async fn a_release_rolled_back_by_a_deadlock_is_sent_again() {
     else {
         panic!("a free key is granted")
     };
-    other
-        .query_drop(format!(
-            "CREATE TABLE release_blocker (id INT PRIMARY KEY) ENGINE = InnoDB; \
-             INSERT INTO release_blocker VALUES (0); \
-             CREATE TRIGGER release_after_the_row BEFORE DELETE ON unlocked FOR EACH ROW \
-             IF OLD.owner = '{held}' THEN UPDATE release_blocker SET id = id WHERE id = 0; END IF"
-        ))
-        .await
-        .unwrap();
-    let weight: Vec<String> = (1..=500).map(|i| format!("({i})")).collect();
-    other
-        .query_drop(format!(
-            "START TRANSACTION; INSERT INTO release_blocker (id) VALUES {}; \
-             UPDATE release_blocker SET id = id WHERE id = 0",
-            weight.join(", ")
-        ))
-        .await
-        .unwrap();
+    block_after_the_row(
+        &mut other,
+        "unlocked",
+        "BEFORE DELETE",
+        &format!("OLD.owner = '{held}'"),
+    )
+    .await;
     let started = Instant::now();
     let lease = distlock::Lease::new(k.as_str(), held, fence, Instant::now() + ttl.get());
     let release = backend.release(&lease);
     let cycle = async {
-        let waiting = "SELECT COUNT(*) FROM information_schema.INNODB_TRX \
-                       WHERE trx_state = 'LOCK WAIT'";
-        while watch.query_first::<i64, _>(waiting).await.unwrap() < Some(1) {
-            assert!(started.elapsed() < timeout, "the release never waited");
-            tokio::time::sleep(Duration::from_millis(150)).await;
-        }
+        // The release holds the key's row and waits for the blocker's.
+        lock_wait(&mut watch, started + timeout).await;
         other
             .query_drop(format!(
                 "UPDATE unlocked SET fence = fence WHERE lock_key = {}",
@@ -360,6 +328,48 @@ async fn a_release_rolled_back_by_a_deadlock_is_sent_again() {
         .await
         .unwrap();
     assert_eq!(left, None, "the row is deleted");
+}
+
+/// Sets up a deadlock for the backend's next script on `table`: a blocker table, a trigger
+/// (`when`, on the row matching `condition`) that makes that script ask for the blocker's
+/// row after it locked its key's row, and an open transaction of `other` holding that
+/// blocker row, made heavier (500 rows written) so that InnoDB rolls the script back
+/// rather than `other`.
+async fn block_after_the_row(
+    other: &mut mysql_async::Conn,
+    table: &str,
+    when: &str,
+    condition: &str,
+) {
+    other
+        .query_drop(format!(
+            "CREATE TABLE {table}_blocker (id INT PRIMARY KEY) ENGINE = InnoDB; \
+             INSERT INTO {table}_blocker VALUES (0); \
+             CREATE TRIGGER {table}_after_the_row {when} ON {table} FOR EACH ROW \
+             IF {condition} THEN UPDATE {table}_blocker SET id = id WHERE id = 0; END IF"
+        ))
+        .await
+        .unwrap();
+    let weight: Vec<String> = (1..=500).map(|i| format!("({i})")).collect();
+    other
+        .query_drop(format!(
+            "START TRANSACTION; INSERT INTO {table}_blocker (id) VALUES {}; \
+             UPDATE {table}_blocker SET id = id WHERE id = 0",
+            weight.join(", ")
+        ))
+        .await
+        .unwrap();
+}
+
+/// Until a transaction waits for a row lock (the server refreshes this table at most every
+/// 100 ms of not being read); panics at `deadline`.
+async fn lock_wait(watch: &mut mysql_async::Conn, deadline: Instant) {
+    let waiting = "SELECT COUNT(*) FROM information_schema.INNODB_TRX \
+                   WHERE trx_state = 'LOCK WAIT'";
+    while watch.query_first::<i64, _>(waiting).await.unwrap() < Some(1) {
+        assert!(Instant::now() < deadline, "no transaction ever waited");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
 }
 
 /// `X'…'`: `key` as a MySQL hex literal.
