@@ -42,15 +42,15 @@ impl Inner {
     /// deletes once it has had children and has none).
     pub(super) async fn make_key_node(&self, s: &Session, dir: &str) -> Result<()> {
         const OP: &str = "create the key's node";
-        match self
-            .ask(
+        let create_dir = || {
+            self.ask(
                 s,
                 OP,
                 s.client
                     .create(dir, &[], &options(zk::CreateMode::Container)),
             )
-            .await?
-        {
+        };
+        match create_dir().await? {
             Ok(_) | Err(zk::Error::NodeExists) => return Ok(()),
             Err(zk::Error::NoNode) => {}
             Err(e) => return Err(failed(OP, e)),
@@ -67,15 +67,8 @@ impl Inner {
             Ok(()) => {}
             Err(e) => return Err(failed("create the root node", e)),
         }
-        match self
-            .ask(
-                s,
-                OP,
-                s.client
-                    .create(dir, &[], &options(zk::CreateMode::Container)),
-            )
-            .await?
-        {
+        // The root exists now: the key's node again.
+        match create_dir().await? {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
             Err(e) => Err(failed(OP, e)),
         }
