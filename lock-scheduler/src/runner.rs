@@ -197,13 +197,27 @@ pub(crate) async fn shutdown(inner: &Inner, grace: Duration) -> ShutdownReport {
     report
 }
 
-/// Stops `inner`'s scheduler at once (a dropped `Running`).
+/// Stops `inner`'s scheduler at once (a dropped `Running`): its tasks are cancelled, and
+/// awaited by one of the Locker's background tasks, so that a `Locker::shutdown` started
+/// now waits until they are dropped and the releases their guards' drops start are done.
+/// (A cancelled task is dropped when a worker next gets to it, which can be after a
+/// shutdown that found nothing held: the guard of a run cancelled during its release is
+/// no longer held, and its drop had not started the background release yet.)
 pub(crate) fn abort(inner: &Inner) {
     if let Some(control) = control_of(inner) {
         control.state.stop.send_replace(true);
         control.state.cut.send_replace(true);
-        drop(std::mem::take(&mut *lock(&control.state.loops)));
-        drop(std::mem::take(&mut *lock(&control.state.runs)));
+        let mut loops = std::mem::take(&mut *lock(&control.state.loops));
+        let mut runs = std::mem::take(&mut *lock(&control.state.runs));
+        loops.abort_all();
+        runs.abort_all();
+        if !loops.is_empty() || !runs.is_empty() {
+            // Outside a runtime nothing is spawned, and the sets dropped here are aborted.
+            inner.locker.spawn_background(async move {
+                while loops.join_next().await.is_some() {}
+                while runs.join_next().await.is_some() {}
+            });
+        }
     }
 }
 

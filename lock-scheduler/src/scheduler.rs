@@ -420,7 +420,9 @@ impl Scheduler {
 /// Dropping the handle without `shutdown` stops the scheduler at once: no more fire
 /// times, and runs under way are cancelled (their futures dropped) without a record; their
 /// guards' drop releases the locks in the background (see
-/// [`LockGuard`](lock_core::LockGuard#drop)).
+/// [`LockGuard`](lock_core::LockGuard#drop)), which a later
+/// [`Locker::shutdown`](lock_core::Locker::shutdown) awaits: when it returns, no lock of
+/// this scheduler is left on the server, even one whose release was on its way.
 #[must_use = "dropping the handle stops the scheduler at once"]
 pub struct Running {
     pub(crate) scheduler: Scheduler,

@@ -494,6 +494,21 @@ impl Locker {
         self.inner.tasks.wait_idle().await;
     }
 
+    /// Runs `work` on the current runtime as one of this Locker's background tasks: counted
+    /// in [`stats`](Self::stats), awaited by [`settle`](Self::settle) and
+    /// [`shutdown`](Self::shutdown) until it ends or its runtime drops it. False outside a
+    /// runtime (`work` is dropped unpolled). For the distlock crates, so that work which
+    /// will drop guards (the scheduler's cancelled runs) is waited for by a shutdown
+    /// started before those guards are dropped; outside the semver promise.
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
+    pub fn spawn_background<F>(&self, work: F) -> bool
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.inner.tasks.spawn(work)
+    }
+
     /// Stops granting, releases every lock still held through this Locker (their guards'
     /// `lost()` fires), and waits for background releases to finish. For a graceful stop.
     ///
