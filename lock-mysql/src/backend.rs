@@ -12,7 +12,7 @@ use lock_core::{
 
 use crate::batch::{self, Answer, Batcher};
 use crate::config::MysqlBuilder;
-use crate::connection::{column, Connection};
+use crate::connection::{column, Again, Connection};
 use crate::error::{Failure, NAME};
 
 /// What the MySQL/MariaDB backend promises: TTLs from 10 ms to 30 days in 1 ms steps
@@ -90,10 +90,15 @@ impl MysqlBackend {
             .map_err(|e| e.into_error())
     }
 
-    /// Runs a script alone (not grouped).
-    async fn script(&self, op: &'static str, script: &str) -> Result<Vec<mysql_async::Row>> {
+    /// Runs a script alone (not grouped), sent again only as `again` allows.
+    async fn script(
+        &self,
+        op: &'static str,
+        script: &str,
+        again: Again,
+    ) -> Result<Vec<mysql_async::Row>> {
         self.connection()
-            .script(op, script)
+            .script(op, script, again)
             .await
             .map_err(|e| e.into_error())
     }
@@ -168,7 +173,7 @@ impl Backend for MysqlBackend {
             &lease.owner().to_string(),
             ttl_us(ttl),
         );
-        let rows = self.script(OP, &script).await?;
+        let rows = self.script(OP, &script, Again::IfClosedUnseen).await?;
         let changed: i64 = match rows.first() {
             Some(row) => column(row, 0).map_err(|f| self.bad_reply(OP, f))?,
             None => 0,
@@ -241,7 +246,7 @@ impl Admin for MysqlBackend {
     async fn inspect(&self, key: &str) -> Result<Vec<Holder>> {
         const OP: &str = "inspect";
         let script = self.connection().sql.inspect(key.as_bytes());
-        let rows = self.script(OP, &script).await?;
+        let rows = self.script(OP, &script, Again::IfClosedUnseen).await?;
         rows.iter()
             .map(|row| {
                 let owner: String = column(row, 0).map_err(|f| self.bad_reply(OP, f))?;
@@ -260,7 +265,7 @@ impl Admin for MysqlBackend {
     async fn force_release(&self, key: &str) -> Result<bool> {
         const OP: &str = "force release";
         let script = self.connection().sql.force_release(key.as_bytes());
-        let rows = self.script(OP, &script).await?;
+        let rows = self.script(OP, &script, Again::Never).await?;
         let live: i64 = match rows.first() {
             Some(row) => column(row, 0).map_err(|f| self.bad_reply(OP, f))?,
             None => 0,
@@ -285,10 +290,15 @@ impl Baseline for MysqlBackend {
         self.script(
             "baseline insert",
             &sql.raw_set(key.as_bytes(), &value, ttl_us(ttl)),
+            Again::Never,
         )
         .await?;
-        self.script("baseline delete", &sql.raw_del(key.as_bytes()))
-            .await?;
+        self.script(
+            "baseline delete",
+            &sql.raw_del(key.as_bytes()),
+            Again::Never,
+        )
+        .await?;
         Ok(())
     }
 }

@@ -14,7 +14,7 @@
 //! duplicate keys take locks of their own) rolls the whole script back: a group of
 //! acquisitions fails with the transient error (one attempt: the Locker's waiting policy
 //! decides whether to try again), and a group of releases or hand-overs, which nothing
-//! above tries again, is sent again (`Connection::script_restarting`).
+//! above tries again, is sent again (`Again::IfDeadlock`).
 
 use std::sync::Arc;
 
@@ -22,7 +22,7 @@ use lock_core::group::leases::{answer_by_key, fail_all, LeaseRequest};
 use lock_core::group::{GroupCommit, GroupSend};
 use mysql_async::Row;
 
-use crate::connection::{column, Connection};
+use crate::connection::{column, Again, Connection};
 use crate::error::{Failure, RequestError};
 use crate::sql::{AcquireRow, HandOverRow};
 
@@ -101,12 +101,14 @@ impl Scripts {
             None => return Vec::new(),
         };
         // A release or a hand-over has no waiting policy above it: one rolled back by a
-        // deadlock is sent again; an acquisition is one attempt.
-        let rows = if matches!(requests.first(), Some(LeaseRequest::Acquire { .. })) {
-            self.connection.script(op, &script).await
+        // deadlock is sent again; an acquisition is sent again only on a connection found
+        // closed (its script is re-entrant for its owner).
+        let again = if matches!(requests.first(), Some(LeaseRequest::Acquire { .. })) {
+            Again::IfClosedUnseen
         } else {
-            self.connection.script_restarting(op, &script).await
+            Again::IfDeadlock
         };
+        let rows = self.connection.script(op, &script, again).await;
         self.answers(op, requests, rows)
     }
 

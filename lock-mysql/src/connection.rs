@@ -82,70 +82,70 @@ impl Connection {
     }
 
     /// Runs `script` (see `sql.rs`) on a connection, connecting first if needed, all within
-    /// one operation timeout; answers the rows of its result sets. One attempt: a script
-    /// that failed is not sent again here (a deadlock, which the server rolled back whole,
-    /// is the transient [`Failure`] it is, and the Locker's waiting policy decides whether
-    /// to try again); after a server error the transaction it may have left open is rolled
-    /// back.
+    /// one operation timeout; answers the rows of its result sets. A script that failed is
+    /// sent again only as `again` allows (one attempt with [`Again::Never`]); otherwise a
+    /// deadlock, which the server rolled back whole, is the transient [`Failure`] it is,
+    /// and the Locker's waiting policy decides whether to try again. After a server error
+    /// the transaction it may have left open is rolled back.
     ///
-    /// Cancelling it gives the connection up (its session is ended before the next
-    /// request), so nothing sent on it can run after what is sent next.
+    /// Cancelling it gives the connection of the attempt in flight up (its session is
+    /// ended before the next request), so nothing sent on it can run after what is sent
+    /// next.
     pub(crate) async fn script(
         &self,
         op: &'static str,
         script: &str,
-    ) -> Result<Vec<Row>, RequestError> {
-        self.script_within(op, script, Instant::now() + self.timeout)
-            .await
-    }
-
-    /// Runs a release's or a hand-over's `script` as [`script`](Self::script) does, but
-    /// sends it again when the server rolled it back for a deadlock (error 1213: nothing of
-    /// it happened, and the server asks for exactly this, "try restarting transaction"),
-    /// up to [`DEADLOCK_RESTARTS`] more times, all within one operation timeout. Nothing
-    /// above a release tries it again: without this, a release that met a deadlock with a
-    /// concurrent grouped script (InnoDB's duplicate-key checks take locks of their own)
-    /// failed, and the lock stayed held until its TTL. An acquisition stays one attempt
-    /// (the Locker's waiting policy tries again).
-    ///
-    /// Cancelling it leaves what [`script`](Self::script) leaves: the attempt in flight
-    /// gives its connection up.
-    pub(crate) async fn script_restarting(
-        &self,
-        op: &'static str,
-        script: &str,
+        again: Again,
     ) -> Result<Vec<Row>, RequestError> {
         let deadline = Instant::now() + self.timeout;
         let mut restarts = 0;
+        let mut trust_idle = true;
         loop {
-            match self.script_within(op, script, deadline).await {
-                Err(e)
-                    if e.failure.is_deadlock()
+            match self.script_within(op, script, deadline, trust_idle).await {
+                Err(failed)
+                    if again == Again::IfDeadlock
+                        && failed.error.failure.is_deadlock()
                         && restarts < DEADLOCK_RESTARTS
                         && Instant::now() < deadline =>
                 {
                     restarts += 1;
                 }
-                answer => return answer,
+                // Sent again once, on a connection pinged first or new.
+                Err(failed)
+                    if again == Again::IfClosedUnseen
+                        && failed.closed_unseen
+                        && trust_idle
+                        && Instant::now() < deadline =>
+                {
+                    trust_idle = false;
+                }
+                answer => return answer.map_err(|failed| failed.error),
             }
         }
     }
 
-    /// [`script`](Self::script), its steps bounded by `deadline`.
+    /// One attempt of [`script`](Self::script), its steps bounded by `deadline`; a
+    /// connection idle for a short while is reused without a ping when `trust_idle`.
     async fn script_within(
         &self,
         op: &'static str,
         script: &str,
         deadline: Instant,
-    ) -> Result<Vec<Row>, RequestError> {
+        trust_idle: bool,
+    ) -> Result<Vec<Row>, Failed> {
+        let failed = |failure| Failed {
+            error: self.error(op, failure),
+            closed_unseen: false,
+        };
         let Ok(_slot) = tokio::time::timeout_at(deadline, self.slots.acquire()).await else {
-            return Err(self.error(op, Failure::Timeout));
+            return Err(failed(Failure::Timeout));
         };
-        let live = match tokio::time::timeout_at(deadline, self.ready()).await {
-            Ok(Ok(live)) => live,
-            Ok(Err(failure)) => return Err(self.error(op, failure)),
-            Err(_) => return Err(self.error(op, Failure::Timeout)),
-        };
+        let (live, unchecked) =
+            match tokio::time::timeout_at(deadline, self.ready(trust_idle)).await {
+                Ok(Ok(ready)) => ready,
+                Ok(Err(failure)) => return Err(failed(failure)),
+                Err(_) => return Err(failed(Failure::Timeout)),
+            };
         // Given up (the script running) until it answers: a dropped future drops it here.
         let mut guard = GiveUp {
             connection: self,
@@ -161,7 +161,10 @@ impl Connection {
             Err(_) => Failure::Timeout,
         };
         if failure.breaks_connection() {
-            return Err(self.error(op, failure));
+            return Err(Failed {
+                closed_unseen: unchecked && failure.is_closed(),
+                error: self.error(op, failure),
+            });
         }
         // A server error: the rest of the script was skipped; end its transaction.
         let conn = &mut guard.live.as_mut().expect("held until returned").conn;
@@ -169,7 +172,7 @@ impl Connection {
         if matches!(rolled_back, Ok(Ok(()))) {
             guard.keep();
         }
-        Err(self.error(op, failure))
+        Err(failed(failure))
     }
 
     /// Connects now (for `build`): checks the server's version, creates the tables.
@@ -207,18 +210,20 @@ impl Connection {
 
     /// A connection ready for a request: an idle one (pinged first when idle for long), or
     /// a new one; after the sessions of connections given up were ended.
-    async fn ready(&self) -> Result<Live, Failure> {
-        let mut live = loop {
+    async fn ready(&self, trust_idle: bool) -> Result<(Live, bool), Failure> {
+        let (mut live, unchecked) = loop {
             let idle = lock(&self.idle).pop();
             match idle {
-                Some(mut live) if live.last_used.elapsed() > TRUSTED_IDLE => {
+                Some(live) if trust_idle && live.last_used.elapsed() <= TRUSTED_IDLE => {
+                    break (live, true);
+                }
+                Some(mut live) => {
                     if live.conn.ping().await.is_ok() {
-                        break live;
+                        break (live, false);
                     }
                     // Ended by the server (a restart): nothing was on its way there.
                 }
-                Some(live) => break live,
-                None => break self.connect().await?,
+                None => break (self.connect().await?, false),
             }
         };
         let _one = self.ending.lock().await;
@@ -232,7 +237,7 @@ impl Connection {
             }
             lock(&self.abandoned).retain(|s| !abandoned.contains(s));
         }
-        Ok(live)
+        Ok((live, unchecked))
     }
 
     /// Opens a connection: UTC for the session's time functions, READ COMMITTED (no gap
@@ -376,8 +381,39 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     lock_core::sync::lock(mutex)
 }
 
+/// When [`Connection::script`] sends a script that failed again, within its one operation
+/// timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Again {
+    /// Never: one attempt (a script whose second run could answer otherwise than its first,
+    /// a forced release, a baseline step).
+    Never,
+    /// Once, when the connection, reused without a ping (used within the last
+    /// [`TRUSTED_IDLE`]), turned out closed by the server (a restart, `KILL CONNECTION`, a
+    /// proxy): on a connection pinged first or new. For scripts whose second run answers
+    /// as the first would have: an acquisition (re-entrant for its owner: a grant whose
+    /// answer was lost is renewed with the same fence), an extension, a read. The closed
+    /// session is ended before the second is sent, as every given-up session is.
+    IfClosedUnseen,
+    /// Up to [`DEADLOCK_RESTARTS`] more times when the server rolled it back for a
+    /// deadlock (error 1213: nothing of it happened, and the server asks for exactly this,
+    /// "try restarting transaction"). For releases and hand-overs: nothing above them tries
+    /// again, and without it a release that met a deadlock with a concurrent grouped script
+    /// (InnoDB's duplicate-key checks take locks of their own) failed, and the lock stayed
+    /// held until its TTL. An acquisition is one attempt there (the Locker's waiting policy
+    /// tries again).
+    IfDeadlock,
+}
+
+/// A failed attempt of a script.
+struct Failed {
+    error: RequestError,
+    /// The connection was reused without a ping and found closed by the server.
+    closed_unseen: bool,
+}
+
 /// How many more times a release or a hand-over rolled back by a deadlock is sent
-/// ([`Connection::script_restarting`]).
+/// ([`Again::IfDeadlock`]).
 const DEADLOCK_RESTARTS: u32 = 3;
 
 /// Numbers the scripts sent, for their frames.

@@ -14,7 +14,7 @@ pub const NAME: &str = "mysql";
 pub(crate) mod code {
     /// `ER_LOCK_DEADLOCK`: the transaction was rolled back whole; transient (the Locker's
     /// waiting policy may try an acquisition again; a release or a hand-over is sent again
-    /// by the backend, see `Connection::script_restarting`).
+    /// by the backend, see `Again::IfDeadlock`).
     pub(crate) const DEADLOCK: u16 = 1213;
     /// `ER_LOCK_WAIT_TIMEOUT`: the statement was rolled back, the transaction is open.
     pub(crate) const LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -61,6 +61,16 @@ impl Failure {
 
     /// Whether the connection this failure happened on must be replaced: it timed out (a
     /// request may still be on its way) or broke.
+    /// The connection was found closed by the server (an I/O error: end of file, reset,
+    /// broken pipe), not timed out or out of step.
+    pub(crate) fn is_closed(&self) -> bool {
+        match self {
+            Failure::Client(mysql_async::Error::Io(_)) => true,
+            Failure::Shared(f) => f.is_closed(),
+            _ => false,
+        }
+    }
+
     pub(crate) fn breaks_connection(&self) -> bool {
         match self {
             Failure::Timeout | Failure::OutOfStep(_) => true,
