@@ -608,7 +608,8 @@ async fn run_pushes_to_a_pushgateway() {
         "the last success is kept: {text}"
     );
 
-    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let closed = lock_testkit::closed_port();
+    let nowhere = format!("http://127.0.0.1:{}", closed.port());
     let out = finish(
         distlock(run_args(
             "memory://",

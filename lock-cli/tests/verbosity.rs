@@ -77,8 +77,10 @@ async fn a_library_warning_reaches_stderr_unless_quiet() {
 
     let nodes = lock_testkit::RedisNodes::start(2).await;
     let mut hosts: Vec<String> = nodes.addrs().iter().map(|a| a.to_string()).collect();
-    // Nothing listens there: connection refused.
-    hosts.push(format!("127.0.0.1:{}", common::free_port()));
+    // Nothing listens there: connection refused (nothing else is given it while `closed`
+    // lives).
+    let closed = lock_testkit::closed_port();
+    hosts.push(format!("127.0.0.1:{}", closed.port()));
     let url = format!("redlock://{}", hosts.join(","));
     let warning = "redlock node down at start";
 

@@ -31,7 +31,7 @@ pub use crate::etcd_auth::EtcdUser;
 pub use crate::etcd_tls::EtcdOptions;
 pub use crate::mariadb::{MariaDbServer, MARIADB_DATABASE, MARIADB_PASSWORD};
 pub use crate::mode::{launch_mode, LaunchMode};
-pub use crate::ports::unused_port;
+pub use crate::ports::{closed_port, unused_port, ClosedPort};
 pub use crate::postgres::{PostgresServer, POSTGRES_PASSWORD};
 pub use crate::process::{ManagedProcess, StartError};
 pub use crate::proxy::{FaultProxy, ProxyMode};

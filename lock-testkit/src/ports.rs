@@ -119,6 +119,76 @@ pub fn unused_port() -> u16 {
     free_port()
 }
 
+/// A loopback port where nothing listens, for as long as this value lives: a socket is
+/// bound to it without listening, so every connection to it is refused at once, and no
+/// other socket of this machine (a listener bound to port 0 by another test binary, a
+/// client's own end connecting to itself) can be given it meanwhile. [`unused_port`] only
+/// keeps the test kit's own servers off its port.
+#[derive(Debug)]
+pub struct ClosedPort {
+    port: u16,
+    _socket: std::os::fd::OwnedFd,
+}
+
+impl ClosedPort {
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+/// A new [`ClosedPort`].
+///
+/// # Panics
+///
+/// If no socket can be created or bound (the message says why).
+pub fn closed_port() -> ClosedPort {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: plain socket calls; the descriptor is owned at once, and the address given
+    // to bind and getsockname is a sockaddr_in of the size passed.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            panic!(
+                "lock-testkit: cannot create a socket: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        let socket = OwnedFd::from_raw_fd(fd);
+        let mut addr: libc::sockaddr_in = std::mem::zeroed();
+        addr.sin_family = libc::AF_INET as libc::sa_family_t;
+        addr.sin_addr.s_addr = u32::from(Ipv4Addr::LOCALHOST).to_be();
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let bound = libc::bind(
+            socket.as_raw_fd(),
+            (&addr as *const libc::sockaddr_in).cast(),
+            len,
+        );
+        if bound != 0 {
+            panic!(
+                "lock-testkit: cannot bind a loopback socket: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        let mut len = len;
+        let named = libc::getsockname(
+            socket.as_raw_fd(),
+            (&mut addr as *mut libc::sockaddr_in).cast(),
+            &mut len,
+        );
+        if named != 0 {
+            panic!(
+                "lock-testkit: cannot read a bound socket's port: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        ClosedPort {
+            port: u16::from_be(addr.sin_port),
+            _socket: socket,
+        }
+    }
+}
+
 /// `127.0.0.1:port`.
 pub(crate) fn loopback(port: u16) -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, port))
@@ -143,6 +213,21 @@ mod tests {
                 return port;
             }
         }
+    }
+
+    /// Connections to a closed port are refused, and nobody else can bind it while it
+    /// lives; afterwards it can be bound again.
+    #[test]
+    fn a_closed_port_refuses_connections_and_cannot_be_taken() {
+        let closed = closed_port();
+        let addr = loopback(closed.port());
+        for _ in 0..20 {
+            let e = std::net::TcpStream::connect(addr).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}");
+        }
+        assert!(TcpListener::bind(addr).is_err(), "the port is taken");
+        drop(closed);
+        TcpListener::bind(addr).expect("free again");
     }
 
     #[test]

@@ -105,8 +105,9 @@ pub async fn fences_strictly_increase_across_a_restart_and_a_kill<T: SqlSuite>()
 /// Nothing listens: the connection is refused at once, a transient `Unavailable` naming
 /// the address, within the timeout.
 pub async fn an_unreachable_port_is_unavailable_within_the_timeout<T: SqlSuite>() {
-    // Nothing listens there, and no server of the test kit will be given it.
-    let port = lock_testkit::unused_port();
+    // Nothing listens there, and nothing else can be given it while `closed` lives.
+    let closed = lock_testkit::closed_port();
+    let port = closed.port();
     let url = T::url_with(
         SocketAddr::from(([127, 0, 0, 1], port)),
         "x",

@@ -59,8 +59,9 @@ async fn leases_are_recycled_not_leaked() {
 /// a transient error naming the endpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_endpoint_fails_within_the_timeout() {
-    // Nothing listens there, and no server of the test kit will be given it.
-    let port = lock_testkit::unused_port();
+    // Nothing listens there, and nothing else can be given it while `closed` lives.
+    let closed = lock_testkit::closed_port();
+    let port = closed.port();
     let started = Instant::now();
     let refused = distlock::connect(&format!("etcd://127.0.0.1:{port}?timeout=500ms")).await;
     assert!(started.elapsed() <= Duration::from_millis(800));

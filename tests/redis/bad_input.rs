@@ -5,8 +5,9 @@ use super::*;
 /// A port nobody listens on: `Unavailable` (transient) at once, naming the refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_port_is_unavailable() {
-    // Nothing listens there, and no server of the test kit will be given it.
-    let port = lock_testkit::unused_port();
+    // Nothing listens there, and nothing else can be given it while `closed` lives.
+    let closed = lock_testkit::closed_port();
+    let port = closed.port();
     let started = Instant::now();
     let e = connect_err(&format!("redis://127.0.0.1:{port}")).await;
     assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");

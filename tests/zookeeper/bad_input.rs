@@ -5,7 +5,9 @@ use super::*;
 /// Nothing listens: connecting fails with a transient `Unavailable` within the timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_ensemble_is_unavailable_within_the_timeout() {
-    let (p1, p2) = (lock_testkit::unused_port(), lock_testkit::unused_port());
+    // Nothing listens there, and nothing else can be given them while they live.
+    let closed = [lock_testkit::closed_port(), lock_testkit::closed_port()];
+    let (p1, p2) = (closed[0].port(), closed[1].port());
     let url = format!("zookeeper://127.0.0.1:{p1},127.0.0.1:{p2}?timeout=500ms");
     let started = Instant::now();
     let err = distlock::connect(&url).await.unwrap_err();
