@@ -180,9 +180,11 @@ impl GroupSend for Scripts {
         _dispatched: &(dyn Fn() + Sync),
     ) -> Result<Answer, RequestError> {
         let mut answers = self.send_all(std::slice::from_ref(&request)).await;
-        answers
-            .pop()
-            .unwrap_or_else(|| Err(self.connection.error("send", Failure::Timeout)))
+        answers.pop().unwrap_or_else(|| {
+            Err(self
+                .connection
+                .error("send", Failure::Timeout("waiting for the group's answer")))
+        })
     }
 
     async fn send_group(
@@ -194,7 +196,8 @@ impl GroupSend for Scripts {
     }
 
     fn no_answer(&self) -> RequestError {
-        self.connection.error("group", Failure::Timeout)
+        self.connection
+            .error("group", Failure::Timeout("waiting for the group's answer"))
     }
 
     fn groups_with(&self, first: &LeaseRequest, other: &LeaseRequest) -> bool {

@@ -138,13 +138,17 @@ impl Connection {
             closed_unseen: false,
         };
         let Ok(_slot) = tokio::time::timeout_at(deadline, self.slots.acquire()).await else {
-            return Err(failed(Failure::Timeout));
+            return Err(failed(Failure::Timeout("waiting for a free connection")));
         };
         let (live, unchecked) =
             match tokio::time::timeout_at(deadline, self.ready(trust_idle)).await {
                 Ok(Ok(ready)) => ready,
                 Ok(Err(failure)) => return Err(failed(failure)),
-                Err(_) => return Err(failed(Failure::Timeout)),
+                Err(_) => {
+                    return Err(failed(Failure::Timeout(
+                        "connecting, pinging or ending given-up sessions",
+                    )))
+                }
             };
         // Given up (the script running) until it answers: a dropped future drops it here.
         let mut guard = GiveUp {
@@ -158,7 +162,7 @@ impl Connection {
                 return Ok(rows);
             }
             Ok(Err(failure)) => failure,
-            Err(_) => Failure::Timeout,
+            Err(_) => Failure::Timeout("waiting for the script's answer"),
         };
         if failure.breaks_connection() {
             return Err(Failed {
@@ -204,7 +208,7 @@ impl Connection {
         match checked {
             Ok(Ok(())) => Ok(()),
             Ok(Err(failure)) => Err(self.error("connect", failure)),
-            Err(_) => Err(self.error("connect", Failure::Timeout)),
+            Err(_) => Err(self.error("connect", Failure::Timeout("connecting"))),
         }
     }
 
@@ -365,13 +369,13 @@ async fn end_sessions(
     loop {
         let left: Option<i64> = tokio::time::timeout_at(deadline, live.conn.query_first(&query))
             .await
-            .map_err(|_| Failure::Timeout)?
+            .map_err(|_| Failure::Timeout("ending given-up sessions"))?
             .map_err(Failure::Client)?;
         if left.unwrap_or(0) == 0 {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            return Err(Failure::Timeout);
+            return Err(Failure::Timeout("ending given-up sessions"));
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }

@@ -25,8 +25,8 @@ pub(crate) mod code {
 /// What went wrong with one request.
 #[derive(Debug)]
 pub(crate) enum Failure {
-    /// No answer within the operation timeout.
-    Timeout,
+    /// No answer within the operation timeout, while at the step named.
+    Timeout(&'static str),
     /// The client library failed (I/O, protocol, an error the server sent).
     Client(mysql_async::Error),
     /// The server answered something the protocol does not allow.
@@ -42,7 +42,7 @@ impl Failure {
     /// Whether trying again later may succeed.
     pub(crate) fn is_transient(&self) -> bool {
         match self {
-            Failure::Timeout | Failure::OutOfStep(_) => true,
+            Failure::Timeout(_) | Failure::OutOfStep(_) => true,
             Failure::Reply(_) => false,
             Failure::Client(e) => is_transient(e),
             Failure::Shared(f) => f.is_transient(),
@@ -73,7 +73,7 @@ impl Failure {
 
     pub(crate) fn breaks_connection(&self) -> bool {
         match self {
-            Failure::Timeout | Failure::OutOfStep(_) => true,
+            Failure::Timeout(_) | Failure::OutOfStep(_) => true,
             Failure::Reply(_) => false,
             Failure::Client(e) => e.is_fatal(),
             Failure::Shared(f) => f.breaks_connection(),
@@ -138,7 +138,7 @@ impl fmt::Display for RequestError {
 fn describe(failure: &Failure, timeout: Duration, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     match failure {
         Failure::Shared(shared) => describe(shared, timeout, f),
-        Failure::Timeout => write!(f, "no answer within {timeout:?}"),
+        Failure::Timeout(step) => write!(f, "no answer within {timeout:?} ({step})"),
         Failure::Reply(what) | Failure::OutOfStep(what) => f.write_str(what),
         Failure::Client(mysql_async::Error::Server(s)) => {
             match s.code {
