@@ -3,7 +3,10 @@
 //! `pg_advisory_unlock` pair on one connection per task (no TTL, no fencing, no notices:
 //! a waiter polls every millisecond), and the raw protocol (an insert-if-absent and a
 //! delete on a plain logged table, as durable as distlock's lease table: two statements,
-//! no lease logic; issue 30's goal at one task is 0.95 of it), on the workloads of every bench
+//! no lease logic; issue 30's goal at one task is 0.95 of it), and `raw-lease`: distlock's
+//! own grant and release statements (`lock_postgres::lock_statements`) sent in a plain loop
+//! on one connection, the same server work with no library around it (the bound of `ours`),
+//! on the workloads of every bench
 //! (see `common`), distlock's guards ended by `release().await` and by drop. Server CPU is
 //! the postmaster's and its backends'.
 
@@ -13,7 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    named, ratio, Bench, Child, Distlock, End, Ratio, Settings, Subject, Workload, WORKLOADS,
+    named, rand_u128, ratio, Bench, Child, Distlock, End, Ratio, Settings, Subject, Workload,
+    WORKLOADS,
 };
 use lock_testkit::PostgresServer;
 use tokio_postgres::{Client, Statement};
@@ -114,6 +118,61 @@ impl Subject for RawTable {
     }
 }
 
+/// distlock's own grant and release statements, prepared once on one connection, in a
+/// plain loop: a fresh owner per grant, a refused grant tried again after 1 ms.
+struct RawLease {
+    client: Client,
+    acquire: Statement,
+    release: Statement,
+    channel: String,
+}
+
+impl RawLease {
+    /// On the backend's default table of the server at `url` (made by a backend connected
+    /// first).
+    async fn connect(url: &str) -> Arc<RawLease> {
+        drop(distlock::connect(url).await.expect("the tables made"));
+        let (acquire, release, channel) = lock_postgres::lock_statements(
+            lock_postgres::DEFAULT_SCHEMA,
+            lock_postgres::DEFAULT_TABLE,
+        )
+        .expect("the default names");
+        let client = client(url).await;
+        let acquire = client.prepare(&acquire).await.expect("prepare");
+        let release = client.prepare(&release).await.expect("prepare");
+        Arc::new(RawLease {
+            client,
+            acquire,
+            release,
+            channel,
+        })
+    }
+}
+
+impl Subject for RawLease {
+    type Guard = (Arc<str>, String);
+    async fn lock(&self, key: Arc<str>) -> (Arc<str>, String) {
+        let owner = format!("{:032x}", rand_u128());
+        loop {
+            let row = self
+                .client
+                .query_one(&self.acquire, &[&key.as_bytes(), &owner, &10_000_i64])
+                .await
+                .expect("raw-lease grant");
+            if row.get::<_, bool>(0) {
+                return (key, owner);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    async fn unlock(&self, (key, owner): (Arc<str>, String)) {
+        self.client
+            .query(&self.release, &[&key.as_bytes(), &owner, &self.channel])
+            .await
+            .expect("raw-lease release");
+    }
+}
+
 fn ratios(w: Workload) -> Vec<Ratio> {
     let (goal, drop_goal, raw_goal) = match w {
         Workload::Lone => (Some(0.9), Some(0.95), Some(0.95)),
@@ -125,6 +184,9 @@ fn ratios(w: Workload) -> Vec<Ratio> {
         ratio("ours-drop", "advisory", goal),
         ratio("ours-drop", "ours", drop_goal),
         ratio("ours", "raw", raw_goal),
+        ratio("raw-lease", "advisory", None),
+        ratio("raw-lease", "raw", None),
+        ratio("ours", "raw-lease", None),
     ]
 }
 
@@ -182,6 +244,7 @@ async fn main() {
                 };
                 child.run(&Arc::new(raw)).await
             }
+            "raw-lease" => child.run(&RawLease::connect(&url).await).await,
             other => panic!("no subject {other}"),
         }
         return;
@@ -189,12 +252,13 @@ async fn main() {
     let server = PostgresServer::start().await;
     let bench = Bench {
         backend: "postgres",
-        peers: "pg_try_advisory_lock + pg_advisory_unlock (a connection per task) and a raw insert + delete, one postgres",
+        peers: "pg_try_advisory_lock + pg_advisory_unlock (a connection per task), a raw insert + delete, and raw-lease (distlock's statements in a plain loop), one postgres",
         subjects: vec![
             named("ours"),
             named("ours-drop"),
             named("advisory"),
             named("raw"),
+            named("raw-lease"),
         ],
         target: server.url(),
         // The postmaster; each round counts the backends it forked for the round's child.

@@ -47,7 +47,7 @@ def fmt_ratio(r):
 def table(directory):
     head = (
         "| backend | workload | ours / peer | drop / peer | drop / release | ours / raw "
-        "| bound: raw-fenced / peer | CPU µs per cycle, client + server: ours · peer |\n"
+        "| bound: raw-fenced or raw-lease / peer | CPU µs per cycle, client + server: ours · peer |\n"
         "|---|---|---|---|---|---|---|---|\n"
     )
     rows = []
@@ -81,12 +81,17 @@ def table(directory):
             unsynced = ratio.get(("ours-nosync", peer))
             if unsynced is not None:
                 ours += f"; without sync {fmt_ratio(unsynced)}"
+            raw = fmt_ratio(ratio.get(("ours", "raw")))
+            lease_raw = ratio.get(("raw-lease", "raw"))
+            if lease_raw is not None:
+                raw += f"; bound: raw-lease / raw {fmt_ratio(lease_raw)}"
+            bound = ratio.get(("raw-fenced", peer)) or ratio.get(("raw-lease", peer))
             rows.append(
                 f"| {backend} (vs {peer}) | {w} | {ours} "
                 f"| {fmt_ratio(ratio.get(('ours-drop', peer)))} "
                 f"| {fmt_ratio(ratio.get(('ours-drop', 'ours')))} "
-                f"| {fmt_ratio(ratio.get(('ours', 'raw')))} "
-                f"| {fmt_ratio(ratio.get(('raw-fenced', peer)))} | {c('ours')} · {c(peer)} |"
+                f"| {raw} "
+                f"| {fmt_ratio(bound)} | {c('ours')} · {c(peer)} |"
             )
         for one in doc.get("one_key", []):
             # met is null where there is no bound (back to back on an in-process backend).

@@ -247,7 +247,7 @@ pub(crate) struct Names {
 }
 
 impl Names {
-    fn new(schema: &str, table: &str) -> std::result::Result<Names, String> {
+    pub(crate) fn new(schema: &str, table: &str) -> std::result::Result<Names, String> {
         check_identifier("schema", schema, MAX_IDENTIFIER_LEN)?;
         // Room for the sequence's `_fence`.
         check_identifier("table", table, MAX_IDENTIFIER_LEN - 6)?;

@@ -32,3 +32,20 @@ pub use backend::{PostgresBackend, BASELINE_CYCLE, CAPABILITIES};
 pub use config::{check_identifier, PostgresBuilder, MAX_IDENTIFIER_LEN};
 pub use config::{DEFAULT_PORT, DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TIMEOUT, URL_PARAMS};
 pub use error::NAME;
+
+/// The SQL of a lock's grant and release on the lease table `table` of `schema`, as the
+/// backend sends them, and the release channel: for the bench's raw loop that does the same
+/// server work with no library around it. The grant takes `$1` the key (bytea), `$2` the
+/// owner (text), `$3` the TTL in milliseconds (bigint) and answers one row; the release
+/// takes the key, the owner and the channel (text). The tables must exist (a backend
+/// connected to them made them). An invalid name is an error naming it.
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub fn lock_statements(
+    schema: &str,
+    table: &str,
+) -> std::result::Result<(String, String, String), String> {
+    let names = config::Names::new(schema, table)?;
+    let sql = sql::Sql::new(&names);
+    Ok((sql.acquire, sql.release, names.channel))
+}
