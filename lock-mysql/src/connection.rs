@@ -110,11 +110,11 @@ impl Connection {
                 {
                     restarts += 1;
                 }
-                // Sent again once, on a connection pinged first or new.
+                // Sent again once, on a connection pinged first or new (then nothing is
+                // unchecked, so it is not found `closed_unseen` again).
                 Err(failed)
                     if again == Again::IfClosedUnseen
                         && failed.closed_unseen
-                        && trust_idle
                         && Instant::now() < deadline =>
                 {
                     trust_idle = false;

@@ -127,7 +127,7 @@ pub fn unused_port() -> u16 {
 #[derive(Debug)]
 pub struct ClosedPort {
     port: u16,
-    _socket: std::os::fd::OwnedFd,
+    _socket: tokio::net::TcpSocket,
 }
 
 impl ClosedPort {
@@ -143,50 +143,17 @@ impl ClosedPort {
 ///
 /// If no socket can be created or bound (the message says why).
 pub fn closed_port() -> ClosedPort {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    // SAFETY: plain socket calls; the descriptor is owned at once, and the address given
-    // to bind and getsockname is a sockaddr_in of the size passed.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            panic!(
-                "lock-testkit: cannot create a socket: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        let socket = OwnedFd::from_raw_fd(fd);
-        let mut addr: libc::sockaddr_in = std::mem::zeroed();
-        addr.sin_family = libc::AF_INET as libc::sa_family_t;
-        addr.sin_addr.s_addr = u32::from(Ipv4Addr::LOCALHOST).to_be();
-        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        let bound = libc::bind(
-            socket.as_raw_fd(),
-            (&addr as *const libc::sockaddr_in).cast(),
-            len,
-        );
-        if bound != 0 {
-            panic!(
-                "lock-testkit: cannot bind a loopback socket: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        let mut len = len;
-        let named = libc::getsockname(
-            socket.as_raw_fd(),
-            (&mut addr as *mut libc::sockaddr_in).cast(),
-            &mut len,
-        );
-        if named != 0 {
-            panic!(
-                "lock-testkit: cannot read a bound socket's port: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-        ClosedPort {
-            port: u16::from_be(addr.sin_port),
+    // A `TcpSocket` sets no `SO_REUSEADDR` (a listener would) and, never told to listen,
+    // refuses every connection.
+    let bound = tokio::net::TcpSocket::new_v4().and_then(|socket| {
+        socket.bind(loopback(0))?;
+        let port = socket.local_addr()?.port();
+        Ok(ClosedPort {
+            port,
             _socket: socket,
-        }
-    }
+        })
+    });
+    bound.unwrap_or_else(|e| panic!("lock-testkit: cannot bind a loopback socket: {e}"))
 }
 
 /// `127.0.0.1:port`.
